@@ -1,0 +1,97 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Client is a connection to etcd.
+type Client struct {
+	c *clientv3.Client
+}
+
+// Dial connects to etcd at endpoints.
+func Dial(endpoints []string, timeout time.Duration) (*Client, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("etcd: no endpoints")
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if _, err := c.Get(ctx, "/quota/ping"); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	return &Client{c: c}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.c.Close() }
+
+// Leadership is a won election. Generation is the leader key's create revision: etcd's
+// revision only rises, so every later leader of the same role has a higher one.
+type Leadership struct {
+	Generation int64
+	session    *concurrency.Session
+	election   *concurrency.Election
+	closeOnce  sync.Once
+}
+
+// Done is closed when the leadership's lease is lost (expired, revoked or closed). The
+// holder must stop acting as leader when it closes; fences make any late write harmless.
+func (l *Leadership) Done() <-chan struct{} { return l.session.Done() }
+
+// Close resigns and releases the lease. Idempotent.
+func (l *Leadership) Close() {
+	l.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = l.election.Resign(ctx)
+		_ = l.session.Close()
+	})
+}
+
+func electionKey(role string) string { return "/quota/election/" + role }
+
+// Campaign blocks until this process leads role (or ctx ends). value is published for
+// followers and clients (the leader's address). ttl is the lease: a leader that stops
+// renewing it is replaced after about ttl.
+func Campaign(ctx context.Context, c *Client, role, value string, ttl time.Duration) (*Leadership, error) {
+	secs := int(ttl / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	s, err := concurrency.NewSession(c.c, concurrency.WithTTL(secs))
+	if err != nil {
+		return nil, fmt.Errorf("etcd session: %w", err)
+	}
+	e := concurrency.NewElection(s, electionKey(role))
+	if err := e.Campaign(ctx, value); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("campaign %s: %w", role, err)
+	}
+	return &Leadership{Generation: e.Rev(), session: s, election: e}, nil
+}
+
+// Leader returns the value published by role's current leader and its generation, or
+// ErrNotLeader when nobody leads.
+func Leader(ctx context.Context, c *Client, role string) (string, int64, error) {
+	resp, err := c.c.Get(ctx, electionKey(role)+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return "", 0, fmt.Errorf("leader of %s: %w", role, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", 0, fmt.Errorf("%s: nobody leads: %w", role, ErrNotLeader)
+	}
+	kv := resp.Kvs[0]
+	return string(kv.Value), kv.CreateRevision, nil
+}

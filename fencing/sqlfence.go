@@ -1,0 +1,75 @@
+package fencing
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// CheckSaleGeneration raises the region's fence for sale to gen, in the caller's
+// transaction, or returns ErrFenced when a higher generation was already seen. Every
+// region write that comes from the coordinator calls it first (I4: fences only rise), so a
+// deposed coordinator's late request changes nothing: the whole transaction is rolled back.
+func CheckSaleGeneration(ctx context.Context, tx pgx.Tx, sale string, gen int64) error {
+	if gen <= 0 {
+		return fmt.Errorf("generation %d: %w", gen, ErrFenced)
+	}
+	var got int64
+	err := tx.QueryRow(ctx, `
+		INSERT INTO sale_fences (sale_id, generation) VALUES ($1, $2)
+		ON CONFLICT (sale_id) DO UPDATE SET generation = excluded.generation
+		WHERE sale_fences.generation <= excluded.generation
+		RETURNING generation`, sale, gen).Scan(&got)
+	if err == pgx.ErrNoRows {
+		return fmt.Errorf("sale %s: generation %d is below the highest seen: %w", sale, gen, ErrFenced)
+	}
+	if err != nil {
+		return fmt.Errorf("sale fence: %w", err)
+	}
+	return nil
+}
+
+// CheckLedgerGeneration raises the coordinator ledger's fence to gen in the caller's
+// transaction, or returns ErrFenced when a newer coordinator has written (I4).
+func CheckLedgerGeneration(ctx context.Context, tx pgx.Tx, gen int64) error {
+	tag, err := tx.Exec(ctx, `UPDATE ledger_fence SET generation = $1 WHERE id = 1 AND generation <= $1`, gen)
+	if err != nil {
+		return fmt.Errorf("ledger fence: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("ledger: generation %d is below the current leader's: %w", gen, ErrFenced)
+	}
+	return nil
+}
+
+// RaiseEpoch records epoch as the region's writer epoch. A new leader calls it before it
+// loads state or serves, so every batch of the previous leader (which checks its own, lower
+// epoch) commits nothing from then on (I4). Raising to the current epoch again is a no-op;
+// raising below it is ErrFenced.
+func RaiseEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
+	var got int64
+	err := tx.QueryRow(ctx, `
+		UPDATE leader_epoch SET epoch = GREATEST(epoch, $1) WHERE id = 1 RETURNING epoch`, epoch).Scan(&got)
+	if err != nil {
+		return fmt.Errorf("raise epoch: %w", err)
+	}
+	if got != epoch {
+		return fmt.Errorf("epoch %d is below the recorded %d: %w", epoch, got, ErrFenced)
+	}
+	return nil
+}
+
+// CheckEpoch locks the region's epoch row for the caller's transaction and returns
+// ErrFenced unless it still equals epoch. Every writer batch calls it first: while the
+// batch runs, a new leader's RaiseEpoch waits, and once it has committed, this fails.
+func CheckEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
+	tag, err := tx.Exec(ctx, `UPDATE leader_epoch SET epoch = epoch WHERE id = 1 AND epoch = $1`, epoch)
+	if err != nil {
+		return fmt.Errorf("epoch fence: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("writer epoch %d is no longer current: %w", epoch, ErrFenced)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+// Package apierr holds the outcomes every API shares (sold out, fenced, not leader, ...) and
+// the one table that maps them to gRPC status codes with a machine-readable reason.
+package apierr
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinels for the expected outcomes of DESIGN.md §10. Packages re-export the ones they
+// return; callers test them with errors.Is.
+var (
+	// ErrSoldOut: the SKU is gone in every region; final.
+	ErrSoldOut = errors.New("sold out")
+	// ErrRegionExhausted: this region's pool is empty but stock may remain elsewhere.
+	ErrRegionExhausted = errors.New("region exhausted")
+	// ErrLimitExceeded: the user's per-user limit would be passed.
+	ErrLimitExceeded = errors.New("per-user limit exceeded")
+	// ErrHoldExpired: the hold is no longer live (expired or released).
+	ErrHoldExpired = errors.New("hold expired")
+	// ErrFenced: the request carries a generation or epoch below one already seen (I4).
+	ErrFenced = errors.New("fenced: stale generation")
+	// ErrNotLeader: this process does not lead its role right now.
+	ErrNotLeader = errors.New("not leader")
+	// ErrAlreadyExists: an idempotency key was reused with a different request.
+	ErrAlreadyExists = errors.New("already exists with different content")
+	// ErrNotFound: the named sale, SKU, hold or region does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrNotOpen: the sale has not opened yet.
+	ErrNotOpen = errors.New("sale not open")
+	// ErrConflict: the request is well formed but the state does not allow it.
+	ErrConflict = errors.New("conflict")
+	// ErrInvalid: the request is malformed; InvalidError carries the field.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrUnknownOutcome: the change may or may not have committed (a commit whose reply was
+	// lost). It is never a failure: the caller asks again with the same idempotency key or id.
+	ErrUnknownOutcome = errors.New("outcome unknown: ask again with the same key")
+)
+
+// InvalidError names the field of a bad request and why it is bad.
+type InvalidError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason) }
+
+// Unwrap makes errors.Is(err, ErrInvalid) hold.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+// Invalid builds an InvalidError for field.
+func Invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// NotFound wraps ErrNotFound with what was missing.
+func NotFound(field, value string) error {
+	return fmt.Errorf("%s %q: %w", field, value, ErrNotFound)
+}

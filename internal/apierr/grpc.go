@@ -1,0 +1,126 @@
+package apierr
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Domain is the ErrorInfo domain of every reason this project sets.
+const Domain = "quota.v1"
+
+type mapping struct {
+	err    error
+	code   codes.Code
+	reason string
+}
+
+// table is the single map from outcome to gRPC code (DESIGN.md §10). Order matters only
+// for errors wrapping several sentinels; the first match wins.
+var table = []mapping{
+	{ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT"},
+	{ErrSoldOut, codes.FailedPrecondition, "SOLD_OUT"},
+	{ErrRegionExhausted, codes.ResourceExhausted, "REGION_EXHAUSTED"},
+	{ErrLimitExceeded, codes.ResourceExhausted, "LIMIT_EXCEEDED"},
+	{ErrHoldExpired, codes.FailedPrecondition, "HOLD_EXPIRED"},
+	{ErrFenced, codes.FailedPrecondition, "FENCED"},
+	{ErrNotLeader, codes.Unavailable, "NOT_LEADER"},
+	{ErrAlreadyExists, codes.AlreadyExists, "ALREADY_EXISTS"},
+	{ErrNotFound, codes.NotFound, "NOT_FOUND"},
+	{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN"},
+	{ErrConflict, codes.FailedPrecondition, "CONFLICT"},
+	{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME"},
+	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
+	{context.Canceled, codes.Canceled, "CANCELED"},
+}
+
+// ToStatus turns an error from the domain packages into a gRPC status error with an
+// ErrorInfo reason (and a BadRequest field violation for invalid input). Errors that match
+// no sentinel become Internal: they are bugs or infrastructure failures, reported as such.
+func ToStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code, reason := codes.Internal, "INTERNAL"
+	for _, m := range table {
+		if errors.Is(err, m.err) {
+			code, reason = m.code, m.reason
+			break
+		}
+	}
+	st := status.New(code, err.Error())
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain}
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		bad := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: inv.Field, Description: inv.Reason},
+		}}
+		if withD, derr := st.WithDetails(info, bad); derr == nil {
+			return withD.Err()
+		}
+	}
+	if withD, derr := st.WithDetails(info); derr == nil {
+		return withD.Err()
+	}
+	return st.Err()
+}
+
+// Reason returns the machine-readable reason of a status error ("SOLD_OUT", ...), or ""
+// when the error carries none.
+func Reason(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// Field returns the field named by an InvalidArgument status error, or "".
+func Field(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
+}
+
+// FromStatus turns a status error received from a peer back into the domain sentinel
+// (wrapped with the peer's message), so callers use errors.Is on both sides of the wire.
+// Errors without a known reason are returned unchanged.
+func FromStatus(err error) error {
+	reason := Reason(err)
+	if reason == "" {
+		return err
+	}
+	for _, m := range table {
+		if m.reason == reason {
+			return &remoteError{sentinel: m.err, err: err}
+		}
+	}
+	return err
+}
+
+type remoteError struct {
+	sentinel error
+	err      error
+}
+
+func (e *remoteError) Error() string { return e.err.Error() }
+
+func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.err} }

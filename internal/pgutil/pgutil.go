@@ -1,0 +1,134 @@
+// Package pgutil opens PostgreSQL databases, creates them when missing, applies a
+// package's versioned migrations with goose, and runs transactions with the
+// CockroachDB-compatible retry loop.
+package pgutil
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+var dbNamePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// WithDatabase returns baseURL with its database replaced by name.
+func WithDatabase(baseURL, name string) (string, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return "", fmt.Errorf("pg url: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return "", fmt.Errorf("pg url %q: scheme must be postgres://", redact(baseURL))
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// EnsureDatabase creates database name on the server of adminURL when it does not exist.
+func EnsureDatabase(ctx context.Context, adminURL, name string) error {
+	if !dbNamePattern.MatchString(name) {
+		return fmt.Errorf("database name %q: must be lowercase letters, digits and _", name)
+	}
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", redact(adminURL), err)
+	}
+	defer conn.Close(context.Background())
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up database %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created concurrently by another process
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// DropDatabase removes database name (tests use it to clean up).
+func DropDatabase(ctx context.Context, adminURL, name string) error {
+	if !dbNamePattern.MatchString(name) {
+		return fmt.Errorf("database name %q: must be lowercase letters, digits and _", name)
+	}
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", redact(adminURL), err)
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	return err
+}
+
+// Open connects a pool to url with at most maxConns connections.
+func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("pg url %s: %w", redact(dbURL), err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", redact(dbURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping %s: %w", redact(dbURL), err)
+	}
+	return pool, nil
+}
+
+// Migrate applies every migration in fsys (goose SQL files) that pool has not applied yet.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// Tx runs fn in a transaction, retried on serialization failures the way CockroachDB
+// requires (and harmless on PostgreSQL). fn must be safe to run more than once.
+func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return crdbpgx.ExecuteTx(ctx, pool, pgx.TxOptions{}, fn)
+}
+
+// ReadTx runs fn in one read-only, repeatable-read transaction: a consistent snapshot.
+func ReadTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return crdbpgx.ExecuteTx(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable url)"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return strings.TrimSpace(u.String())
+}

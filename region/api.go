@@ -1,0 +1,216 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+func checkIDs(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if r := transfer.CheckID(fields[i+1]); r != "" {
+			return apierr.Invalid(fields[i], "%s", r)
+		}
+	}
+	return nil
+}
+
+func checkQuantity(field string, q transfer.Units) error {
+	if q <= 0 {
+		return apierr.Invalid(field, "must be positive, got %d", q)
+	}
+	if q > transfer.MaxUnits {
+		return apierr.Invalid(field, "%d is more than the maximum %d", q, transfer.MaxUnits)
+	}
+	return nil
+}
+
+// terms returns a sale's terms from the cache or the database.
+func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
+	if t, ok := r.sales.Load(sale); ok {
+		return t.(SaleTerms), nil
+	}
+	t, err := readTerms(ctx, r.pool, sale)
+	if err != nil {
+		return t, err
+	}
+	r.sales.Store(sale, t)
+	return t, nil
+}
+
+// Reserve takes req.Quantity units from this region's pool for req.User and returns the
+// hold, durable before it returns (I6). Bad input changes nothing and names the field.
+func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if err := checkIDs("sale_id", req.Sale, "sku", req.SKU, "user_id", req.User, "request_key", req.RequestKey); err != nil {
+		return ReserveResult{}, err
+	}
+	if err := checkQuantity("quantity", req.Quantity); err != nil {
+		return ReserveResult{}, err
+	}
+	t, err := r.terms(ctx, req.Sale)
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	if !t.hasSKU(req.SKU) {
+		return ReserveResult{}, fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
+	}
+	if req.Quantity > t.PerUserLimit {
+		return ReserveResult{}, apierr.Invalid("quantity", "%d is over the per-user limit %d", req.Quantity, t.PerUserLimit)
+	}
+	if now := r.cfg.Clock.Now(); now.Before(t.OpensAt) {
+		return ReserveResult{}, fmt.Errorf("sale_id %q opens at %s (in %s): %w", req.Sale,
+			t.OpensAt.UTC().Format(time.RFC3339), t.OpensAt.Sub(now).Round(time.Second), ErrNotOpen)
+	}
+	if _, err := r.writer(); err != nil {
+		return ReserveResult{}, err
+	}
+	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity {
+		return r.reserveWhenEmpty(ctx, req, avail)
+	}
+	res, err := r.submit(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name})
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	return res.(ReserveResult), nil
+}
+
+// reserveWhenEmpty answers a reserve the pool cannot satisfy without a write transaction: one
+// indexed read tells a retry of an earlier, granted request (which gets its hold back) from a
+// new one (which is told the region is exhausted).
+func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, avail transfer.Units) (ReserveResult, error) {
+	prior, err := scanHoldWithHash(r.pool.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
+		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, req.Sale, req.User, req.RequestKey), r.cfg.Name)
+	switch {
+	case err == pgx.ErrNoRows:
+		return ReserveResult{}, fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+	case err != nil:
+		return ReserveResult{}, fmt.Errorf("look up request key: %w", err)
+	case prior.hash != requestHash(req.SKU, req.Quantity):
+		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)
+	}
+	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil
+}
+
+func (r *Region) checkHoldID(id string) error {
+	if err := checkIDs("hold_id", id); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(id, r.cfg.Name+".") {
+		owner, _, _ := strings.Cut(id, ".")
+		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, r.cfg.Name, ErrNotFound)
+	}
+	return nil
+}
+
+// Confirm records payment for a hold: held and unexpired → sold; otherwise the result says
+// refund and the payment is recorded for reconciliation. Idempotent on (hold, payment).
+func (r *Region) Confirm(ctx context.Context, holdID, paymentID string) (ConfirmResult, error) {
+	if err := r.checkHoldID(holdID); err != nil {
+		return ConfirmResult{}, err
+	}
+	if err := checkIDs("payment_id", paymentID); err != nil {
+		return ConfirmResult{}, err
+	}
+	res, err := r.submit(ctx, &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name})
+	if err != nil {
+		return ConfirmResult{}, err
+	}
+	return res.(ConfirmResult), nil
+}
+
+// Release gives a held hold's units back; idempotent.
+func (r *Region) Release(ctx context.Context, holdID string) (Hold, error) {
+	if err := r.checkHoldID(holdID); err != nil {
+		return Hold{}, err
+	}
+	res, err := r.submit(ctx, &releaseOp{holdID: holdID, region: r.cfg.Name})
+	if err != nil {
+		return Hold{}, err
+	}
+	return res.(Hold), nil
+}
+
+// GetReservation reads a hold as committed.
+func (r *Region) GetReservation(ctx context.Context, holdID string) (Hold, error) {
+	if err := r.checkHoldID(holdID); err != nil {
+		return Hold{}, err
+	}
+	return readHold(ctx, r.pool, r.cfg.Name, holdID)
+}
+
+// Stock reads this region's pools of a sale as committed.
+func (r *Region) Stock(ctx context.Context, sale string) ([]PoolCounts, error) {
+	if err := checkIDs("sale_id", sale); err != nil {
+		return nil, err
+	}
+	if _, err := r.terms(ctx, sale); err != nil {
+		return nil, err
+	}
+	rows, err := r.pool.Query(ctx, `SELECT sku, available, held, sold, credited_in, debited_out
+		FROM pools WHERE sale_id = $1 ORDER BY sku`, sale)
+	if err != nil {
+		return nil, fmt.Errorf("read pools: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (PoolCounts, error) {
+		var p PoolCounts
+		var a, h, s, ci, do int64
+		err := row.Scan(&p.SKU, &a, &h, &s, &ci, &do)
+		p.Available, p.Held, p.Sold, p.CreditedIn, p.DebitedOut = transfer.Units(a), transfer.Units(h), transfer.Units(s), transfer.Units(ci), transfer.Units(do)
+		return p, err
+	})
+}
+
+// PutSale records a sale's terms, fenced by the coordinator's generation.
+func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
+	if err := CheckTerms(t); err != nil {
+		return err
+	}
+	_, err := r.submit(ctx, &putSaleOp{gen: gen, terms: t})
+	return err
+}
+
+// CheckTerms validates a sale's terms, naming the bad field.
+func CheckTerms(t SaleTerms) error {
+	if err := checkIDs("sale_id", t.Sale); err != nil {
+		return err
+	}
+	if len(t.SKUs) == 0 {
+		return apierr.Invalid("skus", "a sale needs at least one SKU")
+	}
+	for _, s := range t.SKUs {
+		if err := checkIDs("sku", s); err != nil {
+			return err
+		}
+	}
+	if t.PerUserLimit <= 0 || t.PerUserLimit > transfer.MaxUnits {
+		return apierr.Invalid("per_user_limit", "must be 1..%d, got %d", transfer.MaxUnits, t.PerUserLimit)
+	}
+	if t.HoldTTL < time.Second || t.HoldTTL > 24*time.Hour {
+		return apierr.Invalid("hold_ttl", "must be 1s..24h, got %s", t.HoldTTL)
+	}
+	return nil
+}
+
+// Credit adds a transfer's units to this region, once per transfer id, and returns the
+// region's durable record of it (credited, or refused when a refusal came first).
+func (r *Region) Credit(ctx context.Context, req CreditRequest) (transfer.InState, error) {
+	if err := checkIDs("transfer_id", req.TransferID, "sale_id", req.Sale, "sku", req.SKU); err != nil {
+		return "", err
+	}
+	if req.Units < 0 || req.Units > transfer.MaxUnits {
+		return "", apierr.Invalid("units", "must be 0..%d, got %d", transfer.MaxUnits, req.Units)
+	}
+	res, err := r.submit(ctx, &creditOp{req: req})
+	if err != nil {
+		return "", err
+	}
+	return res.(creditResult).state, nil
+}

@@ -1,0 +1,60 @@
+package region
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// ReadBooks reads one consistent snapshot (one repeatable-read, read-only transaction) of a
+// region's durable state for sale: pool counters, the sums over its holds, and its inbound
+// transfer records. The auditor calls it on the region's database directly, so an audit
+// needs no region process to be up.
+func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (transfer.RegionBooks, error) {
+	books := transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}}
+	err := pgutil.ReadTx(ctx, db, func(tx pgx.Tx) error {
+		books.Pools, books.Inbound = nil, map[string]transfer.InboundRecord{}
+		rows, err := tx.Query(ctx, `SELECT p.sku, p.available, p.held, p.sold, p.credited_in, p.debited_out,
+				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'held'), 0),
+				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
+			FROM pools p WHERE p.sale_id = $1 ORDER BY p.sku`, sale)
+		if err != nil {
+			return err
+		}
+		books.Pools, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.PoolBooks, error) {
+			var a, h, s, ci, do, hh, sh int64
+			p := transfer.PoolBooks{Sale: sale}
+			err := row.Scan(&p.SKU, &a, &h, &s, &ci, &do, &hh, &sh)
+			p.Available, p.Held, p.Sold, p.CreditedIn, p.DebitedOut = transfer.Units(a), transfer.Units(h), transfer.Units(s), transfer.Units(ci), transfer.Units(do)
+			p.HeldInHolds, p.SoldInHolds = transfer.Units(hh), transfer.Units(sh)
+			return p, err
+		})
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT transfer_id, sku, units, state FROM transfers_in WHERE sale_id = $1`, sale)
+		if err != nil {
+			return err
+		}
+		recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.InboundRecord, error) {
+			rec := transfer.InboundRecord{Sale: sale}
+			var u int64
+			var st string
+			err := row.Scan(&rec.ID, &rec.SKU, &u, &st)
+			rec.Units, rec.State = transfer.Units(u), transfer.InState(st)
+			return rec, err
+		})
+		for _, rec := range recs {
+			books.Inbound[rec.ID] = rec
+		}
+		return err
+	})
+	if err != nil {
+		return books, fmt.Errorf("read books of region %s: %w", region, err)
+	}
+	return books, nil
+}

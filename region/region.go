@@ -1,0 +1,252 @@
+package region
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Config tunes one region. Zero values take the defaults documented on each field.
+type Config struct {
+	// Name is the region's name (us, eu, ...).
+	Name string
+	// Clock tells the time for holds and expiry; default the wall clock.
+	Clock clock.Clock
+	// MaxBatch is the most operations one transaction commits; default 256.
+	MaxBatch int
+	// BatchWindow is how long the writer waits for more operations after the first; 0 (the
+	// default) commits whatever is queued at once, so light load pays about one commit.
+	BatchWindow time.Duration
+	// SweepInterval is how often expired holds are looked for; default 1s.
+	SweepInterval time.Duration
+	// SweepBatch is the most holds one sweep expires per transaction; default 512.
+	SweepBatch int
+	// Logger receives operational messages; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration and fills in defaults.
+func (c *Config) Validate() error {
+	if r := transfer.CheckRegion(c.Name); r != "" {
+		return fmt.Errorf("region name %q: %s", c.Name, r)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 256
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
+		return fmt.Errorf("max batch %d: must be 1..10000", c.MaxBatch)
+	}
+	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
+		return fmt.Errorf("batch window %s: must be 0..1s", c.BatchWindow)
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Second
+	}
+	if c.SweepInterval < time.Millisecond {
+		return fmt.Errorf("sweep interval %s: must be at least 1ms", c.SweepInterval)
+	}
+	if c.SweepBatch == 0 {
+		c.SweepBatch = 512
+	}
+	if c.SweepBatch < 1 {
+		return fmt.Errorf("sweep batch %d: must be positive", c.SweepBatch)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+type poolKey struct{ sale, sku string }
+
+// Region serves one region's pools. It writes only while it leads (Lead with an epoch from
+// the region's election); otherwise every change answers ErrNotLeader.
+type Region struct {
+	cfg  Config
+	pool *pgxpool.Pool
+
+	mu     sync.Mutex
+	w      *writer
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	sales   sync.Map // sale id → SaleTerms
+	availMu sync.RWMutex
+	avail   map[poolKey]*atomic.Int64
+}
+
+// New builds a region on pool, whose schema must be migrated (Migrate).
+func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}}, nil
+}
+
+// Name is the region's name.
+func (r *Region) Name() string { return r.cfg.Name }
+
+// Lead makes this process the region's writer under epoch. It first raises the stored epoch
+// (so a previous leader's batches commit nothing from then on: I4), then loads the pools'
+// counters, then serves. epoch must come from the region's election.
+func (r *Region) Lead(ctx context.Context, epoch int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w != nil {
+		return errors.New("region: already leading")
+	}
+	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(ctx, tx, epoch) }); err != nil {
+		return err
+	}
+	if err := r.reload(ctx); err != nil {
+		return err
+	}
+	w := &writer{
+		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow,
+		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, onFail: r.onBatchFailure,
+	}
+	w.start()
+	sctx, cancel := context.WithCancel(context.Background())
+	r.w, r.cancel = w, cancel
+	r.wg.Add(1)
+	go r.sweep(sctx, w)
+	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
+	return nil
+}
+
+// StepDown stops writing: queued and later changes answer ErrNotLeader. Idempotent.
+func (r *Region) StepDown() {
+	r.mu.Lock()
+	w, cancel := r.w, r.cancel
+	r.w, r.cancel = nil, nil
+	r.mu.Unlock()
+	if w == nil {
+		return
+	}
+	cancel()
+	r.wg.Wait()
+	w.close()
+	r.cfg.Logger.Info("region stepped down", "region", r.cfg.Name)
+}
+
+// Close stops the region. It does not close the database pool, which the caller owns.
+func (r *Region) Close() { r.StepDown() }
+
+// Leading reports whether this process is the region's writer right now.
+func (r *Region) Leading() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.w != nil
+}
+
+func (r *Region) writer() (*writer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w == nil {
+		return nil, fmt.Errorf("region %s: %w", r.cfg.Name, ErrNotLeader)
+	}
+	return r.w, nil
+}
+
+func (r *Region) submit(ctx context.Context, o op) (any, error) {
+	w, err := r.writer()
+	if err != nil {
+		return nil, err
+	}
+	return w.submit(ctx, o)
+}
+
+// reload replaces the cached available counts with the stored ones.
+func (r *Region) reload(ctx context.Context) error {
+	rows, err := r.pool.Query(ctx, `SELECT sale_id, sku, available FROM pools`)
+	if err != nil {
+		return fmt.Errorf("load pools: %w", err)
+	}
+	fresh := map[poolKey]*atomic.Int64{}
+	for rows.Next() {
+		var k poolKey
+		var a int64
+		if err := rows.Scan(&k.sale, &k.sku, &a); err != nil {
+			return err
+		}
+		v := &atomic.Int64{}
+		v.Store(a)
+		fresh[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load pools: %w", err)
+	}
+	r.availMu.Lock()
+	r.avail = fresh
+	r.availMu.Unlock()
+	r.sales.Clear()
+	return nil
+}
+
+// applyCommitted runs on the writer after a commit: the cache learns what is now durable.
+func (r *Region) applyCommitted(b *batch) {
+	r.availMu.Lock()
+	for k, a := range b.touched {
+		v, ok := r.avail[k]
+		if !ok {
+			v = &atomic.Int64{}
+			r.avail[k] = v
+		}
+		v.Store(int64(a))
+	}
+	r.availMu.Unlock()
+	for id, t := range b.sales {
+		r.sales.Store(id, t)
+	}
+}
+
+// onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
+// of the database) and reload it; a fenced writer stops serving.
+func (r *Region) onBatchFailure(err error) {
+	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
+	if errors.Is(err, ErrFenced) {
+		go r.StepDown() // StepDown waits for this writer goroutine, so not inline.
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if rerr := r.reload(ctx); rerr != nil {
+		r.cfg.Logger.Error("region reload failed; stepping down", "region", r.cfg.Name, "err", rerr)
+		go r.StepDown()
+	}
+}
+
+// cachedAvailable returns the committed available count of a pool, and whether it is known.
+func (r *Region) cachedAvailable(k poolKey) (transfer.Units, bool) {
+	r.availMu.RLock()
+	v, ok := r.avail[k]
+	r.availMu.RUnlock()
+	if !ok {
+		return 0, false
+	}
+	return transfer.Units(v.Load()), true
+}
+
+func (r *Region) newHoldID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // the OS random source failing is not recoverable
+	}
+	return r.cfg.Name + "." + hex.EncodeToString(b[:])
+}

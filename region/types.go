@@ -1,0 +1,112 @@
+// Package region is one region's reservation service: its pools, holds, per-user counts,
+// idempotency records and inbound transfers, kept in the region's own SQL database and
+// changed only by a single writer that commits operations in batches (group commit).
+package region
+
+import (
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Errors a caller can test with errors.Is.
+var (
+	ErrRegionExhausted = apierr.ErrRegionExhausted
+	ErrSoldOut         = apierr.ErrSoldOut
+	ErrLimitExceeded   = apierr.ErrLimitExceeded
+	ErrAlreadyExists   = apierr.ErrAlreadyExists
+	ErrNotFound        = apierr.ErrNotFound
+	ErrNotOpen         = apierr.ErrNotOpen
+	ErrNotLeader       = apierr.ErrNotLeader
+	ErrFenced          = apierr.ErrFenced
+	ErrConflict        = apierr.ErrConflict
+	ErrUnknownOutcome  = apierr.ErrUnknownOutcome
+)
+
+// HoldState is where a hold is in its life: held, then exactly one of sold, released or
+// expired (I5).
+type HoldState string
+
+// The hold states.
+const (
+	Held     HoldState = "held"
+	Sold     HoldState = "sold"
+	Released HoldState = "released"
+	Expired  HoldState = "expired"
+)
+
+// Hold is one reservation.
+type Hold struct {
+	ID         string
+	Region     string
+	Sale       string
+	SKU        string
+	User       string
+	Quantity   transfer.Units
+	RequestKey string
+	State      HoldState
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	PaymentID  string
+}
+
+// SaleTerms are the rules of a sale as the coordinator published them to this region.
+type SaleTerms struct {
+	Sale         string
+	SKUs         []string
+	PerUserLimit transfer.Units
+	HoldTTL      time.Duration
+	OpensAt      time.Time
+}
+
+func (t SaleTerms) hasSKU(sku string) bool {
+	for _, s := range t.SKUs {
+		if s == sku {
+			return true
+		}
+	}
+	return false
+}
+
+// ReserveRequest asks for quantity units of sku for user, idempotent by RequestKey.
+type ReserveRequest struct {
+	Sale       string
+	SKU        string
+	User       string
+	Quantity   transfer.Units
+	RequestKey string
+}
+
+// ReserveResult is a granted reservation. Replayed is true when RequestKey matched an
+// earlier identical request, whose hold (in its current state) is returned.
+type ReserveResult struct {
+	Hold     Hold
+	Replayed bool
+}
+
+// ConfirmResult says whether the payment bought the hold (Sold) or must be refunded.
+type ConfirmResult struct {
+	Sold   bool
+	Hold   Hold
+	Reason string
+}
+
+// PoolCounts is one pool's counters.
+type PoolCounts struct {
+	SKU        string
+	Available  transfer.Units
+	Held       transfer.Units
+	Sold       transfer.Units
+	CreditedIn transfer.Units
+	DebitedOut transfer.Units
+}
+
+// CreditRequest adds a transfer's units to this region's pool for (Sale, SKU).
+type CreditRequest struct {
+	Generation int64
+	TransferID string
+	Sale       string
+	SKU        string
+	Units      transfer.Units
+}

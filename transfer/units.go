@@ -1,0 +1,54 @@
+// Package transfer is the pure logic of moving units between pools: quantities, transfer
+// states and their allowed transitions, identifiers, and the records both sides keep so an
+// auditor can match them by transfer id. It does no I/O.
+package transfer
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// Units counts units of stock. Every stock quantity in the project is Units, never a bare int.
+type Units int64
+
+// MaxUnits bounds any one quantity, so sums over regions cannot overflow int64.
+const MaxUnits Units = 1 << 40
+
+// Unallocated is the pool name of the coordinator's unallocated units, the source of every
+// initial allocation.
+const Unallocated = "unallocated"
+
+// MaxIDLen bounds every identifier (sale, SKU, user, key, hold, transfer, payment).
+const MaxIDLen = 128
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$`)
+
+var regionPattern = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+
+// CheckID reports why id is not a valid identifier, or "" when it is. Identifiers are
+// 1..MaxIDLen printable ASCII characters from a conservative set, so they are safe in logs,
+// keys and file names.
+func CheckID(id string) string {
+	switch {
+	case id == "":
+		return "must not be empty"
+	case len(id) > MaxIDLen:
+		return fmt.Sprintf("is %d bytes, longer than %d", len(id), MaxIDLen)
+	case !idPattern.MatchString(id):
+		return "may contain only letters, digits and . _ : @ / + = - and must start with a letter or digit"
+	}
+	return ""
+}
+
+// CheckRegion reports why name is not a valid region name, or "" when it is.
+func CheckRegion(name string) string {
+	switch {
+	case name == "":
+		return "must not be empty"
+	case name == Unallocated:
+		return fmt.Sprintf("%q is reserved for the coordinator's pool", Unallocated)
+	case !regionPattern.MatchString(name):
+		return "must be 1..32 lowercase letters, digits or '-', starting with a letter"
+	}
+	return ""
+}
