@@ -38,7 +38,7 @@ func StartEmbedded(dir, clientURL, peerURL string) (*Embedded, error) {
 	cfg.ListenPeerUrls = []url.URL{*pu}
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.LogLevel = "error"
+	cfg.LogLevel = "panic" // its shutdown logs errors that are not ours to act on
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)

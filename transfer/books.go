@@ -1,5 +1,7 @@
 package transfer
 
+import "time"
+
 // PoolBooks is one region pool's durable counters, as the auditor reads them.
 // I3: CreditedIn − DebitedOut == Available + Held + Sold.
 type PoolBooks struct {
@@ -34,6 +36,7 @@ type RegionBooks struct {
 
 // Transfer is one ledger entry.
 type Transfer struct {
+	CreatedAt  time.Time
 	ID         string
 	Sale       string
 	SKU        string

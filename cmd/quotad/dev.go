@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+)
+
+func devCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run an embedded etcd, a coordinator and regions in one process",
+		Long: `Run the whole system in one process for development and demos.
+
+The coordinator listens on 127.0.0.1:<base-port> (7400) and the regions on the next ports
+in the order given (us 7401, eu 7402, ap 7403). The embedded etcd serves clients on
+base-port+90. Each role has its own database on the PostgreSQL server of --pg-url,
+created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.`,
+		Example: `  quotad dev
+  quotad dev --regions us,eu --pg-url postgres://quota:quota@127.0.0.1:5432/postgres --data-dir .dev`,
+		RunE: runDev,
+	}
+	f := cmd.Flags()
+	f.StringSlice("regions", []string{"us", "eu", "ap"}, "region names, in port order")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server URL (any database; used to create the project's databases)")
+	f.String("data-dir", ".dev", "directory for the embedded etcd's data")
+	f.String("db-prefix", "quota", "prefix of the database names")
+	f.String("host", "127.0.0.1", "address every server binds")
+	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
+	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
+	addRegionTuning(cmd)
+	return cmd
+}
+
+func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
+	rc, err := regionTuning(v)
+	if err != nil {
+		return cluster.DevConfig{}, err
+	}
+	c := cluster.DevConfig{
+		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
+		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
+		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc,
+	}
+	return c, c.Validate()
+}
+
+func runDev(cmd *cobra.Command, _ []string) error {
+	v, err := newViper(cmd)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(v)
+	if err != nil {
+		return err
+	}
+	cfg, err := devConfig(v)
+	if err != nil {
+		return err
+	}
+	cfg.Logger, cfg.Region.Logger = log, log
+	ctx, stop := signalContext()
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	d, err := cluster.StartDev(sctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	fmt.Printf("quotad dev: coordinator %s", d.Coordinator.Addr())
+	for _, r := range d.Regions {
+		fmt.Printf(", region %s %s", r.R.Name(), r.Addr())
+	}
+	fmt.Printf(", etcd %s\n", d.Etcd.ClientURL)
+	<-ctx.Done()
+	fmt.Println("quotad dev: shutting down")
+	return nil
+}

@@ -1,0 +1,77 @@
+// Command quotad runs the quota allocator's servers: `quotad dev` (everything in one
+// process, for development and demos), `quotad coordinator` and `quotad region`.
+//
+// Configuration comes from flags, then QUOTA_* environment variables (QUOTA_PG_URL for
+// --pg-url), then the file named by --config (YAML, TOML or JSON, keys as the flag names).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "quotad:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "quotad",
+		Short:         "Regional quota allocator for flash-sale inventory: coordinator and region servers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("config", "", "config file (yaml, toml or json); keys are the flag names")
+	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd())
+	return root
+}
+
+// newViper binds a command's flags, QUOTA_* environment variables and the --config file.
+func newViper(cmd *cobra.Command) (*viper.Viper, error) {
+	v := viper.New()
+	v.SetEnvPrefix("QUOTA")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	var bindErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if err := v.BindPFlag(f.Name, f); err != nil && bindErr == nil {
+			bindErr = err
+		}
+	})
+	if bindErr != nil {
+		return nil, bindErr
+	}
+	if file := v.GetString("config"); file != "" {
+		v.SetConfigFile(file)
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("config %s: %w", file, err)
+		}
+	}
+	return v, nil
+}
+
+func newLogger(v *viper.Viper) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+		return nil, fmt.Errorf("log-level %q: %w", v.GetString("log-level"), err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// signalContext ends on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}

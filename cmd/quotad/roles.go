@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+)
+
+func addRegionTuning(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.Int("max-batch", 256, "most operations one region transaction commits")
+	f.Duration("batch-window", 0, "how long a region's writer waits for more operations after the first (0: commit what is queued)")
+	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
+}
+
+func regionTuning(v *viper.Viper) (region.Config, error) {
+	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
+		SweepInterval: v.GetDuration("sweep-interval")}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	c.Name = ""
+	return c, nil
+}
+
+func regionCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "region",
+		Short:   "Run one region server (leader or standby, elected in etcd)",
+		Example: `  quotad region --name us --listen 127.0.0.1:7401 --db-url postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
+		RunE:    runRegion,
+	}
+	f := cmd.Flags()
+	f.String("name", "", "region name (required)")
+	f.String("listen", "127.0.0.1:7401", "gRPC address")
+	f.String("db-url", "", "the region's database URL (required; created when missing)")
+	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
+	addRegionTuning(cmd)
+	return cmd
+}
+
+// RegionProcessConfig is `quotad region`'s configuration.
+type RegionProcessConfig struct {
+	Node cluster.RegionConfig
+	Etcd []string
+}
+
+// Validate checks the configuration, naming the bad key.
+func (c *RegionProcessConfig) Validate() error {
+	if why := transfer.CheckRegion(c.Node.Region.Name); why != "" {
+		return fmt.Errorf("name %q: %s", c.Node.Region.Name, why)
+	}
+	if c.Node.DBURL == "" {
+		return fmt.Errorf("db-url: must be set")
+	}
+	if len(c.Etcd) == 0 {
+		return fmt.Errorf("etcd: name at least one endpoint")
+	}
+	if c.Node.LeaseTTL < time.Second {
+		return fmt.Errorf("lease-ttl %s: must be at least 1s", c.Node.LeaseTTL)
+	}
+	return nil
+}
+
+func runRegion(cmd *cobra.Command, _ []string) error {
+	v, err := newViper(cmd)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(v)
+	if err != nil {
+		return err
+	}
+	rc, err := regionTuning(v)
+	if err != nil {
+		return err
+	}
+	rc.Name, rc.Logger = v.GetString("name"), log
+	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
+		LeaseTTL: v.GetDuration("lease-ttl"), Logger: log}, Etcd: v.GetStringSlice("etcd")}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	etcd, err := fencing.Dial(cfg.Etcd, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	n, err := cluster.StartRegion(ctx, cfg.Node, etcd)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	fmt.Printf("quotad region %s: %s\n", rc.Name, n.Addr())
+	<-ctx.Done()
+	return nil
+}
+
+func coordinatorCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "coordinator",
+		Short: "Run a coordinator (leader or standby, elected in etcd)",
+		Example: `  quotad coordinator --listen 127.0.0.1:7400 --db-url postgres://quota:quota@127.0.0.1:5432/quota_coordinator \
+    --region us=127.0.0.1:7401=postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
+		RunE: runCoordinator,
+	}
+	f := cmd.Flags()
+	f.String("listen", "127.0.0.1:7400", "gRPC address")
+	f.String("db-url", "", "the ledger database URL (required)")
+	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (repeat per region)")
+	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
+	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded when its destination has not answered for this long")
+	return cmd
+}
+
+// CoordinatorProcessConfig is `quotad coordinator`'s configuration.
+type CoordinatorProcessConfig struct {
+	Node cluster.CoordinatorConfig
+	Etcd []string
+}
+
+// Validate checks the configuration, naming the bad key.
+func (c *CoordinatorProcessConfig) Validate() error {
+	if c.Node.DBURL == "" {
+		return fmt.Errorf("db-url: must be set")
+	}
+	if len(c.Node.Regions) == 0 {
+		return fmt.Errorf("region: name at least one region as name=addr=db-url")
+	}
+	if len(c.Etcd) == 0 {
+		return fmt.Errorf("etcd: name at least one endpoint")
+	}
+	return nil
+}
+
+func parseRegions(specs []string) ([]cluster.RegionEndpoint, error) {
+	var out []cluster.RegionEndpoint
+	for _, s := range specs {
+		parts := strings.SplitN(s, "=", 3)
+		if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
+			return nil, fmt.Errorf("region %q: want name=grpc-address=database-url", s)
+		}
+		if why := transfer.CheckRegion(parts[0]); why != "" {
+			return nil, fmt.Errorf("region %q: name %s", s, why)
+		}
+		out = append(out, cluster.RegionEndpoint{Name: parts[0], Addr: parts[1], DBURL: parts[2]})
+	}
+	return out, nil
+}
+
+func runCoordinator(cmd *cobra.Command, _ []string) error {
+	v, err := newViper(cmd)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(v)
+	if err != nil {
+		return err
+	}
+	regions, err := parseRegions(v.GetStringSlice("region"))
+	if err != nil {
+		return err
+	}
+	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
+		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log},
+		Etcd: v.GetStringSlice("etcd")}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	etcd, err := fencing.Dial(cfg.Etcd, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	n, err := cluster.StartCoordinator(sctx, cfg.Node, etcd)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	fmt.Printf("quotad coordinator: %s\n", n.Addr())
+	<-ctx.Done()
+	return nil
+}

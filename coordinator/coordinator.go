@@ -1,0 +1,205 @@
+// Package coordinator owns the global ledger (sales, SKU totals, unallocated units and the
+// transfer log), drives transfers from the unallocated pool to regions (allocation), and
+// audits global conservation against every region's durable state.
+package coordinator
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Errors a caller can test with errors.Is.
+var (
+	ErrNotLeader     = apierr.ErrNotLeader
+	ErrFenced        = apierr.ErrFenced
+	ErrNotFound      = apierr.ErrNotFound
+	ErrAlreadyExists = apierr.ErrAlreadyExists
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Migrate applies the ledger schema's pending migrations.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	return pgutil.Migrate(ctx, pool, sub)
+}
+
+// SaleTerms are a sale's rules as published to regions.
+type SaleTerms struct {
+	Sale         string
+	SKUs         []string
+	PerUserLimit transfer.Units
+	HoldTTL      time.Duration
+	OpensAt      time.Time
+}
+
+// Participant is the coordinator's transport to one region: each call is idempotent and
+// carries the coordinator's generation, which the region fences on (I4). Errors from the
+// region come back as the apierr sentinels.
+type Participant interface {
+	PutSale(ctx context.Context, gen int64, t SaleTerms) error
+	Credit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error)
+}
+
+// BooksReader reads one consistent snapshot of a region's durable state for a sale, straight
+// from the region's database (region.ReadBooks), so audits need no live region process.
+type BooksReader func(ctx context.Context, sale string) (transfer.RegionBooks, error)
+
+// RegionLink is everything the coordinator knows of one region.
+type RegionLink struct {
+	Name        string
+	Address     string
+	Participant Participant
+	Books       BooksReader
+}
+
+// Config tunes the coordinator.
+type Config struct {
+	Regions []RegionLink
+	// Clock tells the time; default the wall clock.
+	Clock clock.Clock
+	// RetryInterval is how often unfinished transfers are driven again; default 1s.
+	RetryInterval time.Duration
+	// StrandAfter is how long a transfer may stay in flight with its destination not
+	// answering before it is flagged stranded; default 30s.
+	StrandAfter time.Duration
+	// CallTimeout bounds one call to a region; default 5s.
+	CallTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Validate checks the configuration and fills in defaults.
+func (c *Config) Validate() error {
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		if why := transfer.CheckRegion(r.Name); why != "" {
+			return fmt.Errorf("region %q: %s", r.Name, why)
+		}
+		if seen[r.Name] {
+			return fmt.Errorf("region %q listed twice", r.Name)
+		}
+		seen[r.Name] = true
+		if r.Participant == nil || r.Books == nil {
+			return fmt.Errorf("region %q: needs a participant and a books reader", r.Name)
+		}
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = time.Second
+	}
+	if c.StrandAfter == 0 {
+		c.StrandAfter = 30 * time.Second
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 5 * time.Second
+	}
+	if c.RetryInterval < 0 || c.StrandAfter < 0 || c.CallTimeout < 0 {
+		return errors.New("retry interval, strand-after and call timeout must be positive")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Coordinator is the ledger's owner. It changes the ledger only while it leads, under the
+// generation it was elected with.
+type Coordinator struct {
+	cfg     Config
+	db      *pgxpool.Pool
+	regions map[string]RegionLink
+
+	mu     sync.Mutex
+	gen    int64
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds a coordinator on a migrated ledger database.
+func New(cfg Config, db *pgxpool.Pool) (*Coordinator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, db: db, regions: map[string]RegionLink{}}
+	for _, r := range cfg.Regions {
+		c.regions[r.Name] = r
+	}
+	return c, nil
+}
+
+// Lead starts acting as the leader with generation gen (the election key's create
+// revision): it raises the ledger fence (I4), then resumes every unfinished transfer.
+func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel != nil {
+		return errors.New("coordinator: already leading")
+	}
+	if err := pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error { return fencing.CheckLedgerGeneration(ctx, tx, gen) }); err != nil {
+		return err
+	}
+	dctx, cancel := context.WithCancel(context.Background())
+	c.gen, c.cancel = gen, cancel
+	c.wg.Add(1)
+	go c.driveLoop(dctx, gen)
+	c.cfg.Logger.Info("coordinator leading", "generation", gen)
+	return nil
+}
+
+// StepDown stops leading. Idempotent.
+func (c *Coordinator) StepDown() {
+	c.mu.Lock()
+	cancel := c.cancel
+	c.cancel, c.gen = nil, 0
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		c.wg.Wait()
+	}
+}
+
+// Close stops the coordinator; the caller owns the database pool.
+func (c *Coordinator) Close() { c.StepDown() }
+
+// Generation is the generation this coordinator leads with, or ErrNotLeader.
+func (c *Coordinator) Generation() (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == 0 {
+		return 0, fmt.Errorf("coordinator: %w", ErrNotLeader)
+	}
+	return c.gen, nil
+}
+
+// Regions lists the configured regions in order.
+func (c *Coordinator) Regions() []RegionLink { return c.cfg.Regions }
+
+// fencedTx runs fn in a ledger transaction that first passes the generation fence (I4).
+func (c *Coordinator) fencedTx(ctx context.Context, gen int64, fn func(pgx.Tx) error) error {
+	return pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
+		if err := fencing.CheckLedgerGeneration(ctx, tx, gen); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}

@@ -1,0 +1,124 @@
+package coordinator
+
+import (
+	"fmt"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// evaluate computes the audit from one ledger snapshot and the region books read after it.
+// stale is true when a region holds a transfer record the snapshot does not know: the
+// caller reads again.
+func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regions []RegionLink) (Report, bool) {
+	rep := Report{OK: true}
+	stale := false
+	add := func(v Violation) { rep.Violations = append(rep.Violations, v); rep.OK = false }
+	for _, sale := range snap.sales {
+		for _, r := range regions {
+			rr := books[r.Name][sale]
+			if rr.err != nil {
+				continue
+			}
+			for id, rec := range rr.books.Inbound {
+				t, ok := snap.transfers[id]
+				if !ok {
+					stale = true
+					continue
+				}
+				if t.To != r.Name || t.SKU != rec.SKU || t.Units != rec.Units {
+					add(Violation{"I5", sale, rec.SKU, r.Name, fmt.Sprintf("transfer %s recorded at %s as %d of %s, ledger says %d of %s to %s",
+						id, r.Name, rec.Units, rec.SKU, t.Units, t.SKU, t.To)})
+				}
+			}
+		}
+		for _, k := range snap.skus[sale] {
+			a := auditSKU(sale, k, snap, books, regions, add)
+			rep.SKUs = append(rep.SKUs, a)
+		}
+	}
+	return rep, stale
+}
+
+func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]map[string]regionRead,
+	regions []RegionLink, add func(Violation)) SKUAudit {
+	a := SKUAudit{Sale: sale, SKU: k.SKU, Total: k.Total, Unallocated: k.Unallocated, OK: true}
+	bad := func(inv, region, format string, args ...any) {
+		a.OK = false
+		add(Violation{inv, sale, k.SKU, region, fmt.Sprintf(format, args...)})
+	}
+	for _, r := range regions {
+		rr := books[r.Name][sale]
+		ra := RegionAudit{Region: r.Name, Reachable: rr.err == nil}
+		if rr.err != nil {
+			ra.Error = rr.err.Error()
+			bad("I1", r.Name, "region %s could not be read, conservation unproven: %v", r.Name, rr.err)
+			a.Regions = append(a.Regions, ra)
+			continue
+		}
+		for _, p := range rr.books.Pools {
+			if p.SKU != k.SKU {
+				continue
+			}
+			ra.Available, ra.Held, ra.Sold, ra.CreditedIn, ra.DebitedOut = p.Available, p.Held, p.Sold, p.CreditedIn, p.DebitedOut
+			checkPool(p, r.Name, bad)
+		}
+		a.Available += ra.Available
+		a.Held += ra.Held
+		a.Sold += ra.Sold
+		a.Regions = append(a.Regions, ra)
+	}
+	for _, t := range snap.transfers {
+		if t.Sale != sale || t.SKU != k.SKU {
+			continue
+		}
+		rr, known := books[t.To][sale]
+		var rec transfer.InboundRecord
+		var has bool
+		if known && rr.err == nil {
+			rec, has = rr.books.Inbound[t.ID]
+		}
+		credited := has && rec.State == transfer.InCredited
+		switch t.State {
+		case transfer.Pending, transfer.Requested:
+			if !credited {
+				a.InFlight += t.Units
+				if t.Stranded {
+					a.Stranded += t.Units
+				}
+			}
+		case transfer.Posted:
+			if known && rr.err == nil && !credited {
+				bad("I5", t.To, "transfer %s is posted but %s has no credit for it", t.ID, t.To)
+			}
+		case transfer.Voided:
+			if credited {
+				bad("I5", t.To, "transfer %s is voided but %s credited it", t.ID, t.To)
+			}
+		}
+	}
+	if a.Unallocated < 0 || a.InFlight < 0 {
+		bad("I2", "", "negative term: unallocated %d, in flight %d", a.Unallocated, a.InFlight)
+	}
+	if sum := a.Unallocated + a.Available + a.Held + a.Sold + a.InFlight; sum != a.Total {
+		bad("I1", "", "total %d != unallocated %d + available %d + held %d + sold %d + in flight %d = %d",
+			a.Total, a.Unallocated, a.Available, a.Held, a.Sold, a.InFlight, sum)
+	}
+	return a
+}
+
+// checkPool checks I2 and I3 for one region pool.
+func checkPool(p transfer.PoolBooks, region string, bad func(inv, region, format string, args ...any)) {
+	if p.Available < 0 || p.Held < 0 || p.Sold < 0 || p.CreditedIn < 0 || p.DebitedOut < 0 {
+		bad("I2", region, "negative count in pool %+v", p)
+	}
+	if p.CreditedIn-p.DebitedOut != p.Available+p.Held+p.Sold {
+		bad("I3", region, "credited_in %d - debited_out %d != available %d + held %d + sold %d",
+			p.CreditedIn, p.DebitedOut, p.Available, p.Held, p.Sold)
+	}
+	if p.Held != p.HeldInHolds {
+		bad("I3", region, "pool held %d but its held holds sum to %d", p.Held, p.HeldInHolds)
+	}
+	if p.Sold != p.SoldInHolds {
+		bad("I3", region, "pool sold %d but its sold holds sum to %d", p.Sold, p.SoldInHolds)
+	}
+}

@@ -1,0 +1,189 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// SKUTotal is one SKU of a new sale and its total stock.
+type SKUTotal struct {
+	SKU   string
+	Total transfer.Units
+}
+
+// SaleSpec defines a new sale.
+type SaleSpec struct {
+	Sale         string
+	SKUs         []SKUTotal
+	PerUserLimit transfer.Units
+	HoldTTL      time.Duration
+	// OpensAt zero means open at once.
+	OpensAt time.Time
+}
+
+// SKULedger is one SKU's ledger counts.
+type SKULedger struct {
+	SKU         string
+	Total       transfer.Units
+	Unallocated transfer.Units
+	// Allocated is the units posted to each region from the unallocated pool.
+	Allocated map[string]transfer.Units
+}
+
+// Sale is a sale as the ledger knows it.
+type Sale struct {
+	Terms     SaleTerms
+	SKUs      []SKULedger
+	CreatedAt time.Time
+}
+
+// Check validates a sale definition, naming the bad field.
+func (s SaleSpec) Check() error {
+	if why := transfer.CheckID(s.Sale); why != "" {
+		return apierr.Invalid("sale_id", "%s", why)
+	}
+	if len(s.SKUs) == 0 {
+		return apierr.Invalid("skus", "a sale needs at least one SKU")
+	}
+	if len(s.SKUs) > 1000 {
+		return apierr.Invalid("skus", "%d SKUs; at most 1000", len(s.SKUs))
+	}
+	seen := map[string]bool{}
+	for _, k := range s.SKUs {
+		if why := transfer.CheckID(k.SKU); why != "" {
+			return apierr.Invalid("sku", "%s", why)
+		}
+		if seen[k.SKU] {
+			return apierr.Invalid("sku", "%q listed twice", k.SKU)
+		}
+		seen[k.SKU] = true
+		if k.Total <= 0 || k.Total > transfer.MaxUnits {
+			return apierr.Invalid("total", "sku %s: must be 1..%d, got %d", k.SKU, transfer.MaxUnits, k.Total)
+		}
+	}
+	if s.PerUserLimit <= 0 || s.PerUserLimit > transfer.MaxUnits {
+		return apierr.Invalid("per_user_limit", "must be 1..%d, got %d", transfer.MaxUnits, s.PerUserLimit)
+	}
+	if s.HoldTTL < time.Second || s.HoldTTL > 24*time.Hour {
+		return apierr.Invalid("hold_ttl", "must be 1s..24h, got %s", s.HoldTTL)
+	}
+	return nil
+}
+
+func (s SaleSpec) definition() string {
+	b, _ := json.Marshal(struct {
+		SKUs    []SKUTotal
+		Limit   transfer.Units
+		TTL     time.Duration
+		OpensAt int64
+	}{s.SKUs, s.PerUserLimit, s.HoldTTL, s.OpensAt.UnixMilli()})
+	return string(b)
+}
+
+// CreateSale records a sale with every SKU's units unallocated. Creating the same sale again
+// with the same definition returns it (replayed); another definition is ErrAlreadyExists.
+func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool, error) {
+	if err := spec.Check(); err != nil {
+		return Sale{}, false, err
+	}
+	gen, err := c.Generation()
+	if err != nil {
+		return Sale{}, false, err
+	}
+	now := c.cfg.Clock.Now()
+	if spec.OpensAt.IsZero() {
+		spec.OpensAt = now
+	}
+	spec.OpensAt = spec.OpensAt.Truncate(time.Millisecond)
+	def := spec.definition()
+	replayed := false
+	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+		replayed = false
+		var have string
+		err := tx.QueryRow(ctx, `SELECT definition FROM sales WHERE sale_id = $1`, spec.Sale).Scan(&have)
+		if err == nil {
+			if have != def {
+				return fmt.Errorf("sale_id %q already exists with another definition: %w", spec.Sale, ErrAlreadyExists)
+			}
+			replayed = true
+			return nil
+		}
+		if err != pgx.ErrNoRows {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, per_user_limit, hold_ttl_ms, opens_at, created_at, definition)
+			VALUES ($1, $2, $3, $4, $5, $6)`, spec.Sale, int64(spec.PerUserLimit), spec.HoldTTL.Milliseconds(), spec.OpensAt, now, def); err != nil {
+			return err
+		}
+		for _, k := range spec.SKUs {
+			if _, err := tx.Exec(ctx, `INSERT INTO skus (sale_id, sku, total, unallocated) VALUES ($1, $2, $3, $3)`,
+				spec.Sale, k.SKU, int64(k.Total)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if isUniqueViolation(err) {
+		// A concurrent CreateSale of the same id won; compare against what it wrote.
+		return c.CreateSale(ctx, spec)
+	}
+	if err != nil {
+		return Sale{}, false, err
+	}
+	s, err := c.GetSale(ctx, spec.Sale)
+	return s, replayed, err
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// GetSale reads a sale and its SKUs' ledger counts.
+func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
+	if why := transfer.CheckID(sale); why != "" {
+		return Sale{}, apierr.Invalid("sale_id", "%s", why)
+	}
+	s := Sale{Terms: SaleTerms{Sale: sale}}
+	var limit, ttl int64
+	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at FROM sales WHERE sale_id = $1`, sale).
+		Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt)
+	if err == pgx.ErrNoRows {
+		return s, apierr.NotFound("sale_id", sale)
+	}
+	if err != nil {
+		return s, fmt.Errorf("read sale: %w", err)
+	}
+	s.Terms.PerUserLimit, s.Terms.HoldTTL = transfer.Units(limit), time.Duration(ttl)*time.Millisecond
+	rows, err := c.db.Query(ctx, `SELECT k.sku, k.total, k.unallocated, t.to_pool, coalesce(sum(t.units), 0)
+		FROM skus k LEFT JOIN transfers t ON t.sale_id = k.sale_id AND t.sku = k.sku AND t.state = 'posted' AND t.from_pool = $2
+		WHERE k.sale_id = $1 GROUP BY k.sku, k.total, k.unallocated, t.to_pool ORDER BY k.sku`, sale, transfer.Unallocated)
+	if err != nil {
+		return s, fmt.Errorf("read skus: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var sku string
+		var to *string
+		var total, unalloc, units int64
+		if err := rows.Scan(&sku, &total, &unalloc, &to, &units); err != nil {
+			return s, err
+		}
+		if n := len(s.SKUs); n == 0 || s.SKUs[n-1].SKU != sku {
+			s.SKUs = append(s.SKUs, SKULedger{SKU: sku, Total: transfer.Units(total), Unallocated: transfer.Units(unalloc), Allocated: map[string]transfer.Units{}})
+			s.Terms.SKUs = append(s.Terms.SKUs, sku)
+		}
+		if to != nil {
+			s.SKUs[len(s.SKUs)-1].Allocated[*to] = transfer.Units(units)
+		}
+	}
+	return s, rows.Err()
+}

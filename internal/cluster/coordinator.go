@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/coordinator/coordrpc"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/rpcserve"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// RegionEndpoint is how the coordinator reaches a region: its gRPC address for transfers,
+// and its database (read-only) for audits.
+type RegionEndpoint struct {
+	Name  string
+	Addr  string
+	DBURL string
+}
+
+// CoordinatorConfig configures a coordinator process.
+type CoordinatorConfig struct {
+	Listen      string
+	DBURL       string
+	Regions     []RegionEndpoint
+	LeaseTTL    time.Duration
+	StrandAfter time.Duration
+	Logger      *slog.Logger
+}
+
+// CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
+type CoordinatorNode struct {
+	C            *coordinator.Coordinator
+	Server       *rpcserve.Server
+	DB           *pgxpool.Pool
+	regionDBs    []*pgxpool.Pool
+	participants []*coordrpc.Participant
+	etcd         *fencing.Client
+	cfg          CoordinatorConfig
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	once         sync.Once
+}
+
+// StartCoordinator opens and migrates the ledger, connects to the regions (their gRPC
+// addresses and, read-only, their databases), serves CoordinatorService and campaigns.
+func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.Client) (n *CoordinatorNode, err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n = &CoordinatorNode{etcd: etcd, cfg: cfg}
+	defer func() {
+		if err != nil {
+			n.closeResources()
+		}
+	}()
+	if n.DB, err = pgutil.Open(ctx, cfg.DBURL, 16); err != nil {
+		return nil, err
+	}
+	if err = coordinator.Migrate(ctx, n.DB); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	links, err := n.linkRegions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter, Logger: cfg.Logger}, n.DB)
+	if err != nil {
+		return nil, err
+	}
+	if n.Server, err = rpcserve.Listen(cfg.Listen); err != nil {
+		return nil, err
+	}
+	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
+	n.Server.Start()
+	cctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(1)
+	go n.campaign(cctx)
+	return n, nil
+}
+
+func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.RegionLink, error) {
+	var links []coordinator.RegionLink
+	for _, r := range n.cfg.Regions {
+		db, err := pgutil.Open(ctx, r.DBURL, 4)
+		if err != nil {
+			return nil, fmt.Errorf("region %s database: %w", r.Name, err)
+		}
+		n.regionDBs = append(n.regionDBs, db)
+		p, err := coordrpc.DialParticipant(r.Addr)
+		if err != nil {
+			return nil, err
+		}
+		n.participants = append(n.participants, p)
+		name := r.Name
+		links = append(links, coordinator.RegionLink{Name: name, Address: r.Addr, Participant: p,
+			Books: func(ctx context.Context, sale string) (transfer.RegionBooks, error) {
+				return region.ReadBooks(ctx, db, name, sale)
+			}})
+	}
+	return links, nil
+}
+
+// Addr is the coordinator's gRPC address.
+func (n *CoordinatorNode) Addr() string { return n.Server.Addr() }
+
+func (n *CoordinatorNode) campaign(ctx context.Context) {
+	defer n.wg.Done()
+	for ctx.Err() == nil {
+		l, err := fencing.Campaign(ctx, n.etcd, "coordinator", n.Addr(), n.cfg.LeaseTTL)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.cfg.Logger.Warn("coordinator campaign failed", "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		if err := n.C.Lead(ctx, l.Generation); err != nil {
+			n.cfg.Logger.Warn("coordinator could not lead", "err", err)
+			l.Close()
+			sleep(ctx, time.Second)
+			continue
+		}
+		select {
+		case <-l.Done():
+			n.cfg.Logger.Warn("coordinator lost its lease")
+		case <-ctx.Done():
+		}
+		n.C.StepDown()
+		l.Close()
+	}
+}
+
+// WaitLeading waits until the coordinator leads.
+func (n *CoordinatorNode) WaitLeading(ctx context.Context) error {
+	for {
+		if _, err := n.C.Generation(); err == nil {
+			return nil
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("coordinator never led: %w", err)
+		}
+	}
+}
+
+func (n *CoordinatorNode) closeResources() {
+	for _, p := range n.participants {
+		p.Close()
+	}
+	for _, db := range n.regionDBs {
+		db.Close()
+	}
+	if n.DB != nil {
+		n.DB.Close()
+	}
+}
+
+// Close stops serving, resigns and closes connections. Idempotent.
+func (n *CoordinatorNode) Close() {
+	n.once.Do(func() {
+		n.Server.Stop()
+		n.cancel()
+		n.wg.Wait()
+		n.C.Close()
+		n.closeResources()
+	})
+}

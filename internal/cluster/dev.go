@@ -1,0 +1,197 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// DevConfig configures `quotad dev`: an embedded etcd, a coordinator and regions in one
+// process, each with its own database on one PostgreSQL server.
+type DevConfig struct {
+	Regions []string
+	// PGURL names the PostgreSQL server and a database to connect to for creating the others.
+	PGURL string
+	// DBPrefix prefixes every database name: <prefix>_coordinator, <prefix>_region_<name>.
+	DBPrefix string
+	// DataDir holds the embedded etcd's data.
+	DataDir string
+	// Host is the address every server binds.
+	Host string
+	// BasePort is the coordinator's port; regions take the next ports in order, the
+	// embedded etcd BasePort+90 (clients) and BasePort+91 (peers). 0 picks free ports.
+	BasePort int
+	// LeaseTTL is every election's lease.
+	LeaseTTL time.Duration
+	// Region tunes every region (Name is set per region).
+	Region region.Config
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration, naming the bad field.
+func (c *DevConfig) Validate() error {
+	if len(c.Regions) == 0 {
+		return errors.New("regions: name at least one region")
+	}
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		if why := transfer.CheckRegion(r); why != "" {
+			return fmt.Errorf("regions: %q %s", r, why)
+		}
+		if seen[r] {
+			return fmt.Errorf("regions: %q listed twice", r)
+		}
+		seen[r] = true
+	}
+	if c.PGURL == "" {
+		return errors.New("pg-url: must be set")
+	}
+	if _, err := pgutil.WithDatabase(c.PGURL, "x"); err != nil {
+		return fmt.Errorf("pg-url: %w", err)
+	}
+	if c.DBPrefix == "" || strings.ContainsAny(c.DBPrefix, "-. ") || strings.ToLower(c.DBPrefix) != c.DBPrefix {
+		return fmt.Errorf("db-prefix %q: must be lowercase letters, digits and _", c.DBPrefix)
+	}
+	if c.DataDir == "" {
+		return errors.New("data-dir: must be set")
+	}
+	if c.BasePort < 0 || c.BasePort > 65000 {
+		return fmt.Errorf("base-port %d: must be 0..65000", c.BasePort)
+	}
+	if c.LeaseTTL < time.Second {
+		return fmt.Errorf("lease-ttl %s: must be at least 1s", c.LeaseTTL)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Dev is a running all-in-one cluster.
+type Dev struct {
+	Etcd        *fencing.Embedded
+	EtcdClient  *fencing.Client
+	Coordinator *CoordinatorNode
+	Regions     []*RegionNode
+	DBURLs      map[string]string // "coordinator" and region names → database URL
+}
+
+// DBName is the database a dev cluster uses for role ("coordinator" or a region name).
+func DBName(prefix, role string) string {
+	if role == "coordinator" {
+		return prefix + "_coordinator"
+	}
+	return prefix + "_region_" + strings.ReplaceAll(role, "-", "_")
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *DevConfig) etcdURLs() (string, string, error) {
+	if c.BasePort != 0 {
+		return fmt.Sprintf("http://%s:%d", c.Host, c.BasePort+90), fmt.Sprintf("http://%s:%d", c.Host, c.BasePort+91), nil
+	}
+	cp, err := freePort(c.Host)
+	if err != nil {
+		return "", "", err
+	}
+	pp, err := freePort(c.Host)
+	if err != nil {
+		return "", "", err
+	}
+	return "http://" + net.JoinHostPort(c.Host, strconv.Itoa(cp)), "http://" + net.JoinHostPort(c.Host, strconv.Itoa(pp)), nil
+}
+
+func (c *DevConfig) listen(offset int) string {
+	if c.BasePort == 0 {
+		return net.JoinHostPort(c.Host, "0")
+	}
+	return net.JoinHostPort(c.Host, strconv.Itoa(c.BasePort+offset))
+}
+
+// StartDev starts the embedded etcd, creates the databases when missing, starts the regions,
+// then the coordinator, and waits until every one leads.
+func StartDev(ctx context.Context, cfg DevConfig) (d *Dev, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d = &Dev{DBURLs: map[string]string{}}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	clientURL, peerURL, err := cfg.etcdURLs()
+	if err != nil {
+		return nil, err
+	}
+	if d.Etcd, err = fencing.StartEmbedded(filepath.Join(cfg.DataDir, "etcd"), clientURL, peerURL); err != nil {
+		return nil, err
+	}
+	if d.EtcdClient, err = fencing.Dial([]string{clientURL}, 5*time.Second); err != nil {
+		return nil, err
+	}
+	for _, role := range append([]string{"coordinator"}, cfg.Regions...) {
+		name := DBName(cfg.DBPrefix, role)
+		if err := pgutil.EnsureDatabase(ctx, cfg.PGURL, name); err != nil {
+			return nil, err
+		}
+		if d.DBURLs[role], err = pgutil.WithDatabase(cfg.PGURL, name); err != nil {
+			return nil, err
+		}
+	}
+	var eps []RegionEndpoint
+	for i, name := range cfg.Regions {
+		rc := cfg.Region
+		rc.Name = name
+		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), DBURL: d.DBURLs[name], LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger}, d.EtcdClient)
+		if err != nil {
+			return nil, err
+		}
+		d.Regions = append(d.Regions, n)
+		eps = append(eps, RegionEndpoint{Name: name, Addr: n.Addr(), DBURL: d.DBURLs[name]})
+	}
+	for _, n := range d.Regions {
+		if err := n.WaitLeading(ctx); err != nil {
+			return nil, err
+		}
+	}
+	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger}, d.EtcdClient)
+	if err != nil {
+		return nil, err
+	}
+	return d, d.Coordinator.WaitLeading(ctx)
+}
+
+// Close stops everything, coordinator first. Idempotent.
+func (d *Dev) Close() {
+	if d.Coordinator != nil {
+		d.Coordinator.Close()
+	}
+	for _, r := range d.Regions {
+		r.Close()
+	}
+	if d.EtcdClient != nil {
+		d.EtcdClient.Close()
+		d.EtcdClient = nil
+	}
+	d.Etcd.Close()
+}

@@ -1,0 +1,144 @@
+// Package cluster wires the roles into running processes: a region or a coordinator with its
+// database, its gRPC server and its etcd election, and `quotad dev`'s all-in-one cluster.
+// cmd/quotad and the integration tests both start servers through it.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/rpcserve"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/region/regionrpc"
+)
+
+// RegionConfig configures one region process.
+type RegionConfig struct {
+	Region region.Config
+	// Listen is the gRPC address (host:port; port 0 picks one).
+	Listen string
+	// DBURL is the region's own database.
+	DBURL string
+	// LeaseTTL is the etcd lease of the region's leadership.
+	LeaseTTL time.Duration
+	Logger   *slog.Logger
+}
+
+// RegionNode is a running region: database, gRPC server and a campaign for leadership.
+type RegionNode struct {
+	R      *region.Region
+	Server *rpcserve.Server
+	DB     *pgxpool.Pool
+	etcd   *fencing.Client
+	cfg    RegionConfig
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// StartRegion opens and migrates the region's database, starts its gRPC server (answering
+// NOT_LEADER until elected) and campaigns for the region's leadership in etcd.
+func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*RegionNode, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Region.Logger = cfg.Logger
+	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
+	if err != nil {
+		return nil, err
+	}
+	if err := region.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("region %s: %w", cfg.Region.Name, err)
+	}
+	r, err := region.New(cfg.Region, db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	srv, err := rpcserve.Listen(cfg.Listen)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	rs := &regionrpc.Server{R: r}
+	quotav1.RegisterRegionServiceServer(srv.GRPC, rs)
+	quotav1.RegisterParticipantServiceServer(srv.GRPC, rs)
+	srv.Start()
+	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
+	cctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(1)
+	go n.campaign(cctx)
+	return n, nil
+}
+
+// Addr is the region's gRPC address.
+func (n *RegionNode) Addr() string { return n.Server.Addr() }
+
+func (n *RegionNode) campaign(ctx context.Context) {
+	defer n.wg.Done()
+	role := "region/" + n.cfg.Region.Name
+	for ctx.Err() == nil {
+		l, err := fencing.Campaign(ctx, n.etcd, role, n.Addr(), n.cfg.LeaseTTL)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.cfg.Logger.Warn("region campaign failed", "region", n.cfg.Region.Name, "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		if err := n.R.Lead(ctx, l.Generation); err != nil {
+			n.cfg.Logger.Warn("region could not lead", "region", n.cfg.Region.Name, "err", err)
+			l.Close()
+			sleep(ctx, time.Second)
+			continue
+		}
+		select {
+		case <-l.Done():
+			n.cfg.Logger.Warn("region lost its lease", "region", n.cfg.Region.Name)
+		case <-ctx.Done():
+		}
+		n.R.StepDown()
+		l.Close()
+	}
+}
+
+// WaitLeading waits until the region serves as leader.
+func (n *RegionNode) WaitLeading(ctx context.Context) error {
+	for !n.R.Leading() {
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("region %s never led: %w", n.cfg.Region.Name, err)
+		}
+	}
+	return nil
+}
+
+// Close stops serving, resigns and closes the database. Idempotent.
+func (n *RegionNode) Close() {
+	n.once.Do(func() {
+		n.Server.Stop()
+		n.cancel()
+		n.wg.Wait()
+		n.R.Close()
+		n.DB.Close()
+	})
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

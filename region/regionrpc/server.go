@@ -1,0 +1,117 @@
+// Package regionrpc is the gRPC adapter of a region: RegionService for storefronts and
+// ParticipantService for the coordinator. It only translates; the region package decides.
+package regionrpc
+
+import (
+	"context"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Server serves one region.
+type Server struct {
+	quotav1.UnimplementedRegionServiceServer
+	quotav1.UnimplementedParticipantServiceServer
+	R *region.Region
+}
+
+var holdStates = map[region.HoldState]quotav1.HoldState{
+	region.Held: quotav1.HoldState_HOLD_STATE_HELD, region.Sold: quotav1.HoldState_HOLD_STATE_SOLD,
+	region.Released: quotav1.HoldState_HOLD_STATE_RELEASED, region.Expired: quotav1.HoldState_HOLD_STATE_EXPIRED,
+}
+
+func toProto(h region.Hold) *quotav1.Reservation {
+	return &quotav1.Reservation{
+		HoldId: h.ID, SaleId: h.Sale, Sku: h.SKU, UserId: h.User, Quantity: int64(h.Quantity),
+		RequestKey: h.RequestKey, State: holdStates[h.State], ExpiresAt: timestamppb.New(h.ExpiresAt),
+		PaymentId: h.PaymentID, Region: h.Region,
+	}
+}
+
+// Reserve implements RegionService.
+func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
+	res, err := s.R.Reserve(ctx, region.ReserveRequest{
+		Sale: req.GetSaleId(), SKU: req.GetSku(), User: req.GetUserId(),
+		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.ReserveResponse{Reservation: toProto(res.Hold), Replayed: res.Replayed}, nil
+}
+
+// Confirm implements RegionService.
+func (s *Server) Confirm(ctx context.Context, req *quotav1.ConfirmRequest) (*quotav1.ConfirmResponse, error) {
+	res, err := s.R.Confirm(ctx, req.GetHoldId(), req.GetPaymentId())
+	if err != nil {
+		return nil, err
+	}
+	out := quotav1.ConfirmOutcome_CONFIRM_OUTCOME_REFUND
+	if res.Sold {
+		out = quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD
+	}
+	return &quotav1.ConfirmResponse{Outcome: out, Reservation: toProto(res.Hold), Reason: res.Reason}, nil
+}
+
+// Release implements RegionService.
+func (s *Server) Release(ctx context.Context, req *quotav1.ReleaseRequest) (*quotav1.ReleaseResponse, error) {
+	h, err := s.R.Release(ctx, req.GetHoldId())
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.ReleaseResponse{Reservation: toProto(h)}, nil
+}
+
+// GetReservation implements RegionService.
+func (s *Server) GetReservation(ctx context.Context, req *quotav1.GetReservationRequest) (*quotav1.GetReservationResponse, error) {
+	h, err := s.R.GetReservation(ctx, req.GetHoldId())
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.GetReservationResponse{Reservation: toProto(h)}, nil
+}
+
+// GetStock implements RegionService.
+func (s *Server) GetStock(ctx context.Context, req *quotav1.GetStockRequest) (*quotav1.GetStockResponse, error) {
+	pools, err := s.R.Stock(ctx, req.GetSaleId())
+	if err != nil {
+		return nil, err
+	}
+	out := &quotav1.GetStockResponse{SaleId: req.GetSaleId()}
+	for _, p := range pools {
+		out.Pools = append(out.Pools, &quotav1.Pool{Region: s.R.Name(), Sku: p.SKU, Available: int64(p.Available),
+			Held: int64(p.Held), Sold: int64(p.Sold), CreditedIn: int64(p.CreditedIn), DebitedOut: int64(p.DebitedOut)})
+	}
+	return out, nil
+}
+
+// PutSale implements ParticipantService.
+func (s *Server) PutSale(ctx context.Context, req *quotav1.PutSaleRequest) (*quotav1.PutSaleResponse, error) {
+	t := req.GetSale()
+	if t == nil {
+		return nil, apierr.Invalid("sale", "missing")
+	}
+	err := s.R.PutSale(ctx, req.GetGeneration(), region.SaleTerms{
+		Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
+		HoldTTL: time.Duration(t.GetHoldTtlMs()) * time.Millisecond, OpensAt: t.GetOpensAt().AsTime(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.PutSaleResponse{}, nil
+}
+
+// Credit implements ParticipantService.
+func (s *Server) Credit(ctx context.Context, req *quotav1.CreditRequest) (*quotav1.CreditResponse, error) {
+	st, err := s.R.Credit(ctx, region.CreditRequest{Generation: req.GetGeneration(), TransferID: req.GetTransferId(),
+		Sale: req.GetSaleId(), SKU: req.GetSku(), Units: transfer.Units(req.GetUnits())})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.CreditResponse{State: string(st)}, nil
+}
