@@ -13,18 +13,18 @@ import (
 
 // RegionAudit is one region's pool of one SKU in an audit.
 type RegionAudit struct {
-	Region                                         string
+	Region                                        string
 	Available, Held, Sold, CreditedIn, DebitedOut transfer.Units
-	Reachable                                      bool
-	Error                                          string
+	Reachable                                     bool
+	Error                                         string
 }
 
 // SKUAudit is I1 for one SKU with every term.
 type SKUAudit struct {
-	Sale, SKU                                                   string
+	Sale, SKU                                                     string
 	Total, Unallocated, Available, Held, Sold, InFlight, Stranded transfer.Units
-	Regions                                                     []RegionAudit
-	OK                                                          bool
+	Regions                                                       []RegionAudit
+	OK                                                            bool
 }
 
 // Violation is one broken invariant with its evidence.

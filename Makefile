@@ -1,0 +1,60 @@
+# quota — build, test and codegen entry points. `make test` is what CI runs.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+# A fresh root shell may not have Go on PATH.
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+
+GO      ?= go
+BIN_DIR := bin
+
+.DEFAULT_GOAL := build
+.PHONY: pg build proto proto-check vet test demo clean
+
+## pg: install/start local PostgreSQL, create role quota/quota, max_connections>=300
+pg:
+	scripts/pg-setup.sh
+
+## build: build ./cmd/... into bin/
+build:
+	@if [ -d cmd ] && [ -n "$$(find cmd -name '*.go' -print -quit)" ]; then \
+		mkdir -p $(BIN_DIR); \
+		echo "go build -o $(BIN_DIR)/ ./cmd/..."; \
+		$(GO) build -o $(BIN_DIR)/ ./cmd/...; \
+	else \
+		echo "build: no cmd/ packages yet, nothing to build"; \
+	fi
+
+## proto: lint and regenerate proto/quota/v1/*.pb.go
+proto:
+	scripts/proto.sh
+
+## proto-check: fail if the committed *.pb.go differ from freshly generated ones
+proto-check:
+	scripts/proto-check.sh
+
+## vet: gofmt check (excluding *.pb.go) + go vet
+vet:
+	scripts/vet.sh
+
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL, then proto-check and vet
+test: pg
+	@declare -A res; fail=0; \
+	step() { local name=$$1; shift; echo "==> $$name"; \
+		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \
+	step go-test env QUOTA_VERIFY=1 $(GO) test -race -count=1 -timeout 20m ./...; \
+	step proto-check scripts/proto-check.sh; \
+	step vet scripts/vet.sh; \
+	summary="go test: $${res[go-test]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}"; \
+	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
+	else echo "make test: FAIL ($$summary)"; exit 1; fi
+
+## demo: run the end-to-end demo (scripts/demo.sh)
+demo: pg build
+	@test -f scripts/demo.sh || { echo "demo: scripts/demo.sh does not exist yet"; exit 1; }
+	bash scripts/demo.sh
+
+## clean: remove build outputs, tool cache, test binaries and coverage files
+clean:
+	rm -rf $(BIN_DIR) .cache
+	find . -type f -not -path './.git/*' \( -name '*.test' -o -name '*.coverprofile' -o -name '*.cov' \
+		-o -name 'coverage.out' -o -name 'coverage.txt' -o -name 'coverage.html' -o -name 'cover.out' \) -print -delete

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/spf13/cobra"
+)
+
+type holdJSON struct {
+	HoldID     string    `json:"hold_id"`
+	Region     string    `json:"region"`
+	Sale       string    `json:"sale"`
+	SKU        string    `json:"sku"`
+	User       string    `json:"user"`
+	Quantity   int64     `json:"quantity"`
+	RequestKey string    `json:"request_key"`
+	State      string    `json:"state"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	PaymentID  string    `json:"payment_id,omitempty"`
+	Replayed   bool      `json:"replayed,omitempty"`
+	Outcome    string    `json:"outcome,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+}
+
+var stateNames = map[quotav1.HoldState]string{
+	quotav1.HoldState_HOLD_STATE_HELD: "held", quotav1.HoldState_HOLD_STATE_SOLD: "sold",
+	quotav1.HoldState_HOLD_STATE_RELEASED: "released", quotav1.HoldState_HOLD_STATE_EXPIRED: "expired",
+}
+
+func toHoldJSON(r *quotav1.Reservation) holdJSON {
+	return holdJSON{HoldID: r.GetHoldId(), Region: r.GetRegion(), Sale: r.GetSaleId(), SKU: r.GetSku(), User: r.GetUserId(),
+		Quantity: r.GetQuantity(), RequestKey: r.GetRequestKey(), State: stateNames[r.GetState()],
+		ExpiresAt: r.GetExpiresAt().AsTime(), PaymentID: r.GetPaymentId()}
+}
+
+func printHold(e *env, h holdJSON) error {
+	return e.print(h, func(w io.Writer) {
+		fmt.Fprintf(w, "hold %s (%s): %d × %s of sale %s for %s, %s", h.HoldID, h.Region, h.Quantity, h.SKU, h.Sale, h.User, h.State)
+		if h.State == "held" {
+			fmt.Fprintf(w, " until %s", h.ExpiresAt.Format(time.RFC3339))
+		}
+		if h.PaymentID != "" {
+			fmt.Fprintf(w, ", payment %s", h.PaymentID)
+		}
+		if h.Replayed {
+			fmt.Fprint(w, " (replayed)")
+		}
+		if h.Reason != "" {
+			fmt.Fprintf(w, "\n%s: %s", h.Outcome, h.Reason)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+func reserveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "reserve",
+		Short:   "Reserve units at a region (a hold that waits for payment)",
+		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --key checkout-1`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			rc, err := e.region(e.v.GetString("region"))
+			if err != nil {
+				return err
+			}
+			resp, err := rc.Reserve(e.ctx, &quotav1.ReserveRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
+				UserId: e.v.GetString("user"), Quantity: e.v.GetInt64("quantity"), RequestKey: e.v.GetString("key")})
+			if err != nil {
+				return fmt.Errorf("reserve: %w", err)
+			}
+			h := toHoldJSON(resp.GetReservation())
+			h.Replayed = resp.GetReplayed()
+			return printHold(e, h)
+		},
+	}
+	f := cmd.Flags()
+	f.String("region", "", "region to reserve at (required)")
+	f.String("sale", "", "sale id")
+	f.String("sku", "", "SKU")
+	f.String("user", "", "user id")
+	f.Int64("quantity", 1, "units")
+	f.String("key", "", "idempotency key: retrying with the same key returns the same hold")
+	return cmd
+}
+
+func holdFlags(cmd *cobra.Command) {
+	cmd.Flags().String("region", "", "region holding the reservation (required)")
+	cmd.Flags().String("hold", "", "hold id (required)")
+}
+
+func confirmCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "confirm",
+		Short: "Record payment for a hold: sold, or refund when the hold is no longer live",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			rc, err := e.region(e.v.GetString("region"))
+			if err != nil {
+				return err
+			}
+			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), PaymentId: e.v.GetString("payment")})
+			if err != nil {
+				return fmt.Errorf("confirm: %w", err)
+			}
+			h := toHoldJSON(resp.GetReservation())
+			h.Outcome, h.Reason = "sold", resp.GetReason()
+			if resp.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_REFUND {
+				h.Outcome = "refund"
+			}
+			return printHold(e, h)
+		},
+	}
+	holdFlags(cmd)
+	cmd.Flags().String("payment", "", "payment id (required)")
+	return cmd
+}
+
+func releaseCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "Give a hold's units back to its region's pool",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			rc, err := e.region(e.v.GetString("region"))
+			if err != nil {
+				return err
+			}
+			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold")})
+			if err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			return printHold(e, toHoldJSON(resp.GetReservation()))
+		},
+	}
+	holdFlags(cmd)
+	return cmd
+}
+
+func holdCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "hold",
+		Short: "Show one hold (GetReservation)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			rc, err := e.region(e.v.GetString("region"))
+			if err != nil {
+				return err
+			}
+			resp, err := rc.GetReservation(e.ctx, &quotav1.GetReservationRequest{HoldId: e.v.GetString("hold")})
+			if err != nil {
+				return fmt.Errorf("get reservation: %w", err)
+			}
+			return printHold(e, toHoldJSON(resp.GetReservation()))
+		},
+	}
+	holdFlags(cmd)
+	return cmd
+}

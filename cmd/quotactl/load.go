@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/spf13/cobra"
+)
+
+func loadCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "load",
+		Short: "Drive simulated buyers at a sale through the regions (the demo's flash sale)",
+		Long: `load sends --buyers distinct buyers, --concurrency at a time, each to its nearest region
+(picked by --skew weights). Each buyer reserves with an idempotency key, retries the same
+request when the outcome is unknown, then pays (--confirm), cancels (--release) or walks
+away and lets the hold expire. Progress is printed every second to stderr.`,
+		Example: `  quotactl load --sale launch --sku phone --buyers 50000 --concurrency 1000 --skew us=60,eu=25,ap=15`,
+		Args:    cobra.NoArgs,
+		RunE:    runLoad,
+	}
+	f := cmd.Flags()
+	f.String("sale", "", "sale id (required)")
+	f.String("sku", "", "SKU (required)")
+	f.Int("buyers", 50000, "how many buyers arrive")
+	f.Int("concurrency", 1000, "buyers in flight at once")
+	f.String("skew", "us=60,eu=25,ap=15", "share of buyers nearest to each region")
+	f.Float64("confirm", 0.85, "fraction of holds paid for")
+	f.Float64("release", 0.05, "fraction of holds cancelled; the rest are abandoned and expire")
+	f.Duration("max-duration", 5*time.Minute, "stop after this long")
+	f.Uint64("seed", 1, "random seed")
+	return cmd
+}
+
+type loadJSON struct {
+	Buyers       int64            `json:"buyers"`
+	Granted      int64            `json:"granted"`
+	UnitsGranted int64            `json:"units_granted"`
+	PerRegion    map[string]int64 `json:"units_per_region"`
+	Exhausted    int64            `json:"region_exhausted"`
+	SoldOut      int64            `json:"sold_out"`
+	Limited      int64            `json:"limit_exceeded"`
+	Failed       int64            `json:"failed"`
+	Retries      int64            `json:"retries"`
+	Confirmed    int64            `json:"confirmed"`
+	Refunded     int64            `json:"refunded"`
+	Released     int64            `json:"released"`
+	Abandoned    int64            `json:"abandoned"`
+	Seconds      float64          `json:"seconds"`
+	PerSecond    float64          `json:"reserves_per_second"`
+}
+
+func runLoad(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
+		return usage("--sale and --sku: required")
+	}
+	names, weights, err := parsePairs("skew", []string{e.v.GetString("skew")})
+	if err != nil {
+		return err
+	}
+	rs, err := e.regions()
+	if err != nil {
+		return err
+	}
+	addr := map[string]string{}
+	for _, r := range rs {
+		addr[r.GetName()] = r.GetAddress()
+	}
+	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
+		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
+		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("sale") + "-"}
+	for i, n := range names {
+		if addr[n] == "" {
+			return usage("--skew: unknown region %q", n)
+		}
+		cfg.Regions = append(cfg.Regions, loadgen.Region{Name: n, Addr: addr[n], Weight: weights[i]})
+	}
+	cfg.Progress = func(s loadgen.Stats) {
+		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %v\n",
+			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, s.PerRegion)
+	}
+	s, err := loadgen.Run(cmd.Context(), cfg)
+	if err != nil {
+		return usage("%v", err)
+	}
+	out := loadJSON{Buyers: s.Buyers, Granted: s.Granted, UnitsGranted: s.UnitsGranted, PerRegion: s.PerRegion, Exhausted: s.Exhausted,
+		SoldOut: s.SoldOut, Limited: s.Limited, Failed: s.Failed, Retries: s.Retries, Confirmed: s.Confirmed, Refunded: s.Refunded,
+		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds()}
+	return e.print(out, func(w io.Writer) {
+		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %v), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
+			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, out.PerRegion, out.Exhausted, out.SoldOut, out.Limited, out.Failed)
+		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
+			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
+	})
+}

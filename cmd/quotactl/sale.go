@@ -1,0 +1,223 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+func saleCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "sale", Short: "Create and inspect sales"}
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Create a sale and (with --allocate) split its stock over regions",
+		Example: `  quotactl sale create --sale launch --sku phone=10000 --sku case=500 --per-user-limit 2 --hold-ttl 2m \
+    --allocate us=40,eu=35,ap=25`,
+		Args: cobra.NoArgs,
+		RunE: runSaleCreate,
+	}
+	f := create.Flags()
+	f.String("sale", "", "sale id (required)")
+	f.StringArray("sku", nil, "a SKU and its total units as sku=units (repeat per SKU; required)")
+	f.Int64("per-user-limit", 2, "most units of each SKU one user may hold or buy")
+	f.Duration("hold-ttl", 2*time.Minute, "how long a hold waits for payment")
+	f.String("opens-at", "", "when reservations open (RFC3339); default now")
+	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
+	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
+	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: runSaleShow}
+	show.Flags().String("sale", "", "sale id (required)")
+	cmd.AddCommand(create, show)
+	return cmd
+}
+
+// parsePairs parses "a=1,b=2" (or repeated "a=1") into ordered pairs.
+func parsePairs(flag string, items []string) ([]string, []int64, error) {
+	var names []string
+	var nums []int64
+	seen := map[string]bool{}
+	for _, item := range items {
+		for _, kv := range strings.Split(item, ",") {
+			name, num, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			n, err := strconv.ParseInt(num, 10, 64)
+			if !ok || name == "" || err != nil {
+				return nil, nil, usage("--%s %q: want name=number", flag, kv)
+			}
+			if seen[name] {
+				return nil, nil, usage("--%s: %q given twice", flag, name)
+			}
+			seen[name] = true
+			names, nums = append(names, name), append(nums, n)
+		}
+	}
+	return names, nums, nil
+}
+
+type saleJSON struct {
+	Sale         string     `json:"sale"`
+	PerUserLimit int64      `json:"per_user_limit"`
+	HoldTTL      string     `json:"hold_ttl"`
+	OpensAt      time.Time  `json:"opens_at"`
+	SKUs         []skuJSON  `json:"skus"`
+	Replayed     bool       `json:"replayed,omitempty"`
+	Transfers    []xferJSON `json:"transfers,omitempty"`
+}
+
+type skuJSON struct {
+	SKU         string           `json:"sku"`
+	Total       int64            `json:"total"`
+	Unallocated int64            `json:"unallocated"`
+	Allocated   map[string]int64 `json:"allocated"`
+}
+
+type xferJSON struct {
+	ID         string `json:"transfer_id"`
+	Sale       string `json:"sale"`
+	SKU        string `json:"sku"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Units      int64  `json:"units"`
+	State      string `json:"state"`
+	Generation int64  `json:"generation"`
+	Stranded   bool   `json:"stranded"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+func toSaleJSON(s *quotav1.Sale) saleJSON {
+	out := saleJSON{Sale: s.GetSaleId(), PerUserLimit: s.GetPerUserLimit(),
+		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime()}
+	for _, k := range s.GetSkus() {
+		out.SKUs = append(out.SKUs, skuJSON{SKU: k.GetSku(), Total: k.GetTotal(), Unallocated: k.GetUnallocated(), Allocated: k.GetAllocated()})
+	}
+	return out
+}
+
+func printSale(e *env, s saleJSON) error {
+	return e.print(s, func(w io.Writer) {
+		fmt.Fprintf(w, "sale %s: per-user limit %d, hold ttl %s, opens %s\n", s.Sale, s.PerUserLimit, s.HoldTTL, s.OpensAt.Format(time.RFC3339))
+		for _, k := range s.SKUs {
+			regions := make([]string, 0, len(k.Allocated))
+			for r := range k.Allocated {
+				regions = append(regions, r)
+			}
+			sort.Strings(regions)
+			fmt.Fprintf(w, "  %s: total %d, unallocated %d", k.SKU, k.Total, k.Unallocated)
+			for _, r := range regions {
+				fmt.Fprintf(w, ", %s %d", r, k.Allocated[r])
+			}
+			fmt.Fprintln(w)
+		}
+		for _, t := range s.Transfers {
+			fmt.Fprintf(w, "  transfer %s: %d %s %s → %s %s\n", t.ID, t.Units, t.SKU, t.From, t.To, t.State)
+		}
+	})
+}
+
+func runSaleCreate(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	req, err := createRequest(e)
+	if err != nil {
+		return err
+	}
+	c, err := e.coordinator()
+	if err != nil {
+		return err
+	}
+	resp, err := c.CreateSale(e.ctx, req)
+	if err != nil {
+		return fmt.Errorf("create sale: %w", err)
+	}
+	out := toSaleJSON(resp.GetSale())
+	out.Replayed = resp.GetReplayed()
+	if alloc := e.v.GetString("allocate"); alloc != "" {
+		names, weights, err := parsePairs("allocate", []string{alloc})
+		if err != nil {
+			return err
+		}
+		areq := &quotav1.AllocateRequest{SaleId: req.GetSaleId(), RequestId: e.v.GetString("request-id")}
+		if areq.RequestId == "" {
+			areq.RequestId = "alloc-" + req.GetSaleId()
+		}
+		for i, n := range names {
+			areq.Weights = append(areq.Weights, &quotav1.RegionWeight{Region: n, Weight: weights[i]})
+		}
+		aresp, err := c.Allocate(e.ctx, areq)
+		if err != nil {
+			return fmt.Errorf("allocate: %w", err)
+		}
+		for _, t := range aresp.GetTransfers() {
+			out.Transfers = append(out.Transfers, toXferJSON(t))
+		}
+		g, err := c.GetSale(e.ctx, &quotav1.GetSaleRequest{SaleId: req.GetSaleId()})
+		if err != nil {
+			return err
+		}
+		out.SKUs = toSaleJSON(g.GetSale()).SKUs
+	}
+	return printSale(e, out)
+}
+
+func toXferJSON(t *quotav1.TransferInfo) xferJSON {
+	return xferJSON{ID: t.GetTransferId(), Sale: t.GetSaleId(), SKU: t.GetSku(), From: t.GetFrom(), To: t.GetTo(), Units: t.GetUnits(),
+		State: t.GetState(), Generation: t.GetGeneration(), Stranded: t.GetStranded(), Reason: t.GetReason()}
+}
+
+func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
+	req := &quotav1.CreateSaleRequest{SaleId: e.v.GetString("sale"), PerUserLimit: e.v.GetInt64("per-user-limit"),
+		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds()}
+	if req.SaleId == "" {
+		return nil, usage("--sale: required")
+	}
+	skus, err := e.cmd.Flags().GetStringArray("sku")
+	if err != nil {
+		return nil, err
+	}
+	if len(skus) == 0 {
+		return nil, usage("--sku: name at least one SKU as sku=units")
+	}
+	names, totals, err := parsePairs("sku", skus)
+	if err != nil {
+		return nil, err
+	}
+	for i, n := range names {
+		req.Skus = append(req.Skus, &quotav1.SkuTotal{Sku: n, Total: totals[i]})
+	}
+	if at := e.v.GetString("opens-at"); at != "" {
+		t, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			return nil, usage("--opens-at %q: want RFC3339, like 2026-12-01T09:00:00Z", at)
+		}
+		req.OpensAt = timestamppb.New(t)
+	}
+	return req, nil
+}
+
+func runSaleShow(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if e.v.GetString("sale") == "" {
+		return usage("--sale: required")
+	}
+	c, err := e.coordinator()
+	if err != nil {
+		return err
+	}
+	resp, err := c.GetSale(e.ctx, &quotav1.GetSaleRequest{SaleId: e.v.GetString("sale")})
+	if err != nil {
+		return fmt.Errorf("get sale: %w", err)
+	}
+	return printSale(e, toSaleJSON(resp.GetSale()))
+}

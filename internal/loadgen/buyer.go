@@ -1,0 +1,109 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+)
+
+type buyer struct {
+	cfg    *Config
+	c      *counters
+	region string
+	client quotav1.RegionServiceClient
+	rng    *rand.Rand
+	id     int64
+}
+
+// call retries fn on outcomes a client cannot tell from success or failure, with the same
+// request (hence the same idempotency key), up to 8 times with growing pauses.
+func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
+	var err error
+	for attempt := 0; attempt < 8; attempt++ {
+		if attempt > 0 {
+			b.c.retries.Add(1)
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(time.Duration(attempt*attempt) * 20 * time.Millisecond):
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = fn(cctx)
+		cancel()
+		if err == nil || !retryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func (b buyer) run(ctx context.Context) {
+	b.c.buyers.Add(1)
+	user := fmt.Sprintf("%sbuyer-%d", b.cfg.UserPrefix, b.id)
+	var res *quotav1.ReserveResponse
+	err := b.call(ctx, func(ctx context.Context) (err error) {
+		res, err = b.client.Reserve(ctx, &quotav1.ReserveRequest{SaleId: b.cfg.Sale, Sku: b.cfg.SKU, UserId: user,
+			Quantity: int64(b.cfg.Quantity), RequestKey: "checkout-1"})
+		return err
+	})
+	if err != nil {
+		b.countRefusal(err)
+		return
+	}
+	h := res.GetReservation()
+	b.c.granted.Add(1)
+	b.c.units.Add(h.GetQuantity())
+	b.c.mu.Lock()
+	b.c.perRegion[b.region] += h.GetQuantity()
+	b.c.holds[h.GetHoldId()] = b.region
+	b.c.mu.Unlock()
+	switch x := b.rng.Float64(); {
+	case x < b.cfg.ConfirmRatio:
+		b.pay(ctx, h.GetHoldId(), "pay-"+user)
+	case x < b.cfg.ConfirmRatio+b.cfg.ReleaseRatio:
+		if err := b.call(ctx, func(ctx context.Context) error {
+			_, err := b.client.Release(ctx, &quotav1.ReleaseRequest{HoldId: h.GetHoldId()})
+			return err
+		}); err != nil {
+			b.c.failed.Add(1)
+			return
+		}
+		b.c.released.Add(1)
+	default:
+		b.c.abandoned.Add(1)
+	}
+}
+
+func (b buyer) pay(ctx context.Context, hold, payment string) {
+	var res *quotav1.ConfirmResponse
+	err := b.call(ctx, func(ctx context.Context) (err error) {
+		res, err = b.client.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: hold, PaymentId: payment})
+		return err
+	})
+	switch {
+	case err != nil:
+		b.c.failed.Add(1)
+	case res.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD:
+		b.c.confirmed.Add(1)
+	default:
+		b.c.refunded.Add(1)
+	}
+}
+
+func (b buyer) countRefusal(err error) {
+	switch apierr.Reason(err) {
+	case "REGION_EXHAUSTED":
+		b.c.exhausted.Add(1)
+	case "SOLD_OUT":
+		b.c.soldOut.Add(1)
+	case "LIMIT_EXCEEDED":
+		b.c.limited.Add(1)
+	default:
+		b.c.failed.Add(1)
+	}
+}

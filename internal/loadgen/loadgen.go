@@ -1,0 +1,209 @@
+// Package loadgen drives simulated buyers against regions over gRPC, as storefronts would:
+// each buyer calls its nearest region (chosen by a skewed weight), retries with the same
+// request key when the outcome is unknown, then pays, cancels or walks away. The demo, the
+// acceptance tests and benchmarks share it. Every run is bounded in buyers and time.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Region is a region a buyer can call, and its share of buyers.
+type Region struct {
+	Name   string
+	Addr   string
+	Weight int64
+}
+
+// Config is one load run.
+type Config struct {
+	Sale    string
+	SKU     string
+	Regions []Region
+	// Buyers is how many distinct buyers arrive, each with one Reserve (retried as needed).
+	Buyers int
+	// Concurrency is how many buyers are in flight at once.
+	Concurrency int
+	// Quantity is the units each buyer asks for.
+	Quantity transfer.Units
+	// ConfirmRatio of granted holds are paid for, ReleaseRatio released; the rest abandoned
+	// (they expire).
+	ConfirmRatio, ReleaseRatio float64
+	// UserPrefix makes buyer ids distinct across runs.
+	UserPrefix string
+	// MaxDuration bounds the run.
+	MaxDuration time.Duration
+	Seed        uint64
+	// Progress, when set, is called about every ProgressEvery with the running totals.
+	Progress      func(Stats)
+	ProgressEvery time.Duration
+}
+
+// Stats are a run's totals.
+type Stats struct {
+	Buyers, Granted, UnitsGranted, Exhausted, SoldOut, Limited, Failed, Retries int64
+	Confirmed, Refunded, Released, Abandoned                                    int64
+	PerRegion                                                                   map[string]int64 // units granted per region
+	Elapsed                                                                     time.Duration
+	// Holds are the granted holds (id → region), for checks after the run.
+	Holds map[string]string
+}
+
+type counters struct {
+	buyers, granted, units, exhausted, soldOut, limited, failed, retries atomic.Int64
+	confirmed, refunded, released, abandoned                             atomic.Int64
+	mu                                                                   sync.Mutex
+	perRegion                                                            map[string]int64
+	holds                                                                map[string]string
+}
+
+func (c *counters) snapshot(start time.Time) Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pr := map[string]int64{}
+	for k, v := range c.perRegion {
+		pr[k] = v
+	}
+	holds := make(map[string]string, len(c.holds))
+	for k, v := range c.holds {
+		holds[k] = v
+	}
+	return Stats{Buyers: c.buyers.Load(), Granted: c.granted.Load(), UnitsGranted: c.units.Load(), Exhausted: c.exhausted.Load(),
+		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(),
+		Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
+		PerRegion: pr, Elapsed: time.Since(start), Holds: holds}
+}
+
+// Validate checks the run's configuration.
+func (c *Config) Validate() error {
+	switch {
+	case len(c.Regions) == 0:
+		return errors.New("loadgen: no regions")
+	case c.Buyers <= 0 || c.Buyers > 10_000_000:
+		return fmt.Errorf("buyers %d: must be 1..10000000", c.Buyers)
+	case c.Concurrency <= 0 || c.Concurrency > 10_000:
+		return fmt.Errorf("concurrency %d: must be 1..10000", c.Concurrency)
+	case c.ConfirmRatio < 0 || c.ReleaseRatio < 0 || c.ConfirmRatio+c.ReleaseRatio > 1:
+		return fmt.Errorf("confirm ratio %.2f + release ratio %.2f: each ≥ 0, sum ≤ 1", c.ConfirmRatio, c.ReleaseRatio)
+	}
+	if c.Quantity == 0 {
+		c.Quantity = 1
+	}
+	if c.MaxDuration == 0 {
+		c.MaxDuration = 10 * time.Minute
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = time.Second
+	}
+	return nil
+}
+
+// Run drives the buyers and returns the totals. It stops early when ctx ends or MaxDuration
+// passes; buyers not started by then are not counted.
+func Run(ctx context.Context, cfg Config) (Stats, error) {
+	if err := cfg.Validate(); err != nil {
+		return Stats{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
+	defer cancel()
+	clients := make([]quotav1.RegionServiceClient, len(cfg.Regions))
+	var total int64
+	for i, r := range cfg.Regions {
+		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return Stats{}, fmt.Errorf("region %s: %w", r.Name, err)
+		}
+		defer conn.Close()
+		clients[i] = quotav1.NewRegionServiceClient(conn)
+		total += r.Weight
+	}
+	if total <= 0 {
+		return Stats{}, errors.New("loadgen: region weights sum to zero")
+	}
+	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}}
+	start := time.Now()
+	stopProgress := startProgress(ctx, cfg, c, start)
+	defer stopProgress()
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	for w := 0; w < cfg.Concurrency; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
+			for ctx.Err() == nil {
+				n := next.Add(1) - 1
+				if n >= int64(cfg.Buyers) {
+					return
+				}
+				i := pick(rng, cfg.Regions, total)
+				buyer{cfg: &cfg, c: c, region: cfg.Regions[i].Name, client: clients[i], rng: rng, id: n}.run(ctx)
+			}
+		}(w)
+	}
+	wg.Wait()
+	return c.snapshot(start), nil
+}
+
+func pick(rng *rand.Rand, regions []Region, total int64) int {
+	x := rng.Int64N(total)
+	for i, r := range regions {
+		if x < r.Weight {
+			return i
+		}
+		x -= r.Weight
+	}
+	return len(regions) - 1
+}
+
+func startProgress(ctx context.Context, cfg Config, c *counters, start time.Time) func() {
+	if cfg.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				cfg.Progress(c.snapshot(start))
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// retryable is an outcome a real client retries with the same key: the request may or may
+// not have taken effect (unknown outcome, timeouts, a region between leaders).
+func retryable(err error) bool {
+	if apierr.Reason(err) == "UNKNOWN_OUTCOME" || apierr.Reason(err) == "NOT_LEADER" {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
+		return true
+	}
+	return false
+}
