@@ -32,6 +32,7 @@ away and lets the hold expire. Progress is printed every second to stderr.`,
 	f.Float64("release", 0.05, "fraction of holds cancelled; the rest are abandoned and expire")
 	f.Duration("max-duration", 5*time.Minute, "stop after this long")
 	f.Uint64("seed", 1, "random seed")
+	f.String("user-prefix", "", "prefix of buyer ids; default <sale>-s<seed>- (the same seed replays the same buyers)")
 	return cmd
 }
 
@@ -76,7 +77,10 @@ func runLoad(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
 		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
-		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("sale") + "-"}
+		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
+	if cfg.UserPrefix == "" {
+		cfg.UserPrefix = fmt.Sprintf("%s-s%d-", cfg.Sale, cfg.Seed)
+	}
 	for i, n := range names {
 		if addr[n] == "" {
 			return usage("--skew: unknown region %q", n)
