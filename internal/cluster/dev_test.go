@@ -19,7 +19,7 @@ func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	defer cancel()
 	prefix := "quota_t_" + randHex(t)
 	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second})
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func randHex(t *testing.T) string {
@@ -29,3 +33,10 @@ func dropDBs(t *testing.T, prefix string, regions []string) {
 		}
 	}
 }
+
+// testLogger keeps test output to warnings and errors.
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func isNotFoundErr(err error) bool { return status.Code(err) == codes.NotFound }
