@@ -3,7 +3,6 @@ module github.com/quotaworks/quota
 go 1.26.0
 
 require (
-	github.com/cockroachdb/cockroach-go/v2 v2.4.2
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.30.1
 	github.com/spf13/cobra v1.10.2

@@ -133,8 +133,8 @@ func (c *Coordinator) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64
 			if parts[i] == 0 {
 				continue
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $9)`,
+			if _, err := tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at, settled)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $9, true)`,
 				transferID(req.RequestID, k.SKU, w.Region), req.RequestID, req.Sale, k.SKU, transfer.Unallocated, w.Region, int64(parts[i]), gen, now); err != nil {
 				return err
 			}
@@ -147,14 +147,14 @@ func (c *Coordinator) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64
 	return nil
 }
 
-const transferColumns = `transfer_id, sale_id, sku, from_pool, to_pool, units, state, generation, stranded, reason, created_at`
+const transferColumns = `transfer_id, sale_id, sku, from_pool, to_pool, units, state, generation, stranded, reason, created_at, settled`
 
 func scanTransfer(row pgx.CollectableRow) (transfer.Transfer, error) {
 	var t transfer.Transfer
 	var units int64
 	var state string
 	var created time.Time
-	err := row.Scan(&t.ID, &t.Sale, &t.SKU, &t.From, &t.To, &units, &state, &t.Generation, &t.Stranded, &t.Reason, &created)
+	err := row.Scan(&t.ID, &t.Sale, &t.SKU, &t.From, &t.To, &units, &state, &t.Generation, &t.Stranded, &t.Reason, &created, &t.Settled)
 	t.Units, t.State, t.CreatedAt = transfer.Units(units), transfer.State(state), created
 	return t, err
 }

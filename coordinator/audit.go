@@ -25,6 +25,7 @@ type SKUAudit struct {
 	Total, Unallocated, Available, Held, Sold, InFlight, Stranded transfer.Units
 	Regions                                                       []RegionAudit
 	OK                                                            bool
+	stale                                                         bool // a region knew a transfer the ledger snapshot did not, or a credit before its debit
 }
 
 // Violation is one broken invariant with its evidence.

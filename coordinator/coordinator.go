@@ -56,7 +56,18 @@ type SaleTerms struct {
 // region come back as the apierr sentinels.
 type Participant interface {
 	PutSale(ctx context.Context, gen int64, t SaleTerms) error
+	// Credit adds t's units at the destination once; it answers the destination's record.
 	Credit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error)
+	// Refuse tombstones t at the destination unless credited; it answers the record.
+	Refuse(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error)
+	// Debit takes t's units at the source once; it answers pending or refused.
+	Debit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
+	// Restore returns a refused transfer's units at the source.
+	Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
+	// Settle records at the source that t was credited.
+	Settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
+	// Status reads the region's durable records of transfer id.
+	Status(ctx context.Context, id string) (transfer.InState, transfer.OutState, error)
 }
 
 // BooksReader reads one consistent snapshot of a region's durable state for a sale, straight
@@ -69,6 +80,8 @@ type RegionLink struct {
 	Address     string
 	Participant Participant
 	Books       BooksReader
+	// Demand feeds the rebalancer; a region without it counts as having no recent demand.
+	Demand DemandReader
 }
 
 // Config tunes the coordinator.

@@ -27,7 +27,8 @@ func (c *Coordinator) driveLoop(ctx context.Context, gen int64) {
 }
 
 func (c *Coordinator) driveUnfinished(ctx context.Context, gen int64) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE state IN ('requested', 'pending') ORDER BY created_at`)
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+		WHERE state IN ('requested', 'pending') OR (state = 'posted' AND NOT settled) ORDER BY created_at`)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.cfg.Logger.Warn("list unfinished transfers", "err", err)
@@ -46,42 +47,99 @@ func (c *Coordinator) driveUnfinished(ctx context.Context, gen int64) {
 	}
 }
 
-// drive takes one transfer from the unallocated pool as far as its destination's answers
-// allow and returns its state in the ledger afterwards. It never decides an outcome the
-// destination has not recorded: no answer leaves the transfer pending, flagged stranded once
-// it has been in flight longer than StrandAfter.
+// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6) and
+// returns its ledger state afterwards. Every step is idempotent by transfer id, so a lost
+// reply is resolved by asking again. It never decides an outcome a participant has not
+// recorded: no answer leaves the transfer where it is, flagged stranded once it has been
+// unfinished longer than StrandAfter.
 func (c *Coordinator) drive(ctx context.Context, gen int64, t transfer.Transfer) transfer.Transfer {
-	if t.State.Final() {
-		return t
+	for !t.State.Final() {
+		next, err := c.step(ctx, gen, t)
+		if err != nil {
+			return c.strand(ctx, gen, t, err.Error())
+		}
+		t = next
 	}
-	if t.From != transfer.Unallocated {
-		panic(fmt.Sprintf("coordinator: transfer %s from region %s: only allocation is implemented", t.ID, t.From))
+	if t.State == transfer.Posted && !t.Settled {
+		t = c.settle(ctx, gen, t)
 	}
-	dest, ok := c.regions[t.To]
-	if !ok {
-		return c.strand(ctx, gen, t, fmt.Sprintf("destination region %q is not configured", t.To))
-	}
-	state, err := c.creditAt(ctx, gen, dest, t)
-	if err != nil {
-		return c.strand(ctx, gen, t, fmt.Sprintf("credit at %s: %v", t.To, err))
-	}
-	event := transfer.Credited
-	if state == transfer.InRefused {
-		event = transfer.Refused
-	}
-	next, err := transfer.Next(t.State, event)
-	if err != nil {
-		panic(err) // the ledger and the table disagree: a programmer error
-	}
-	if err := c.finish(ctx, gen, t, next); err != nil {
-		c.cfg.Logger.Warn("finish transfer", "transfer", t.ID, "err", err)
-		return t
-	}
-	t.State, t.Stranded, t.Reason = next, false, ""
 	return t
 }
 
-func (c *Coordinator) creditAt(ctx context.Context, gen int64, dest RegionLink, t transfer.Transfer) (transfer.InState, error) {
+// step performs the next protocol step of an unfinished transfer and records its outcome.
+func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
+	switch t.State {
+	case transfer.Requested:
+		st, err := c.debitAt(ctx, gen, t)
+		if err != nil {
+			return t, fmt.Errorf("debit at %s: %w", t.From, err)
+		}
+		if st == transfer.OutRefused {
+			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s had fewer than %d available", t.From, t.Units))
+		}
+		return c.advance(ctx, gen, t, transfer.Debited, "")
+	case transfer.Pending:
+		st, err := c.creditAt(ctx, gen, t)
+		if err != nil {
+			return t, fmt.Errorf("credit at %s: %w", t.To, err)
+		}
+		if st == transfer.InRefused {
+			return c.abort(ctx, gen, t)
+		}
+		return c.advance(ctx, gen, t, transfer.Credited, "")
+	}
+	panic(fmt.Sprintf("coordinator: step of transfer %s in state %s", t.ID, t.State))
+}
+
+// abort finishes a transfer the destination has durably refused: the source restores the
+// units (never before that refusal: I5), then the ledger voids it.
+func (c *Coordinator) abort(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
+	if t.From != transfer.Unallocated {
+		src, err := c.link(t.From)
+		if err != nil {
+			return t, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
+		if _, err := src.Participant.Restore(cctx, gen, t); err != nil {
+			return t, fmt.Errorf("restore at %s: %w", t.From, err)
+		}
+	}
+	return c.advance(ctx, gen, t, transfer.Refused, fmt.Sprintf("refused by %s", t.To))
+}
+
+func (c *Coordinator) link(region string) (RegionLink, error) {
+	l, ok := c.regions[region]
+	if !ok {
+		return l, fmt.Errorf("region %q is not configured", region)
+	}
+	return l, nil
+}
+
+// debitAt is step 2. From the unallocated pool the debit is the ledger's own: it happens in
+// the same transaction as requested → pending, in advance.
+func (c *Coordinator) debitAt(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
+	if t.From == transfer.Unallocated {
+		return transfer.OutPending, nil
+	}
+	src, err := c.link(t.From)
+	if err != nil {
+		return "", err
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	return src.Participant.Debit(cctx, gen, t)
+}
+
+// creditAt is step 4. To the unallocated pool the credit is the ledger's own (in advance).
+func (c *Coordinator) creditAt(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
+	if t.To == transfer.Unallocated {
+		return transfer.InCredited, nil
+	}
+	dest, err := c.link(t.To)
+	if err != nil {
+		return "", err
+	}
 	sale, err := c.GetSale(ctx, t.Sale)
 	if err != nil {
 		return "", err
@@ -94,43 +152,112 @@ func (c *Coordinator) creditAt(ctx context.Context, gen int64, dest RegionLink, 
 	return dest.Participant.Credit(cctx, gen, t)
 }
 
-// finish records the destination's durable answer in the ledger: posted (credited there),
-// or voided with the units restored to the unallocated pool (refused there). Guarded on the
-// transfer still pending, so it happens once (I5); fenced (I4).
-func (c *Coordinator) finish(ctx context.Context, gen int64, t transfer.Transfer, to transfer.State) error {
-	now := c.cfg.Clock.Now()
-	return c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE transfers SET state = $2, stranded = false, reason = '', updated_at = $3
-			WHERE transfer_id = $1 AND state = 'pending'`, t.ID, string(to), now)
-		if err != nil || tag.RowsAffected() == 0 {
-			return err // already finished by an earlier drive: nothing to do
-		}
-		if to == transfer.Voided {
-			_, err = tx.Exec(ctx, `UPDATE skus SET unallocated = unallocated + $3 WHERE sale_id = $1 AND sku = $2`, t.Sale, t.SKU, int64(t.Units))
-		}
-		return err
-	})
-}
-
-// strand flags a transfer whose destination has not answered for StrandAfter: its units stay
-// in flight, out of circulation and visible, until the destination answers.
-func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer, reason string) transfer.Transfer {
-	if errors.Is(ctx.Err(), context.Canceled) {
+func (c *Coordinator) settle(ctx context.Context, gen int64, t transfer.Transfer) transfer.Transfer {
+	src, err := c.link(t.From)
+	if err != nil {
 		return t
 	}
-	c.cfg.Logger.Warn("transfer not finished", "transfer", t.ID, "to", t.To, "reason", reason)
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if _, err := src.Participant.Settle(cctx, gen, t); err != nil {
+		c.cfg.Logger.Warn("settle transfer", "transfer", t.ID, "err", err)
+		return t
+	}
+	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE transfers SET settled = true WHERE transfer_id = $1`, t.ID)
+		return err
+	})
+	if err == nil {
+		t.Settled = true
+	}
+	return t
+}
+
+// advance records event in the ledger, fenced (I4) and guarded on the state it read, with
+// the unallocated pool's side of it in the same transaction: requested → pending from the
+// pool takes its units (aborting when it has too few), pending → posted into the pool adds
+// them, pending → voided from the pool restores them. Each preserves I1.
+func (c *Coordinator) advance(ctx context.Context, gen int64, t transfer.Transfer, e transfer.Event, reason string) (transfer.Transfer, error) {
+	// An answer the transition table does not allow is a programmer error: Must panics.
+	next := transfer.Must(transfer.Next(t.State, e))
+	now := c.cfg.Clock.Now()
+	reason0 := reason
+	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+		next, reason = transfer.Must(transfer.Next(t.State, e)), reason0 // reset: the closure may run again
+		delta := unallocatedDelta(t, next)
+		if delta != 0 {
+			tag, err := tx.Exec(ctx, `UPDATE skus SET unallocated = unallocated + $3 WHERE sale_id = $1 AND sku = $2 AND unallocated + $3 >= 0`,
+				t.Sale, t.SKU, int64(delta))
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 { // the pool has too few: the debit is refused instead
+				next, reason = transfer.Voided, fmt.Sprintf("unallocated pool had fewer than %d", t.Units)
+			}
+		}
+		settled := t.From == transfer.Unallocated || next != transfer.Posted
+		tag, err := tx.Exec(ctx, `UPDATE transfers SET state = $2, stranded = false, reason = $3, settled = $4, updated_at = $5
+			WHERE transfer_id = $1 AND state = $6`, t.ID, string(next), reason, settled, now, string(t.State))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errLedgerMoved
+		}
+		return nil
+	})
+	if errors.Is(err, errLedgerMoved) {
+		return c.reload(ctx, t)
+	}
+	if err != nil {
+		return t, fmt.Errorf("ledger: %w", err)
+	}
+	t.State, t.Stranded, t.Reason, t.Settled = next, false, reason, t.From == transfer.Unallocated || next != transfer.Posted
+	return t, nil
+}
+
+var errLedgerMoved = errors.New("transfer moved on in the ledger")
+
+func unallocatedDelta(t transfer.Transfer, next transfer.State) transfer.Units {
+	switch {
+	case t.From == transfer.Unallocated && t.State == transfer.Requested && next == transfer.Pending:
+		return -t.Units
+	case t.From == transfer.Unallocated && t.State == transfer.Pending && next == transfer.Voided:
+		return t.Units
+	case t.To == transfer.Unallocated && t.State == transfer.Pending && next == transfer.Posted:
+		return t.Units
+	}
+	return 0
+}
+
+// reload reads a transfer's current ledger row (another driver finished the step first).
+func (c *Coordinator) reload(ctx context.Context, t transfer.Transfer) (transfer.Transfer, error) {
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, t.ID)
+	if err != nil {
+		return t, err
+	}
+	return pgx.CollectExactlyOneRow(rows, scanTransfer)
+}
+
+// strand flags a transfer whose next step has had no answer for StrandAfter: its units stay
+// where the protocol left them (in flight when pending), out of circulation and visible,
+// until the participant answers. Nothing is reassigned on a timeout.
+func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer, reason string) transfer.Transfer {
+	if ctx.Err() != nil {
+		return t
+	}
+	c.cfg.Logger.Warn("transfer not finished", "transfer", t.ID, "state", t.State, "reason", reason)
+	t.Reason = reason
 	if t.Stranded || c.cfg.Clock.Now().Sub(t.CreatedAt) < c.cfg.StrandAfter {
-		t.Reason = reason
 		return t
 	}
 	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE transfers SET stranded = true, reason = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
-			t.ID, reason, c.cfg.Clock.Now())
+		_, err := tx.Exec(ctx, `UPDATE transfers SET stranded = true, reason = $2, updated_at = $3
+			WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
 		return err
 	})
 	if err == nil {
 		t.Stranded = true
 	}
-	t.Reason = reason
 	return t
 }

@@ -19,6 +19,14 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 			if rr.err != nil {
 				continue
 			}
+			for id, rec := range rr.books.Outbound {
+				if _, ok := snap.transfers[id]; !ok {
+					stale = true
+				} else if t := snap.transfers[id]; t.From != r.Name || t.Units != rec.Units || t.SKU != rec.SKU {
+					add(Violation{"I5", sale, rec.SKU, r.Name, fmt.Sprintf("transfer %s debited at %s as %d of %s, ledger says %d of %s from %s",
+						id, r.Name, rec.Units, rec.SKU, t.Units, t.SKU, t.From)})
+				}
+			}
 			for id, rec := range rr.books.Inbound {
 				t, ok := snap.transfers[id]
 				if !ok {
@@ -33,6 +41,7 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 		}
 		for _, k := range snap.skus[sale] {
 			a := auditSKU(sale, k, snap, books, regions, add)
+			stale = stale || a.stale
 			rep.SKUs = append(rep.SKUs, a)
 		}
 	}
@@ -71,28 +80,14 @@ func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]ma
 		if t.Sale != sale || t.SKU != k.SKU {
 			continue
 		}
-		rr, known := books[t.To][sale]
-		var rec transfer.InboundRecord
-		var has bool
-		if known && rr.err == nil {
-			rec, has = rr.books.Inbound[t.ID]
+		inFlight, ok := classify(t, books[t.From][sale], books[t.To][sale], bad)
+		if !ok {
+			a.stale = true
 		}
-		credited := has && rec.State == transfer.InCredited
-		switch t.State {
-		case transfer.Pending, transfer.Requested:
-			if !credited {
-				a.InFlight += t.Units
-				if t.Stranded {
-					a.Stranded += t.Units
-				}
-			}
-		case transfer.Posted:
-			if known && rr.err == nil && !credited {
-				bad("I5", t.To, "transfer %s is posted but %s has no credit for it", t.ID, t.To)
-			}
-		case transfer.Voided:
-			if credited {
-				bad("I5", t.To, "transfer %s is voided but %s credited it", t.ID, t.To)
+		if inFlight {
+			a.InFlight += t.Units
+			if t.Stranded {
+				a.Stranded += t.Units
 			}
 		}
 	}
@@ -121,4 +116,45 @@ func checkPool(p transfer.PoolBooks, region string, bad func(inv, region, format
 	if p.Sold != p.SoldInHolds {
 		bad("I3", region, "pool sold %d but its sold holds sum to %d", p.Sold, p.SoldInHolds)
 	}
+}
+
+// classify tells whether t's units are in flight (debited at the source, neither credited
+// at the destination nor restored at the source), checking I5 on the way. ok is false when
+// the snapshots disagree in a way only a later read resolves: the destination credited a
+// transfer the source's (earlier) snapshot had not yet debited.
+func classify(t transfer.Transfer, src, dst regionRead, bad func(inv, region, format string, args ...any)) (inFlight, ok bool) {
+	var debited, restored, credited bool
+	var out transfer.OutboundRecord
+	if t.From == transfer.Unallocated {
+		debited, restored = t.State == transfer.Pending || t.State == transfer.Posted, false
+	} else {
+		if src.err != nil {
+			return t.State == transfer.Pending, true // the region is reported unreadable already
+		}
+		var has bool
+		out, has = src.books.Outbound[t.ID]
+		debited, restored = has && out.State.Debited(), has && out.State == transfer.OutVoided
+	}
+	if t.To == transfer.Unallocated {
+		credited = t.State == transfer.Posted
+	} else if dst.err == nil {
+		in, has := dst.books.Inbound[t.ID]
+		credited = has && in.State == transfer.InCredited
+	} else {
+		return t.State == transfer.Pending && debited && !restored, true
+	}
+	region := t.To
+	switch {
+	case credited && !debited:
+		return false, false
+	case credited && restored:
+		bad("I5", t.From, "transfer %s is both credited at %s and restored at %s", t.ID, t.To, t.From)
+	case t.State == transfer.Posted && !credited:
+		bad("I5", region, "transfer %s is posted but %s has no credit for it", t.ID, t.To)
+	case t.State == transfer.Voided && credited:
+		bad("I5", region, "transfer %s is voided but %s credited it", t.ID, t.To)
+	case out.State == transfer.OutSettled && !credited:
+		bad("I5", t.From, "transfer %s is settled at %s but %s has no credit for it", t.ID, t.From, t.To)
+	}
+	return debited && !restored && !credited, true
 }

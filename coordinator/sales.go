@@ -84,7 +84,7 @@ func (s SaleSpec) definition() string {
 		Limit   transfer.Units
 		TTL     time.Duration
 		OpensAt int64
-	}{s.SKUs, s.PerUserLimit, s.HoldTTL, s.OpensAt.UnixMilli()})
+	}{s.SKUs, s.PerUserLimit, s.HoldTTL, openMillis(s.OpensAt)})
 	return string(b)
 }
 
@@ -99,11 +99,11 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		return Sale{}, false, err
 	}
 	now := c.cfg.Clock.Now()
-	if spec.OpensAt.IsZero() {
-		spec.OpensAt = now
-	}
 	spec.OpensAt = spec.OpensAt.Truncate(time.Millisecond)
-	def := spec.definition()
+	def := spec.definition() // before the default: a retry without opens_at is the same sale
+	if spec.OpensAt.IsZero() {
+		spec.OpensAt = now.Truncate(time.Millisecond)
+	}
 	replayed := false
 	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		replayed = false
@@ -186,4 +186,11 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 		}
 	}
 	return s, rows.Err()
+}
+
+func openMillis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }

@@ -173,6 +173,10 @@ func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
 	if err := CheckTerms(t); err != nil {
 		return err
 	}
+	// Keep the terms at the precision they are stored with (opens_at in microseconds, the
+	// TTL in milliseconds), so a retry compares equal to the stored terms and the cached
+	// terms are the ones a reload reads back.
+	t.OpensAt, t.HoldTTL = t.OpensAt.Truncate(time.Microsecond), t.HoldTTL.Truncate(time.Millisecond)
 	_, err := r.submit(ctx, &putSaleOp{gen: gen, terms: t})
 	return err
 }

@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,9 +16,9 @@ import (
 // transfer records. The auditor calls it on the region's database directly, so an audit
 // needs no region process to be up.
 func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (transfer.RegionBooks, error) {
-	books := transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}}
+	books := transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}, Outbound: map[string]transfer.OutboundRecord{}}
 	err := pgutil.ReadTx(ctx, db, func(tx pgx.Tx) error {
-		books.Pools, books.Inbound = nil, map[string]transfer.InboundRecord{}
+		books.Pools, books.Inbound, books.Outbound = nil, map[string]transfer.InboundRecord{}, map[string]transfer.OutboundRecord{}
 		rows, err := tx.Query(ctx, `SELECT p.sku, p.available, p.held, p.sold, p.credited_in, p.debited_out,
 				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'held'), 0),
 				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
@@ -51,10 +52,62 @@ func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (tran
 		for _, rec := range recs {
 			books.Inbound[rec.ID] = rec
 		}
+		if err != nil {
+			return err
+		}
+		books.Outbound, err = readOutbound(ctx, tx, sale)
 		return err
 	})
 	if err != nil {
 		return books, fmt.Errorf("read books of region %s: %w", region, err)
 	}
 	return books, nil
+}
+
+// readOutbound reads the source's records of the sale's outbound transfers.
+func readOutbound(ctx context.Context, tx pgx.Tx, sale string) (map[string]transfer.OutboundRecord, error) {
+	rows, err := tx.Query(ctx, `SELECT transfer_id, sku, to_pool, units, state FROM transfers_out WHERE sale_id = $1`, sale)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.OutboundRecord, error) {
+		rec := transfer.OutboundRecord{Sale: sale}
+		var u int64
+		var st string
+		err := row.Scan(&rec.ID, &rec.SKU, &rec.To, &u, &st)
+		rec.Units, rec.State = transfer.Units(u), transfer.OutState(st)
+		return rec, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]transfer.OutboundRecord, len(recs))
+	for _, rec := range recs {
+		out[rec.ID] = rec
+	}
+	return out, nil
+}
+
+// RecentDemand reads, per SKU, the units reserved in this region's pools of sale since
+// since (holds created since then, whatever their state now), straight from the region's
+// database, as the coordinator's rebalancing reads it.
+func RecentDemand(ctx context.Context, db *pgxpool.Pool, sale string, since time.Time) (map[string]transfer.Units, error) {
+	rows, err := db.Query(ctx, `SELECT sku, coalesce(sum(quantity), 0) FROM holds WHERE sale_id = $1 AND created_at >= $2 GROUP BY sku`, sale, since)
+	if err != nil {
+		return nil, fmt.Errorf("read recent demand: %w", err)
+	}
+	defer rows.Close()
+	demand := map[string]transfer.Units{}
+	for rows.Next() {
+		var sku string
+		var q int64
+		if err := rows.Scan(&sku, &q); err != nil {
+			return nil, fmt.Errorf("read recent demand: %w", err)
+		}
+		demand[sku] = transfer.Units(q)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read recent demand: %w", err)
+	}
+	return demand, nil
 }

@@ -1,21 +1,33 @@
 package region_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // TestConcurrentReservesNeverOversell: 200 goroutines × 25 reserves of one unit against
 // 1,000 units. Exactly 1,000 are granted, every other answer is REGION_EXHAUSTED, and the
 // books balance.
 func TestConcurrentReservesNeverOversell(t *testing.T) {
-	const units, workers, each = 1000, 200, 25
-	e := newEnv(t)
+	testNeverOversell(t, 1000, 200, 25)
+}
+
+// TestNeverOversellSmallBatches: the same with small, windowed batches (many commits, each
+// batch mixing grants and refusals at its end).
+func TestNeverOversellSmallBatches(t *testing.T) {
+	testNeverOversell(t, 300, 50, 10, func(c *region.Config) { c.MaxBatch = 7; c.BatchWindow = time.Millisecond })
+}
+
+func testNeverOversell(t *testing.T, units transfer.Units, workers, each int, opts ...func(*region.Config)) {
+	e := newEnv(t, opts...)
 	e.sale(defaultTerms(testSale, 1000), units)
 
 	var granted, exhausted atomic.Int64
@@ -53,10 +65,10 @@ func TestConcurrentReservesNeverOversell(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if granted.Load() != units || exhausted.Load() != workers*each-units {
-		t.Fatalf("granted %d, exhausted %d; want %d and %d", granted.Load(), exhausted.Load(), units, workers*each-units)
+	if granted.Load() != int64(units) || exhausted.Load() != int64(workers*each)-int64(units) {
+		t.Fatalf("granted %d, exhausted %d; want %d and %d", granted.Load(), exhausted.Load(), units, int64(workers*each)-int64(units))
 	}
-	if n := count(t, e.pool, `SELECT count(*) FROM holds WHERE state = 'held'`); n != units {
+	if n := count(t, e.pool, `SELECT count(*) FROM holds WHERE state = 'held'`); n != int(units) {
 		t.Errorf("%d held hold rows, want %d", n, units)
 	}
 	e.checkPool(testSale, testSKU, counts{0, units, 0})
@@ -249,4 +261,34 @@ func TestLimitIsPerSKU(t *testing.T) {
 	}
 	e.checkPool(testSale, "a", counts{8, 2, 0})
 	e.checkPool(testSale, "b", counts{8, 2, 0})
+}
+
+// TestExhaustedAnswerNeedsNoWrite: once the region knows a pool is empty, a reserve is
+// answered without a write transaction (DESIGN.md §5: the sold-out answer is cheap). Shown
+// by holding the epoch row lock every writer batch needs: the answers still come at once.
+func TestExhaustedAnswerNeedsNoWrite(t *testing.T) {
+	e := newEnv(t)
+	e.sale(defaultTerms(testSale, 5), 1)
+	h := e.mustReserve("alice", "k", 1)
+
+	lock, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(e.ctx)
+	if _, err := lock.Exec(e.ctx, `SELECT epoch FROM leader_epoch WHERE id = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := e.r.Reserve(ctx, region.ReserveRequest{Sale: testSale, SKU: testSKU, User: "bob", Quantity: 1, RequestKey: "k"}); !errors.Is(err, region.ErrRegionExhausted) {
+		t.Errorf("reserve on an empty pool while the writer is blocked: %v, want ErrRegionExhausted", err)
+	}
+	if res, err := e.r.Reserve(ctx, region.ReserveRequest{Sale: testSale, SKU: testSKU, User: "alice", Quantity: 1, RequestKey: "k"}); err != nil || res.Hold.ID != h.ID {
+		t.Errorf("retry on an empty pool while the writer is blocked: %+v, %v", res, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("answers on an empty pool took %s: they waited for the writer", d)
+	}
 }

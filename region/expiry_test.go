@@ -187,3 +187,25 @@ func TestExpiryRacesPayment(t *testing.T) {
 	e.checkPool(testSale, testSKU, counts{transfer.Units(expired), 0, transfer.Units(sold)})
 	t.Logf("sold %d, expired %d (%d by the sweeper, %d by confirm)", sold, expired, swept.Load(), int64(expired)-swept.Load())
 }
+
+// TestBackgroundSweeper: without SweepNow, the region's own sweeper expires due holds and
+// returns their units.
+func TestBackgroundSweeper(t *testing.T) {
+	e := newEnv(t, func(c *region.Config) { c.SweepInterval = 5 * time.Millisecond; c.SweepBatch = 2 })
+	e.sale(defaultTerms(testSale, 10), 10)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, e.mustReserve(fmt.Sprintf("u%d", i), "k", 1).ID)
+	}
+	e.clk.Advance(testTTL)
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, e.pool, `SELECT count(*) FROM holds WHERE state = 'held'`) > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if h, err := e.r.GetReservation(e.ctx, id); err != nil || h.State != region.Expired {
+			t.Errorf("hold %s: %s, %v; want expired by the sweeper", id, h.State, err)
+		}
+	}
+	e.checkPool(testSale, testSKU, counts{10, 0, 0})
+}

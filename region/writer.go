@@ -155,7 +155,10 @@ func (w *writer) commit(ps []*pending) {
 	defer cancel()
 	err := pgutil.Tx(ctx, w.pool, func(tx pgx.Tx) error {
 		inFn = true
-		b = &batch{now: w.clock.Now(), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{}}
+		// The database keeps microseconds: decide at the stored precision, so the hold a
+		// request is answered with is the hold a read or a replay returns, and a deadline
+		// compares the same before and after it was stored.
+		b = &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{}}
 		if err := fencing.CheckEpoch(ctx, tx, w.epoch); err != nil {
 			return err
 		}

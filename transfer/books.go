@@ -27,11 +27,22 @@ type InboundRecord struct {
 	State InState
 }
 
+// OutboundRecord is a source's durable record of one transfer.
+type OutboundRecord struct {
+	ID    string
+	Sale  string
+	SKU   string
+	To    string
+	Units Units
+	State OutState
+}
+
 // RegionBooks is one consistent snapshot of a region's durable state for one sale.
 type RegionBooks struct {
-	Region  string
-	Pools   []PoolBooks
-	Inbound map[string]InboundRecord
+	Region   string
+	Pools    []PoolBooks
+	Inbound  map[string]InboundRecord
+	Outbound map[string]OutboundRecord
 }
 
 // Transfer is one ledger entry.
@@ -47,4 +58,7 @@ type Transfer struct {
 	Generation int64
 	Stranded   bool
 	Reason     string
+	// Settled is true once the source region has recorded the credit (or the source is the
+	// unallocated pool).
+	Settled bool
 }

@@ -73,3 +73,28 @@ const (
 	InCredited InState = "credited"
 	InRefused  InState = "refused"
 )
+
+// OutState is a source's durable record of an outbound transfer.
+type OutState string
+
+// The source's records. pending: debited, in flight. settled: the destination credited it.
+// voided: restored at the source. refused: the debit was refused (a tombstone; nothing
+// was debited and a late debit of the same transfer cannot apply).
+const (
+	OutPending OutState = "pending"
+	OutSettled OutState = "settled"
+	OutVoided  OutState = "voided"
+	OutRefused OutState = "refused"
+)
+
+// Debited reports whether the record counts the units as debited at the source (and, unless
+// restored, either credited or in flight).
+func (s OutState) Debited() bool { return s == OutPending || s == OutSettled || s == OutVoided }
+
+// Must returns s, panicking on err: for transitions the caller has already checked.
+func Must(s State, err error) State {
+	if err != nil {
+		panic(err)
+	}
+	return s
+}

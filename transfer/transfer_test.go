@@ -11,14 +11,14 @@ func TestNextTable(t *testing.T) {
 	states := []State{Requested, Pending, Posted, Voided}
 	events := []Event{Debited, Credited, Refused, Aborted}
 	allowed := map[[2]string]State{
-		{"requested", "debited"}:  Pending,
-		{"requested", "aborted"}:  Voided,
-		{"pending", "credited"}:   Posted,
-		{"pending", "refused"}:    Voided,
-		{"pending", "debited"}:    Pending,
-		{"posted", "credited"}:    Posted,
-		{"voided", "refused"}:     Voided,
-		{"voided", "aborted"}:     Voided,
+		{"requested", "debited"}: Pending,
+		{"requested", "aborted"}: Voided,
+		{"pending", "credited"}:  Posted,
+		{"pending", "refused"}:   Voided,
+		{"pending", "debited"}:   Pending,
+		{"posted", "credited"}:   Posted,
+		{"voided", "refused"}:    Voided,
+		{"voided", "aborted"}:    Voided,
 	}
 	for _, s := range states {
 		for _, e := range events {

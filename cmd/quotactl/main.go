@@ -38,6 +38,8 @@ func main() {
 		var ee *exitError
 		if errors.As(err, &ee) {
 			code = ee.code
+		} else if strings.HasPrefix(err.Error(), "unknown command") {
+			code = 2
 		}
 		if ee == nil || ee.err != nil {
 			fmt.Fprintln(os.Stderr, "quotactl:", describe(err))
@@ -46,17 +48,15 @@ func main() {
 	}
 }
 
-// describe renders an error with its machine-readable reason and field when the server
-// sent them.
+// describe renders an error with its gRPC code, machine-readable reason and field when a
+// server sent them.
 func describe(err error) string {
-	st, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
-		st, ok = status.FromError(err)
-	}
-	if !ok {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
 		return err.Error()
 	}
-	msg := fmt.Sprintf("%s (%s", st.Message(), st.Code())
+	st := se.GRPCStatus()
+	msg := fmt.Sprintf("%s (%s", err.Error(), st.Code())
 	if r := apierr.Reason(st.Err()); r != "" {
 		msg += ", reason " + r
 	}
@@ -78,12 +78,14 @@ Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --
 		SilenceErrors: true,
 	}
 	root.SetOut(out)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: 2, err: err} })
 	pf := root.PersistentFlags()
 	pf.String("coordinator", "127.0.0.1:7400", "coordinator gRPC address")
 	pf.StringP("output", "o", "text", "output format: text or json")
 	pf.Duration("timeout", 30*time.Second, "deadline of each call")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
-	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd())
+	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
+		transferCmd(), transfersCmd(), rebalanceCmd())
 	return root
 }
 

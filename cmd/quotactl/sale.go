@@ -86,7 +86,9 @@ type xferJSON struct {
 	State      string `json:"state"`
 	Generation int64  `json:"generation"`
 	Stranded   bool   `json:"stranded"`
-	Reason     string `json:"reason,omitempty"`
+	Reason     string `json:"reason"`
+	Age        string `json:"age"`
+	Replayed   bool   `json:"replayed,omitempty"`
 }
 
 func toSaleJSON(s *quotav1.Sale) saleJSON {
@@ -169,7 +171,8 @@ func runSaleCreate(cmd *cobra.Command, _ []string) error {
 
 func toXferJSON(t *quotav1.TransferInfo) xferJSON {
 	return xferJSON{ID: t.GetTransferId(), Sale: t.GetSaleId(), SKU: t.GetSku(), From: t.GetFrom(), To: t.GetTo(), Units: t.GetUnits(),
-		State: t.GetState(), Generation: t.GetGeneration(), Stranded: t.GetStranded(), Reason: t.GetReason()}
+		State: t.GetState(), Generation: t.GetGeneration(), Stranded: t.GetStranded(), Reason: t.GetReason(),
+		Age: time.Since(t.GetCreatedAt().AsTime()).Round(time.Second).String()}
 }
 
 func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {

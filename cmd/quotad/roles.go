@@ -41,7 +41,7 @@ func regionCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("name", "", "region name (required)")
 	f.String("listen", "127.0.0.1:7401", "gRPC address")
-	f.String("db-url", "", "the region's database URL (required; created when missing)")
+	f.String("db-url", "", "the region's database URL (required; the database must exist: quotad dev creates its own)")
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)

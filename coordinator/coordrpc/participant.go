@@ -47,3 +47,48 @@ func (p *Participant) Credit(ctx context.Context, gen int64, t transfer.Transfer
 	}
 	return transfer.InState(resp.GetState()), nil
 }
+
+// Refuse implements coordinator.Participant.
+func (p *Participant) Refuse(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
+	resp, err := p.client.Refuse(ctx, &quotav1.RefuseRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
+	if err != nil {
+		return "", apierr.FromStatus(err)
+	}
+	return transfer.InState(resp.GetState()), nil
+}
+
+// Debit implements coordinator.Participant.
+func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
+	resp, err := p.client.Debit(ctx, &quotav1.DebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
+	if err != nil {
+		return "", apierr.FromStatus(err)
+	}
+	return transfer.OutState(resp.GetState()), nil
+}
+
+// Restore implements coordinator.Participant.
+func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
+	resp, err := p.client.Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	if err != nil {
+		return "", apierr.FromStatus(err)
+	}
+	return transfer.OutState(resp.GetState()), nil
+}
+
+// Settle implements coordinator.Participant.
+func (p *Participant) Settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
+	resp, err := p.client.Settle(ctx, &quotav1.SettleRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	if err != nil {
+		return "", apierr.FromStatus(err)
+	}
+	return transfer.OutState(resp.GetState()), nil
+}
+
+// Status implements coordinator.Participant.
+func (p *Participant) Status(ctx context.Context, id string) (transfer.InState, transfer.OutState, error) {
+	resp, err := p.client.TransferStatus(ctx, &quotav1.TransferStatusRequest{TransferId: id})
+	if err != nil {
+		return "", "", apierr.FromStatus(err)
+	}
+	return transfer.InState(resp.GetInbound()), transfer.OutState(resp.GetOutbound()), nil
+}

@@ -33,7 +33,9 @@ type CoordinatorConfig struct {
 	Regions     []RegionEndpoint
 	LeaseTTL    time.Duration
 	StrandAfter time.Duration
-	Logger      *slog.Logger
+	// RetryInterval is how often unfinished transfers are driven again (default 1s).
+	RetryInterval time.Duration
+	Logger        *slog.Logger
 }
 
 // CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
@@ -72,7 +74,8 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err != nil {
 		return nil, err
 	}
-	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter, Logger: cfg.Logger}, n.DB)
+	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
+		RetryInterval: cfg.RetryInterval, Logger: cfg.Logger}, n.DB)
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +108,9 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.Region
 		links = append(links, coordinator.RegionLink{Name: name, Address: r.Addr, Participant: p,
 			Books: func(ctx context.Context, sale string) (transfer.RegionBooks, error) {
 				return region.ReadBooks(ctx, db, name, sale)
+			},
+			Demand: func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error) {
+				return region.RecentDemand(ctx, db, sale, since)
 			}})
 	}
 	return links, nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -142,13 +143,17 @@ func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
 	done := make(chan result, 1)
 	lctx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
+	var granted atomic.Int64
 	go func() {
 		st, err := loadgen.Run(lctx, loadgen.Config{Sale: "crash", SKU: "phone", Regions: regions, Buyers: 20000,
-			Concurrency: 100, ConfirmRatio: 0.5, MaxDuration: 2 * time.Minute, Seed: 3})
+			Concurrency: 100, ConfirmRatio: 0.5, MaxDuration: 2 * time.Minute, Seed: 3,
+			ProgressEvery: 50 * time.Millisecond, Progress: func(s loadgen.Stats) { granted.Store(s.Granted) }})
 		done <- result{st, err}
 	}()
-	time.Sleep(1500 * time.Millisecond)
-	p.kill9()
+	for deadline := time.Now().Add(60 * time.Second); granted.Load() < 500 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.kill9()                          // mid-load: buyers are still reserving and paying
 	time.Sleep(300 * time.Millisecond) // let some calls fail against the dead process, as clients would see
 	stopLoad()
 	res := <-done

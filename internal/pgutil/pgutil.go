@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -111,15 +110,46 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) error {
 	return nil
 }
 
-// Tx runs fn in a transaction, retried on serialization failures the way CockroachDB
-// requires (and harmless on PostgreSQL). fn must be safe to run more than once.
+// Tx runs fn in a transaction and commits it, retrying the whole transaction on a
+// serialization failure (SQLSTATE 40001), as CockroachDB requires and PostgreSQL allows. fn
+// must be safe to run more than once. The error of COMMIT itself is returned: a commit that
+// fails is never reported as success. (cockroach-go's ExecuteTx is not used here because it
+// treats RELEASE SAVEPOINT as the commit and ignores COMMIT's error, which on PostgreSQL
+// is the real commit.)
 func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	return crdbpgx.ExecuteTx(ctx, pool, pgx.TxOptions{}, fn)
+	return runTx(ctx, pool, pgx.TxOptions{}, fn)
 }
 
 // ReadTx runs fn in one read-only, repeatable-read transaction: a consistent snapshot.
 func ReadTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	return crdbpgx.ExecuteTx(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+	return runTx(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+func runTx(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := func() error {
+			tx, err := pool.BeginTx(ctx, opts)
+			if err != nil {
+				return err
+			}
+			if err := fn(tx); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		}()
+		if IsRetryable(err) && ctx.Err() == nil && attempt < 100 {
+			continue
+		}
+		return err
+	}
+}
+
+// IsRetryable reports a serialization failure: the transaction did not commit and may be
+// run again.
+func IsRetryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
 
 func redact(s string) string {

@@ -115,3 +115,50 @@ func (s *Server) Credit(ctx context.Context, req *quotav1.CreditRequest) (*quota
 	}
 	return &quotav1.CreditResponse{State: string(st)}, nil
 }
+
+// Debit implements ParticipantService.
+func (s *Server) Debit(ctx context.Context, req *quotav1.DebitRequest) (*quotav1.DebitResponse, error) {
+	st, err := s.R.Debit(ctx, region.DebitRequest{Generation: req.GetGeneration(), TransferID: req.GetTransferId(),
+		Sale: req.GetSaleId(), SKU: req.GetSku(), To: req.GetTo(), Units: transfer.Units(req.GetUnits())})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.DebitResponse{State: string(st)}, nil
+}
+
+// Refuse implements ParticipantService.
+func (s *Server) Refuse(ctx context.Context, req *quotav1.RefuseRequest) (*quotav1.RefuseResponse, error) {
+	st, err := s.R.Refuse(ctx, region.CreditRequest{Generation: req.GetGeneration(), TransferID: req.GetTransferId(),
+		Sale: req.GetSaleId(), SKU: req.GetSku(), Units: transfer.Units(req.GetUnits())})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.RefuseResponse{State: string(st)}, nil
+}
+
+// Restore implements ParticipantService.
+func (s *Server) Restore(ctx context.Context, req *quotav1.RestoreRequest) (*quotav1.RestoreResponse, error) {
+	st, err := s.R.Restore(ctx, region.TransferRef{Generation: req.GetGeneration(), TransferID: req.GetTransferId(), Sale: req.GetSaleId()})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.RestoreResponse{State: string(st)}, nil
+}
+
+// Settle implements ParticipantService.
+func (s *Server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quotav1.SettleResponse, error) {
+	st, err := s.R.Settle(ctx, region.TransferRef{Generation: req.GetGeneration(), TransferID: req.GetTransferId(), Sale: req.GetSaleId()})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.SettleResponse{State: string(st)}, nil
+}
+
+// TransferStatus implements ParticipantService.
+func (s *Server) TransferStatus(ctx context.Context, req *quotav1.TransferStatusRequest) (*quotav1.TransferStatusResponse, error) {
+	st, err := s.R.Status(ctx, req.GetTransferId())
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.TransferStatusResponse{Inbound: string(st.In), Outbound: string(st.Out)}, nil
+}

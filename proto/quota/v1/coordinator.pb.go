@@ -1289,6 +1289,706 @@ func (x *AuditResponse) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type TransferRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku    string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	// from and to are region names, or "unallocated" for the coordinator's pool.
+	From          string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	To            string `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	Units         int64  `protobuf:"varint,5,opt,name=units,proto3" json:"units,omitempty"`
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferRequest) Reset() {
+	*x = TransferRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferRequest) ProtoMessage() {}
+
+func (x *TransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
+func (*TransferRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TransferRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+func (x *TransferRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type TransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transfer      *TransferInfo          `protobuf:"bytes,1,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferResponse) Reset() {
+	*x = TransferResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferResponse) ProtoMessage() {}
+
+func (x *TransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
+func (*TransferResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TransferResponse) GetTransfer() *TransferInfo {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+func (x *TransferResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+type GetTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTransferRequest) Reset() {
+	*x = GetTransferRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTransferRequest) ProtoMessage() {}
+
+func (x *GetTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTransferRequest.ProtoReflect.Descriptor instead.
+func (*GetTransferRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetTransferRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+type GetTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transfer      *TransferInfo          `protobuf:"bytes,1,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTransferResponse) Reset() {
+	*x = GetTransferResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTransferResponse) ProtoMessage() {}
+
+func (x *GetTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTransferResponse.ProtoReflect.Descriptor instead.
+func (*GetTransferResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetTransferResponse) GetTransfer() *TransferInfo {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+type ListTransfersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id empty lists every sale's transfers.
+	SaleId         string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	UnfinishedOnly bool   `protobuf:"varint,2,opt,name=unfinished_only,json=unfinishedOnly,proto3" json:"unfinished_only,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ListTransfersRequest) Reset() {
+	*x = ListTransfersRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTransfersRequest) ProtoMessage() {}
+
+func (x *ListTransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTransfersRequest.ProtoReflect.Descriptor instead.
+func (*ListTransfersRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListTransfersRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *ListTransfersRequest) GetUnfinishedOnly() bool {
+	if x != nil {
+		return x.UnfinishedOnly
+	}
+	return false
+}
+
+type ListTransfersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transfers     []*TransferInfo        `protobuf:"bytes,1,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTransfersResponse) Reset() {
+	*x = ListTransfersResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTransfersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTransfersResponse) ProtoMessage() {}
+
+func (x *ListTransfersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTransfersResponse.ProtoReflect.Descriptor instead.
+func (*ListTransfersResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListTransfersResponse) GetTransfers() []*TransferInfo {
+	if x != nil {
+		return x.Transfers
+	}
+	return nil
+}
+
+type ResolveTransferRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TransferId string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// refuse asks the destination to refuse the transfer (unless it already credited it) and
+	// restores the source; otherwise the destination is asked to credit it.
+	Refuse        bool `protobuf:"varint,2,opt,name=refuse,proto3" json:"refuse,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveTransferRequest) Reset() {
+	*x = ResolveTransferRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveTransferRequest) ProtoMessage() {}
+
+func (x *ResolveTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveTransferRequest.ProtoReflect.Descriptor instead.
+func (*ResolveTransferRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ResolveTransferRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *ResolveTransferRequest) GetRefuse() bool {
+	if x != nil {
+		return x.Refuse
+	}
+	return false
+}
+
+type ResolveTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transfer      *TransferInfo          `protobuf:"bytes,1,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveTransferResponse) Reset() {
+	*x = ResolveTransferResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveTransferResponse) ProtoMessage() {}
+
+func (x *ResolveTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveTransferResponse.ProtoReflect.Descriptor instead.
+func (*ResolveTransferResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ResolveTransferResponse) GetTransfer() *TransferInfo {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+type RebalanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	DryRun        bool                   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	WindowMs      int64                  `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	HorizonMs     int64                  `protobuf:"varint,5,opt,name=horizon_ms,json=horizonMs,proto3" json:"horizon_ms,omitempty"`
+	MinUnits      int64                  `protobuf:"varint,6,opt,name=min_units,json=minUnits,proto3" json:"min_units,omitempty"`
+	RequestId     string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceRequest) Reset() {
+	*x = RebalanceRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceRequest) ProtoMessage() {}
+
+func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RebalanceRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *RebalanceRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RebalanceRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *RebalanceRequest) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *RebalanceRequest) GetHorizonMs() int64 {
+	if x != nil {
+		return x.HorizonMs
+	}
+	return 0
+}
+
+func (x *RebalanceRequest) GetMinUnits() int64 {
+	if x != nil {
+		return x.MinUnits
+	}
+	return 0
+}
+
+func (x *RebalanceRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type PoolDemand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Available     int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
+	Recent        int64                  `protobuf:"varint,3,opt,name=recent,proto3" json:"recent,omitempty"`
+	Need          int64                  `protobuf:"varint,4,opt,name=need,proto3" json:"need,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolDemand) Reset() {
+	*x = PoolDemand{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolDemand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolDemand) ProtoMessage() {}
+
+func (x *PoolDemand) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolDemand.ProtoReflect.Descriptor instead.
+func (*PoolDemand) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *PoolDemand) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolDemand) GetAvailable() int64 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
+func (x *PoolDemand) GetRecent() int64 {
+	if x != nil {
+		return x.Recent
+	}
+	return 0
+}
+
+func (x *PoolDemand) GetNeed() int64 {
+	if x != nil {
+		return x.Need
+	}
+	return 0
+}
+
+type PlannedMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	Units         int64                  `protobuf:"varint,3,opt,name=units,proto3" json:"units,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlannedMove) Reset() {
+	*x = PlannedMove{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannedMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannedMove) ProtoMessage() {}
+
+func (x *PlannedMove) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannedMove.ProtoReflect.Descriptor instead.
+func (*PlannedMove) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PlannedMove) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PlannedMove) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *PlannedMove) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+type RebalanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pools         []*PoolDemand          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	Moves         []*PlannedMove         `protobuf:"bytes,2,rep,name=moves,proto3" json:"moves,omitempty"`
+	Transfers     []*TransferInfo        `protobuf:"bytes,3,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceResponse) Reset() {
+	*x = RebalanceResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceResponse) ProtoMessage() {}
+
+func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
+func (*RebalanceResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RebalanceResponse) GetPools() []*PoolDemand {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *RebalanceResponse) GetMoves() []*PlannedMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *RebalanceResponse) GetTransfers() []*TransferInfo {
+	if x != nil {
+		return x.Transfers
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -1402,14 +2102,70 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"violations\x18\x03 \x03(\v2\x13.quota.v1.ViolationR\n" +
 	"violations\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xe6\x02\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x95\x01\n" +
+	"\x0fTransferRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\tR\x02to\x12\x14\n" +
+	"\x05units\x18\x05 \x01(\x03R\x05units\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"b\n" +
+	"\x10TransferResponse\x122\n" +
+	"\btransfer\x18\x01 \x01(\v2\x16.quota.v1.TransferInfoR\btransfer\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"5\n" +
+	"\x12GetTransferRequest\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\tR\n" +
+	"transferId\"I\n" +
+	"\x13GetTransferResponse\x122\n" +
+	"\btransfer\x18\x01 \x01(\v2\x16.quota.v1.TransferInfoR\btransfer\"X\n" +
+	"\x14ListTransfersRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12'\n" +
+	"\x0funfinished_only\x18\x02 \x01(\bR\x0eunfinishedOnly\"M\n" +
+	"\x15ListTransfersResponse\x124\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers\"Q\n" +
+	"\x16ResolveTransferRequest\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\tR\n" +
+	"transferId\x12\x16\n" +
+	"\x06refuse\x18\x02 \x01(\bR\x06refuse\"M\n" +
+	"\x17ResolveTransferResponse\x122\n" +
+	"\btransfer\x18\x01 \x01(\v2\x16.quota.v1.TransferInfoR\btransfer\"\xce\x01\n" +
+	"\x10RebalanceRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x1b\n" +
+	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x1d\n" +
+	"\n" +
+	"horizon_ms\x18\x05 \x01(\x03R\thorizonMs\x12\x1b\n" +
+	"\tmin_units\x18\x06 \x01(\x03R\bminUnits\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"j\n" +
+	"\n" +
+	"PoolDemand\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1c\n" +
+	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x16\n" +
+	"\x06recent\x18\x03 \x01(\x03R\x06recent\x12\x12\n" +
+	"\x04need\x18\x04 \x01(\x03R\x04need\"G\n" +
+	"\vPlannedMove\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
+	"\x05units\x18\x03 \x01(\x03R\x05units\"\xa2\x01\n" +
+	"\x11RebalanceResponse\x12*\n" +
+	"\x05pools\x18\x01 \x03(\v2\x14.quota.v1.PoolDemandR\x05pools\x12+\n" +
+	"\x05moves\x18\x02 \x03(\v2\x15.quota.v1.PlannedMoveR\x05moves\x124\n" +
+	"\ttransfers\x18\x03 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers2\xe5\x05\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
 	"\aGetSale\x12\x18.quota.v1.GetSaleRequest\x1a\x19.quota.v1.GetSaleResponse\x12A\n" +
 	"\bAllocate\x12\x19.quota.v1.AllocateRequest\x1a\x1a.quota.v1.AllocateResponse\x12J\n" +
 	"\vListRegions\x12\x1c.quota.v1.ListRegionsRequest\x1a\x1d.quota.v1.ListRegionsResponse\x128\n" +
-	"\x05Audit\x12\x16.quota.v1.AuditRequest\x1a\x17.quota.v1.AuditResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\x05Audit\x12\x16.quota.v1.AuditRequest\x1a\x17.quota.v1.AuditResponse\x12A\n" +
+	"\bTransfer\x12\x19.quota.v1.TransferRequest\x1a\x1a.quota.v1.TransferResponse\x12J\n" +
+	"\vGetTransfer\x12\x1c.quota.v1.GetTransferRequest\x1a\x1d.quota.v1.GetTransferResponse\x12P\n" +
+	"\rListTransfers\x12\x1e.quota.v1.ListTransfersRequest\x1a\x1f.quota.v1.ListTransfersResponse\x12V\n" +
+	"\x0fResolveTransfer\x12 .quota.v1.ResolveTransferRequest\x1a!.quota.v1.ResolveTransferResponse\x12D\n" +
+	"\tRebalance\x12\x1a.quota.v1.RebalanceRequest\x1a\x1b.quota.v1.RebalanceResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -1423,62 +2179,91 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_quota_v1_coordinator_proto_goTypes = []any{
-	(*SkuTotal)(nil),              // 0: quota.v1.SkuTotal
-	(*CreateSaleRequest)(nil),     // 1: quota.v1.CreateSaleRequest
-	(*Sale)(nil),                  // 2: quota.v1.Sale
-	(*SkuLedger)(nil),             // 3: quota.v1.SkuLedger
-	(*CreateSaleResponse)(nil),    // 4: quota.v1.CreateSaleResponse
-	(*GetSaleRequest)(nil),        // 5: quota.v1.GetSaleRequest
-	(*GetSaleResponse)(nil),       // 6: quota.v1.GetSaleResponse
-	(*RegionWeight)(nil),          // 7: quota.v1.RegionWeight
-	(*AllocateRequest)(nil),       // 8: quota.v1.AllocateRequest
-	(*TransferInfo)(nil),          // 9: quota.v1.TransferInfo
-	(*AllocateResponse)(nil),      // 10: quota.v1.AllocateResponse
-	(*ListRegionsRequest)(nil),    // 11: quota.v1.ListRegionsRequest
-	(*RegionInfo)(nil),            // 12: quota.v1.RegionInfo
-	(*ListRegionsResponse)(nil),   // 13: quota.v1.ListRegionsResponse
-	(*AuditRequest)(nil),          // 14: quota.v1.AuditRequest
-	(*RegionAudit)(nil),           // 15: quota.v1.RegionAudit
-	(*SkuAudit)(nil),              // 16: quota.v1.SkuAudit
-	(*Violation)(nil),             // 17: quota.v1.Violation
-	(*AuditResponse)(nil),         // 18: quota.v1.AuditResponse
-	nil,                           // 19: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
+	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
+	(*Sale)(nil),                    // 2: quota.v1.Sale
+	(*SkuLedger)(nil),               // 3: quota.v1.SkuLedger
+	(*CreateSaleResponse)(nil),      // 4: quota.v1.CreateSaleResponse
+	(*GetSaleRequest)(nil),          // 5: quota.v1.GetSaleRequest
+	(*GetSaleResponse)(nil),         // 6: quota.v1.GetSaleResponse
+	(*RegionWeight)(nil),            // 7: quota.v1.RegionWeight
+	(*AllocateRequest)(nil),         // 8: quota.v1.AllocateRequest
+	(*TransferInfo)(nil),            // 9: quota.v1.TransferInfo
+	(*AllocateResponse)(nil),        // 10: quota.v1.AllocateResponse
+	(*ListRegionsRequest)(nil),      // 11: quota.v1.ListRegionsRequest
+	(*RegionInfo)(nil),              // 12: quota.v1.RegionInfo
+	(*ListRegionsResponse)(nil),     // 13: quota.v1.ListRegionsResponse
+	(*AuditRequest)(nil),            // 14: quota.v1.AuditRequest
+	(*RegionAudit)(nil),             // 15: quota.v1.RegionAudit
+	(*SkuAudit)(nil),                // 16: quota.v1.SkuAudit
+	(*Violation)(nil),               // 17: quota.v1.Violation
+	(*AuditResponse)(nil),           // 18: quota.v1.AuditResponse
+	(*TransferRequest)(nil),         // 19: quota.v1.TransferRequest
+	(*TransferResponse)(nil),        // 20: quota.v1.TransferResponse
+	(*GetTransferRequest)(nil),      // 21: quota.v1.GetTransferRequest
+	(*GetTransferResponse)(nil),     // 22: quota.v1.GetTransferResponse
+	(*ListTransfersRequest)(nil),    // 23: quota.v1.ListTransfersRequest
+	(*ListTransfersResponse)(nil),   // 24: quota.v1.ListTransfersResponse
+	(*ResolveTransferRequest)(nil),  // 25: quota.v1.ResolveTransferRequest
+	(*ResolveTransferResponse)(nil), // 26: quota.v1.ResolveTransferResponse
+	(*RebalanceRequest)(nil),        // 27: quota.v1.RebalanceRequest
+	(*PoolDemand)(nil),              // 28: quota.v1.PoolDemand
+	(*PlannedMove)(nil),             // 29: quota.v1.PlannedMove
+	(*RebalanceResponse)(nil),       // 30: quota.v1.RebalanceResponse
+	nil,                             // 31: quota.v1.SkuLedger.AllocatedEntry
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	20, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	20, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	32, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	32, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	3,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	20, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
-	19, // 5: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	32, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	31, // 5: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 6: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 7: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	7,  // 8: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	20, // 9: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	32, // 9: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	9,  // 10: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	12, // 11: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	15, // 12: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	16, // 13: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	17, // 14: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	20, // 15: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
-	1,  // 16: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	5,  // 17: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	8,  // 18: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	11, // 19: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	14, // 20: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	4,  // 21: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	6,  // 22: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	10, // 23: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	13, // 24: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	18, // 25: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	32, // 15: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	9,  // 16: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	9,  // 17: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	9,  // 18: quota.v1.ListTransfersResponse.transfers:type_name -> quota.v1.TransferInfo
+	9,  // 19: quota.v1.ResolveTransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	28, // 20: quota.v1.RebalanceResponse.pools:type_name -> quota.v1.PoolDemand
+	29, // 21: quota.v1.RebalanceResponse.moves:type_name -> quota.v1.PlannedMove
+	9,  // 22: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
+	1,  // 23: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	5,  // 24: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	8,  // 25: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	11, // 26: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	14, // 27: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	19, // 28: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	21, // 29: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	23, // 30: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	25, // 31: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	27, // 32: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	4,  // 33: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	6,  // 34: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	10, // 35: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	13, // 36: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	18, // 37: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	20, // 38: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	22, // 39: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	24, // 40: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	26, // 41: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	30, // 42: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	33, // [33:43] is the sub-list for method output_type
+	23, // [23:33] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -1492,7 +2277,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

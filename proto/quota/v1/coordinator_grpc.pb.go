@@ -19,11 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CoordinatorService_CreateSale_FullMethodName  = "/quota.v1.CoordinatorService/CreateSale"
-	CoordinatorService_GetSale_FullMethodName     = "/quota.v1.CoordinatorService/GetSale"
-	CoordinatorService_Allocate_FullMethodName    = "/quota.v1.CoordinatorService/Allocate"
-	CoordinatorService_ListRegions_FullMethodName = "/quota.v1.CoordinatorService/ListRegions"
-	CoordinatorService_Audit_FullMethodName       = "/quota.v1.CoordinatorService/Audit"
+	CoordinatorService_CreateSale_FullMethodName      = "/quota.v1.CoordinatorService/CreateSale"
+	CoordinatorService_GetSale_FullMethodName         = "/quota.v1.CoordinatorService/GetSale"
+	CoordinatorService_Allocate_FullMethodName        = "/quota.v1.CoordinatorService/Allocate"
+	CoordinatorService_ListRegions_FullMethodName     = "/quota.v1.CoordinatorService/ListRegions"
+	CoordinatorService_Audit_FullMethodName           = "/quota.v1.CoordinatorService/Audit"
+	CoordinatorService_Transfer_FullMethodName        = "/quota.v1.CoordinatorService/Transfer"
+	CoordinatorService_GetTransfer_FullMethodName     = "/quota.v1.CoordinatorService/GetTransfer"
+	CoordinatorService_ListTransfers_FullMethodName   = "/quota.v1.CoordinatorService/ListTransfers"
+	CoordinatorService_ResolveTransfer_FullMethodName = "/quota.v1.CoordinatorService/ResolveTransfer"
+	CoordinatorService_Rebalance_FullMethodName       = "/quota.v1.CoordinatorService/Rebalance"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -42,6 +47,17 @@ type CoordinatorServiceClient interface {
 	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
 	// Audit checks conservation (I1) and every region's books (I3), with the evidence.
 	Audit(ctx context.Context, in *AuditRequest, opts ...grpc.CallOption) (*AuditResponse, error)
+	// Transfer moves units of one SKU between regions (or the unallocated pool), fenced and
+	// idempotent by request_id. An unfinished transfer is returned in its state, not as an error.
+	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
+	// GetTransfer reads one transfer from the ledger.
+	GetTransfer(ctx context.Context, in *GetTransferRequest, opts ...grpc.CallOption) (*GetTransferResponse, error)
+	// ListTransfers lists the ledger's transfers.
+	ListTransfers(ctx context.Context, in *ListTransfersRequest, opts ...grpc.CallOption) (*ListTransfersResponse, error)
+	// ResolveTransfer settles an unfinished transfer by its destination's durable record.
+	ResolveTransfer(ctx context.Context, in *ResolveTransferRequest, opts ...grpc.CallOption) (*ResolveTransferResponse, error)
+	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
+	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -102,6 +118,56 @@ func (c *coordinatorServiceClient) Audit(ctx context.Context, in *AuditRequest, 
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_Transfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) GetTransfer(ctx context.Context, in *GetTransferRequest, opts ...grpc.CallOption) (*GetTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTransferResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_GetTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ListTransfers(ctx context.Context, in *ListTransfersRequest, opts ...grpc.CallOption) (*ListTransfersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTransfersResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListTransfers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ResolveTransfer(ctx context.Context, in *ResolveTransferRequest, opts ...grpc.CallOption) (*ResolveTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveTransferResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ResolveTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RebalanceResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_Rebalance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -118,6 +184,17 @@ type CoordinatorServiceServer interface {
 	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
 	// Audit checks conservation (I1) and every region's books (I3), with the evidence.
 	Audit(context.Context, *AuditRequest) (*AuditResponse, error)
+	// Transfer moves units of one SKU between regions (or the unallocated pool), fenced and
+	// idempotent by request_id. An unfinished transfer is returned in its state, not as an error.
+	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
+	// GetTransfer reads one transfer from the ledger.
+	GetTransfer(context.Context, *GetTransferRequest) (*GetTransferResponse, error)
+	// ListTransfers lists the ledger's transfers.
+	ListTransfers(context.Context, *ListTransfersRequest) (*ListTransfersResponse, error)
+	// ResolveTransfer settles an unfinished transfer by its destination's durable record.
+	ResolveTransfer(context.Context, *ResolveTransferRequest) (*ResolveTransferResponse, error)
+	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
+	Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -142,6 +219,21 @@ func (UnimplementedCoordinatorServiceServer) ListRegions(context.Context, *ListR
 }
 func (UnimplementedCoordinatorServiceServer) Audit(context.Context, *AuditRequest) (*AuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Audit not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) Transfer(context.Context, *TransferRequest) (*TransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Transfer not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) GetTransfer(context.Context, *GetTransferRequest) (*GetTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTransfer not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListTransfers(context.Context, *ListTransfersRequest) (*ListTransfersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTransfers not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ResolveTransfer(context.Context, *ResolveTransferRequest) (*ResolveTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveTransfer not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -254,6 +346,96 @@ func _CoordinatorService_Audit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_Transfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).Transfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_Transfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).Transfer(ctx, req.(*TransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_GetTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).GetTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_GetTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).GetTransfer(ctx, req.(*GetTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ListTransfers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTransfersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListTransfers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListTransfers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListTransfers(ctx, req.(*ListTransfersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ResolveTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ResolveTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ResolveTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ResolveTransfer(ctx, req.(*ResolveTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_Rebalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebalanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).Rebalance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_Rebalance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).Rebalance(ctx, req.(*RebalanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -280,6 +462,26 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Audit",
 			Handler:    _CoordinatorService_Audit_Handler,
+		},
+		{
+			MethodName: "Transfer",
+			Handler:    _CoordinatorService_Transfer_Handler,
+		},
+		{
+			MethodName: "GetTransfer",
+			Handler:    _CoordinatorService_GetTransfer_Handler,
+		},
+		{
+			MethodName: "ListTransfers",
+			Handler:    _CoordinatorService_ListTransfers_Handler,
+		},
+		{
+			MethodName: "ResolveTransfer",
+			Handler:    _CoordinatorService_ResolveTransfer_Handler,
+		},
+		{
+			MethodName: "Rebalance",
+			Handler:    _CoordinatorService_Rebalance_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -307,6 +307,563 @@ func (x *CreditResponse) GetState() string {
 	return ""
 }
 
+type DebitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	SaleId        string                 `protobuf:"bytes,3,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,4,opt,name=sku,proto3" json:"sku,omitempty"`
+	To            string                 `protobuf:"bytes,5,opt,name=to,proto3" json:"to,omitempty"`
+	Units         int64                  `protobuf:"varint,6,opt,name=units,proto3" json:"units,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DebitRequest) Reset() {
+	*x = DebitRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DebitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DebitRequest) ProtoMessage() {}
+
+func (x *DebitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DebitRequest.ProtoReflect.Descriptor instead.
+func (*DebitRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DebitRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DebitRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *DebitRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *DebitRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *DebitRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *DebitRequest) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+type DebitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the source's durable record: "pending" (debited), "settled", "voided" or
+	// "refused" (not enough available; nothing debited).
+	State         string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DebitResponse) Reset() {
+	*x = DebitResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DebitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DebitResponse) ProtoMessage() {}
+
+func (x *DebitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DebitResponse.ProtoReflect.Descriptor instead.
+func (*DebitResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DebitResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type RefuseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	SaleId        string                 `protobuf:"bytes,3,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,4,opt,name=sku,proto3" json:"sku,omitempty"`
+	Units         int64                  `protobuf:"varint,5,opt,name=units,proto3" json:"units,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefuseRequest) Reset() {
+	*x = RefuseRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefuseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefuseRequest) ProtoMessage() {}
+
+func (x *RefuseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefuseRequest.ProtoReflect.Descriptor instead.
+func (*RefuseRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RefuseRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RefuseRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *RefuseRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *RefuseRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RefuseRequest) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+type RefuseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the destination's durable record: "refused" or "credited".
+	State         string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefuseResponse) Reset() {
+	*x = RefuseResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefuseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefuseResponse) ProtoMessage() {}
+
+func (x *RefuseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefuseResponse.ProtoReflect.Descriptor instead.
+func (*RefuseResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RefuseResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	SaleId        string                 `protobuf:"bytes,3,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RestoreRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RestoreRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+type RestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResponse) Reset() {
+	*x = RestoreResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResponse) ProtoMessage() {}
+
+func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
+func (*RestoreResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RestoreResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type SettleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	SaleId        string                 `protobuf:"bytes,3,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SettleRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SettleRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+type SettleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SettleResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type TransferStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferStatusRequest) Reset() {
+	*x = TransferStatusRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferStatusRequest) ProtoMessage() {}
+
+func (x *TransferStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferStatusRequest.ProtoReflect.Descriptor instead.
+func (*TransferStatusRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TransferStatusRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+type TransferStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// inbound is "credited", "refused" or "" (no record as destination).
+	Inbound string `protobuf:"bytes,1,opt,name=inbound,proto3" json:"inbound,omitempty"`
+	// outbound is "pending", "settled", "voided", "refused" or "" (no record as source).
+	Outbound      string `protobuf:"bytes,2,opt,name=outbound,proto3" json:"outbound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferStatusResponse) Reset() {
+	*x = TransferStatusResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferStatusResponse) ProtoMessage() {}
+
+func (x *TransferStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferStatusResponse.ProtoReflect.Descriptor instead.
+func (*TransferStatusResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TransferStatusResponse) GetInbound() string {
+	if x != nil {
+		return x.Inbound
+	}
+	return ""
+}
+
+func (x *TransferStatusResponse) GetOutbound() string {
+	if x != nil {
+		return x.Outbound
+	}
+	return ""
+}
+
 var File_quota_v1_participant_proto protoreflect.FileDescriptor
 
 const file_quota_v1_participant_proto_rawDesc = "" +
@@ -334,10 +891,62 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\x03sku\x18\x04 \x01(\tR\x03sku\x12\x14\n" +
 	"\x05units\x18\x05 \x01(\x03R\x05units\"&\n" +
 	"\x0eCreditResponse\x12\x14\n" +
-	"\x05state\x18\x01 \x01(\tR\x05state2\x91\x01\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"\xa0\x01\n" +
+	"\fDebitRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vtransfer_id\x18\x02 \x01(\tR\n" +
+	"transferId\x12\x17\n" +
+	"\asale_id\x18\x03 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x04 \x01(\tR\x03sku\x12\x0e\n" +
+	"\x02to\x18\x05 \x01(\tR\x02to\x12\x14\n" +
+	"\x05units\x18\x06 \x01(\x03R\x05units\"%\n" +
+	"\rDebitResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"\x91\x01\n" +
+	"\rRefuseRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vtransfer_id\x18\x02 \x01(\tR\n" +
+	"transferId\x12\x17\n" +
+	"\asale_id\x18\x03 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x04 \x01(\tR\x03sku\x12\x14\n" +
+	"\x05units\x18\x05 \x01(\x03R\x05units\"&\n" +
+	"\x0eRefuseResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"j\n" +
+	"\x0eRestoreRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vtransfer_id\x18\x02 \x01(\tR\n" +
+	"transferId\x12\x17\n" +
+	"\asale_id\x18\x03 \x01(\tR\x06saleId\"'\n" +
+	"\x0fRestoreResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"i\n" +
+	"\rSettleRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vtransfer_id\x18\x02 \x01(\tR\n" +
+	"transferId\x12\x17\n" +
+	"\asale_id\x18\x03 \x01(\tR\x06saleId\"&\n" +
+	"\x0eSettleResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"8\n" +
+	"\x15TransferStatusRequest\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\tR\n" +
+	"transferId\"N\n" +
+	"\x16TransferStatusResponse\x12\x18\n" +
+	"\ainbound\x18\x01 \x01(\tR\ainbound\x12\x1a\n" +
+	"\boutbound\x18\x02 \x01(\tR\boutbound2\xda\x03\n" +
 	"\x12ParticipantService\x12>\n" +
 	"\aPutSale\x12\x18.quota.v1.PutSaleRequest\x1a\x19.quota.v1.PutSaleResponse\x12;\n" +
-	"\x06Credit\x12\x17.quota.v1.CreditRequest\x1a\x18.quota.v1.CreditResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\x06Credit\x12\x17.quota.v1.CreditRequest\x1a\x18.quota.v1.CreditResponse\x128\n" +
+	"\x05Debit\x12\x16.quota.v1.DebitRequest\x1a\x17.quota.v1.DebitResponse\x12;\n" +
+	"\x06Refuse\x12\x17.quota.v1.RefuseRequest\x1a\x18.quota.v1.RefuseResponse\x12>\n" +
+	"\aRestore\x12\x18.quota.v1.RestoreRequest\x1a\x19.quota.v1.RestoreResponse\x12;\n" +
+	"\x06Settle\x12\x17.quota.v1.SettleRequest\x1a\x18.quota.v1.SettleResponse\x12S\n" +
+	"\x0eTransferStatus\x12\x1f.quota.v1.TransferStatusRequest\x1a .quota.v1.TransferStatusResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_participant_proto_rawDescOnce sync.Once
@@ -351,27 +960,47 @@ func file_quota_v1_participant_proto_rawDescGZIP() []byte {
 	return file_quota_v1_participant_proto_rawDescData
 }
 
-var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_quota_v1_participant_proto_goTypes = []any{
-	(*SaleTerms)(nil),             // 0: quota.v1.SaleTerms
-	(*PutSaleRequest)(nil),        // 1: quota.v1.PutSaleRequest
-	(*PutSaleResponse)(nil),       // 2: quota.v1.PutSaleResponse
-	(*CreditRequest)(nil),         // 3: quota.v1.CreditRequest
-	(*CreditResponse)(nil),        // 4: quota.v1.CreditResponse
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*SaleTerms)(nil),              // 0: quota.v1.SaleTerms
+	(*PutSaleRequest)(nil),         // 1: quota.v1.PutSaleRequest
+	(*PutSaleResponse)(nil),        // 2: quota.v1.PutSaleResponse
+	(*CreditRequest)(nil),          // 3: quota.v1.CreditRequest
+	(*CreditResponse)(nil),         // 4: quota.v1.CreditResponse
+	(*DebitRequest)(nil),           // 5: quota.v1.DebitRequest
+	(*DebitResponse)(nil),          // 6: quota.v1.DebitResponse
+	(*RefuseRequest)(nil),          // 7: quota.v1.RefuseRequest
+	(*RefuseResponse)(nil),         // 8: quota.v1.RefuseResponse
+	(*RestoreRequest)(nil),         // 9: quota.v1.RestoreRequest
+	(*RestoreResponse)(nil),        // 10: quota.v1.RestoreResponse
+	(*SettleRequest)(nil),          // 11: quota.v1.SettleRequest
+	(*SettleResponse)(nil),         // 12: quota.v1.SettleResponse
+	(*TransferStatusRequest)(nil),  // 13: quota.v1.TransferStatusRequest
+	(*TransferStatusResponse)(nil), // 14: quota.v1.TransferStatusResponse
+	(*timestamppb.Timestamp)(nil),  // 15: google.protobuf.Timestamp
 }
 var file_quota_v1_participant_proto_depIdxs = []int32{
-	5, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
-	0, // 1: quota.v1.PutSaleRequest.sale:type_name -> quota.v1.SaleTerms
-	1, // 2: quota.v1.ParticipantService.PutSale:input_type -> quota.v1.PutSaleRequest
-	3, // 3: quota.v1.ParticipantService.Credit:input_type -> quota.v1.CreditRequest
-	2, // 4: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
-	4, // 5: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	15, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
+	0,  // 1: quota.v1.PutSaleRequest.sale:type_name -> quota.v1.SaleTerms
+	1,  // 2: quota.v1.ParticipantService.PutSale:input_type -> quota.v1.PutSaleRequest
+	3,  // 3: quota.v1.ParticipantService.Credit:input_type -> quota.v1.CreditRequest
+	5,  // 4: quota.v1.ParticipantService.Debit:input_type -> quota.v1.DebitRequest
+	7,  // 5: quota.v1.ParticipantService.Refuse:input_type -> quota.v1.RefuseRequest
+	9,  // 6: quota.v1.ParticipantService.Restore:input_type -> quota.v1.RestoreRequest
+	11, // 7: quota.v1.ParticipantService.Settle:input_type -> quota.v1.SettleRequest
+	13, // 8: quota.v1.ParticipantService.TransferStatus:input_type -> quota.v1.TransferStatusRequest
+	2,  // 9: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
+	4,  // 10: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
+	6,  // 11: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
+	8,  // 12: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
+	10, // 13: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
+	12, // 14: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
+	14, // 15: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
+	9,  // [9:16] is the sub-list for method output_type
+	2,  // [2:9] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_participant_proto_init() }
@@ -385,7 +1014,7 @@ func file_quota_v1_participant_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_participant_proto_rawDesc), len(file_quota_v1_participant_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ParticipantService_PutSale_FullMethodName = "/quota.v1.ParticipantService/PutSale"
-	ParticipantService_Credit_FullMethodName  = "/quota.v1.ParticipantService/Credit"
+	ParticipantService_PutSale_FullMethodName        = "/quota.v1.ParticipantService/PutSale"
+	ParticipantService_Credit_FullMethodName         = "/quota.v1.ParticipantService/Credit"
+	ParticipantService_Debit_FullMethodName          = "/quota.v1.ParticipantService/Debit"
+	ParticipantService_Refuse_FullMethodName         = "/quota.v1.ParticipantService/Refuse"
+	ParticipantService_Restore_FullMethodName        = "/quota.v1.ParticipantService/Restore"
+	ParticipantService_Settle_FullMethodName         = "/quota.v1.ParticipantService/Settle"
+	ParticipantService_TransferStatus_FullMethodName = "/quota.v1.ParticipantService/TransferStatus"
 )
 
 // ParticipantServiceClient is the client API for ParticipantService service.
@@ -35,6 +40,16 @@ type ParticipantServiceClient interface {
 	PutSale(ctx context.Context, in *PutSaleRequest, opts ...grpc.CallOption) (*PutSaleResponse, error)
 	// Credit adds a transfer's units to the destination pool, once per transfer id.
 	Credit(ctx context.Context, in *CreditRequest, opts ...grpc.CallOption) (*CreditResponse, error)
+	// Debit takes a transfer's units from the source pool, once per transfer id.
+	Debit(ctx context.Context, in *DebitRequest, opts ...grpc.CallOption) (*DebitResponse, error)
+	// Refuse writes a tombstone at the destination unless the transfer was credited.
+	Refuse(ctx context.Context, in *RefuseRequest, opts ...grpc.CallOption) (*RefuseResponse, error)
+	// Restore returns a refused transfer's units to the source pool.
+	Restore(ctx context.Context, in *RestoreRequest, opts ...grpc.CallOption) (*RestoreResponse, error)
+	// Settle records at the source that the destination credited the transfer.
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	// TransferStatus reads the region's durable records of a transfer.
+	TransferStatus(ctx context.Context, in *TransferStatusRequest, opts ...grpc.CallOption) (*TransferStatusResponse, error)
 }
 
 type participantServiceClient struct {
@@ -65,6 +80,56 @@ func (c *participantServiceClient) Credit(ctx context.Context, in *CreditRequest
 	return out, nil
 }
 
+func (c *participantServiceClient) Debit(ctx context.Context, in *DebitRequest, opts ...grpc.CallOption) (*DebitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DebitResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_Debit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *participantServiceClient) Refuse(ctx context.Context, in *RefuseRequest, opts ...grpc.CallOption) (*RefuseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RefuseResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_Refuse_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *participantServiceClient) Restore(ctx context.Context, in *RestoreRequest, opts ...grpc.CallOption) (*RestoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RestoreResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_Restore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *participantServiceClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *participantServiceClient) TransferStatus(ctx context.Context, in *TransferStatusRequest, opts ...grpc.CallOption) (*TransferStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferStatusResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_TransferStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParticipantServiceServer is the server API for ParticipantService service.
 // All implementations must embed UnimplementedParticipantServiceServer
 // for forward compatibility.
@@ -77,6 +142,16 @@ type ParticipantServiceServer interface {
 	PutSale(context.Context, *PutSaleRequest) (*PutSaleResponse, error)
 	// Credit adds a transfer's units to the destination pool, once per transfer id.
 	Credit(context.Context, *CreditRequest) (*CreditResponse, error)
+	// Debit takes a transfer's units from the source pool, once per transfer id.
+	Debit(context.Context, *DebitRequest) (*DebitResponse, error)
+	// Refuse writes a tombstone at the destination unless the transfer was credited.
+	Refuse(context.Context, *RefuseRequest) (*RefuseResponse, error)
+	// Restore returns a refused transfer's units to the source pool.
+	Restore(context.Context, *RestoreRequest) (*RestoreResponse, error)
+	// Settle records at the source that the destination credited the transfer.
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
+	// TransferStatus reads the region's durable records of a transfer.
+	TransferStatus(context.Context, *TransferStatusRequest) (*TransferStatusResponse, error)
 	mustEmbedUnimplementedParticipantServiceServer()
 }
 
@@ -92,6 +167,21 @@ func (UnimplementedParticipantServiceServer) PutSale(context.Context, *PutSaleRe
 }
 func (UnimplementedParticipantServiceServer) Credit(context.Context, *CreditRequest) (*CreditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Credit not implemented")
+}
+func (UnimplementedParticipantServiceServer) Debit(context.Context, *DebitRequest) (*DebitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Debit not implemented")
+}
+func (UnimplementedParticipantServiceServer) Refuse(context.Context, *RefuseRequest) (*RefuseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Refuse not implemented")
+}
+func (UnimplementedParticipantServiceServer) Restore(context.Context, *RestoreRequest) (*RestoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Restore not implemented")
+}
+func (UnimplementedParticipantServiceServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedParticipantServiceServer) TransferStatus(context.Context, *TransferStatusRequest) (*TransferStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferStatus not implemented")
 }
 func (UnimplementedParticipantServiceServer) mustEmbedUnimplementedParticipantServiceServer() {}
 func (UnimplementedParticipantServiceServer) testEmbeddedByValue()                            {}
@@ -150,6 +240,96 @@ func _ParticipantService_Credit_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParticipantService_Debit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DebitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).Debit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_Debit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).Debit(ctx, req.(*DebitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParticipantService_Refuse_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RefuseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).Refuse(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_Refuse_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).Refuse(ctx, req.(*RefuseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParticipantService_Restore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).Restore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_Restore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).Restore(ctx, req.(*RestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParticipantService_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParticipantService_TransferStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).TransferStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_TransferStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).TransferStatus(ctx, req.(*TransferStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParticipantService_ServiceDesc is the grpc.ServiceDesc for ParticipantService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +344,26 @@ var ParticipantService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Credit",
 			Handler:    _ParticipantService_Credit_Handler,
+		},
+		{
+			MethodName: "Debit",
+			Handler:    _ParticipantService_Debit_Handler,
+		},
+		{
+			MethodName: "Refuse",
+			Handler:    _ParticipantService_Refuse_Handler,
+		},
+		{
+			MethodName: "Restore",
+			Handler:    _ParticipantService_Restore_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _ParticipantService_Settle_Handler,
+		},
+		{
+			MethodName: "TransferStatus",
+			Handler:    _ParticipantService_TransferStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

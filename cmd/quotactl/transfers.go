@@ -1,0 +1,248 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/spf13/cobra"
+)
+
+func transferCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "transfer",
+		Short: "Move units of a SKU between regions (or to/from the unallocated pool)",
+		Long: `transfer asks the coordinator to move units with the fenced transfer protocol: debit at the
+source, credit at the destination, each step idempotent by transfer id. When the transfer
+cannot finish within --wait it prints its current state (pending: in flight; stranded when
+its outcome has stayed unknown), not an error; the coordinator keeps driving it, and
+'quotactl transfers resolve' settles it once the destination answers.`,
+		Example: `  quotactl transfer --sale launch --sku phone --from us --to eu --units 300 --wait 10s -o json`,
+		Args:    cobra.NoArgs,
+		RunE:    runTransfer,
+	}
+	f := cmd.Flags()
+	f.String("sale", "", "sale id (required)")
+	f.String("sku", "", "SKU (required)")
+	f.String("from", "", "source region, or 'unallocated' (required)")
+	f.String("to", "", "destination region, or 'unallocated' (required)")
+	f.Int64("units", 0, "units to move (required)")
+	f.String("request-id", "", "idempotency id; default derived from the other flags and the current minute")
+	f.Duration("wait", 10*time.Second, "how long to wait for the transfer to finish")
+	return cmd
+}
+
+func printTransfer(e *env, t xferJSON) error {
+	return e.print(t, func(w io.Writer) {
+		fmt.Fprintf(w, "transfer %s: %d %s %s → %s: %s (generation %d, age %s)", t.ID, t.Units, t.SKU, t.From, t.To, t.State, t.Generation, t.Age)
+		if t.Stranded {
+			fmt.Fprint(w, " STRANDED")
+		}
+		if t.Reason != "" {
+			fmt.Fprintf(w, "\n  %s", t.Reason)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+func runTransfer(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	req := &quotav1.TransferRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"), From: e.v.GetString("from"),
+		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-id")}
+	if req.SaleId == "" || req.Sku == "" || req.From == "" || req.To == "" {
+		return usage("--sale, --sku, --from and --to: required")
+	}
+	if req.RequestId == "" {
+		req.RequestId = fmt.Sprintf("manual-%s-%s-%s-%s-%d-%s", req.SaleId, req.Sku, req.From, req.To, req.Units, time.Now().UTC().Format("20060102T1504"))
+	}
+	c, err := e.coordinator()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Transfer(e.ctx, req)
+	if err != nil {
+		return fmt.Errorf("transfer: %w", err)
+	}
+	t := resp.GetTransfer()
+	for deadline := time.Now().Add(e.v.GetDuration("wait")); !final(t.GetState()) && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		g, err := c.GetTransfer(e.ctx, &quotav1.GetTransferRequest{TransferId: t.GetTransferId()})
+		if err != nil {
+			return fmt.Errorf("get transfer: %w", err)
+		}
+		t = g.GetTransfer()
+	}
+	out := toXferJSON(t)
+	out.Replayed = resp.GetReplayed()
+	return printTransfer(e, out)
+}
+
+func final(state string) bool { return state == "posted" || state == "voided" }
+
+func transfersCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "transfers", Short: "List and resolve transfers"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List transfers with their state, age and whether they are stranded",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			c, err := e.coordinator()
+			if err != nil {
+				return err
+			}
+			resp, err := c.ListTransfers(e.ctx, &quotav1.ListTransfersRequest{SaleId: e.v.GetString("sale"), UnfinishedOnly: e.v.GetBool("unfinished")})
+			if err != nil {
+				return fmt.Errorf("list transfers: %w", err)
+			}
+			out := struct {
+				Transfers []xferJSON `json:"transfers"`
+			}{Transfers: []xferJSON{}}
+			for _, t := range resp.GetTransfers() {
+				out.Transfers = append(out.Transfers, toXferJSON(t))
+			}
+			return e.print(out, func(w io.Writer) {
+				fmt.Fprintf(w, "%-28s %-10s %-12s %-12s %-12s %8s %6s %8s %s\n", "TRANSFER", "STATE", "SKU", "FROM", "TO", "UNITS", "GEN", "AGE", "STRANDED/REASON")
+				for _, t := range out.Transfers {
+					flag := ""
+					if t.Stranded {
+						flag = "STRANDED "
+					}
+					fmt.Fprintf(w, "%-28s %-10s %-12s %-12s %-12s %8d %6d %8s %s%s\n", t.ID, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
+				}
+			})
+		},
+	}
+	list.Flags().String("sale", "", "only this sale")
+	list.Flags().Bool("unfinished", false, "only transfers not yet posted or voided")
+	resolve := &cobra.Command{
+		Use:   "resolve TRANSFER_ID",
+		Short: "Settle an unfinished (e.g. stranded) transfer by its destination's durable record",
+		Long: `resolve asks the destination about the transfer and finishes it by what the destination
+records, never by a timeout: credited → posted; refused → restored at the source and voided;
+no record → the destination is asked to credit it (or, with --refuse, to refuse it, after
+which the source is restored). It fails, changing nothing, while the destination does not answer.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, done, err := newEnv(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			c, err := e.coordinator()
+			if err != nil {
+				return err
+			}
+			resp, err := c.ResolveTransfer(e.ctx, &quotav1.ResolveTransferRequest{TransferId: args[0], Refuse: e.v.GetBool("refuse")})
+			if err != nil {
+				return fmt.Errorf("resolve: %w", err)
+			}
+			out := toXferJSON(resp.GetTransfer())
+			if err := printTransfer(e, out); err != nil {
+				return err
+			}
+			if !final(out.State) {
+				return &exitError{code: 1, err: fmt.Errorf("transfer %s is still %s: %s", out.ID, out.State, out.Reason)}
+			}
+			return nil
+		},
+	}
+	resolve.Flags().Bool("refuse", false, "ask the destination to refuse the transfer and return the units to the source")
+	cmd.AddCommand(list, resolve)
+	return cmd
+}
+
+func rebalanceCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "rebalance",
+		Short: "Move a SKU's stock toward the regions selling fastest",
+		Long: `rebalance reads each region's available units and the units reserved there in the last
+--window, expects each region to keep selling at that rate for --horizon, and moves stock
+from pools with more than they need (the unallocated pool first counts as all spare) to pools
+with less, in transfers of at least --min-units. A source is never taken below what it
+needs itself, and a region whose database cannot be read is left out entirely.`,
+		Example: `  quotactl rebalance --sale launch --sku phone --dry-run`,
+		Args:    cobra.NoArgs,
+		RunE:    runRebalance,
+	}
+	f := cmd.Flags()
+	f.String("sale", "", "sale id (required)")
+	f.String("sku", "", "SKU (required)")
+	f.Bool("dry-run", false, "print the plan only")
+	f.Duration("window", time.Minute, "how far back the hold rate is measured")
+	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
+	f.Int64("min-units", 10, "smallest transfer worth making")
+	f.String("request-id", "", "idempotency prefix of the planned transfers")
+	return cmd
+}
+
+func runRebalance(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
+		return usage("--sale and --sku: required")
+	}
+	c, err := e.coordinator()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Rebalance(e.ctx, &quotav1.RebalanceRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
+		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
+		MinUnits: e.v.GetInt64("min-units"), RequestId: e.v.GetString("request-id")})
+	if err != nil {
+		return fmt.Errorf("rebalance: %w", err)
+	}
+	type poolJSON struct {
+		Pool      string `json:"pool"`
+		Available int64  `json:"available"`
+		Recent    int64  `json:"recent"`
+		Need      int64  `json:"need"`
+	}
+	type moveJSON struct {
+		From  string `json:"from"`
+		To    string `json:"to"`
+		Units int64  `json:"units"`
+	}
+	out := struct {
+		DryRun    bool       `json:"dry_run"`
+		Pools     []poolJSON `json:"pools"`
+		Plan      []moveJSON `json:"plan"`
+		Transfers []xferJSON `json:"transfers"`
+	}{DryRun: e.v.GetBool("dry-run"), Pools: []poolJSON{}, Plan: []moveJSON{}, Transfers: []xferJSON{}}
+	for _, p := range resp.GetPools() {
+		out.Pools = append(out.Pools, poolJSON{p.GetPool(), p.GetAvailable(), p.GetRecent(), p.GetNeed()})
+	}
+	for _, m := range resp.GetMoves() {
+		out.Plan = append(out.Plan, moveJSON{m.GetFrom(), m.GetTo(), m.GetUnits()})
+	}
+	for _, t := range resp.GetTransfers() {
+		out.Transfers = append(out.Transfers, toXferJSON(t))
+	}
+	return e.print(out, func(w io.Writer) {
+		fmt.Fprintf(w, "%-12s %10s %10s %10s\n", "POOL", "AVAILABLE", "RECENT", "NEED")
+		for _, p := range out.Pools {
+			fmt.Fprintf(w, "%-12s %10d %10d %10d\n", p.Pool, p.Available, p.Recent, p.Need)
+		}
+		if len(out.Plan) == 0 {
+			fmt.Fprintln(w, "plan: nothing to move")
+		}
+		for _, m := range out.Plan {
+			fmt.Fprintf(w, "plan: %d %s → %s\n", m.Units, m.From, m.To)
+		}
+		for _, t := range out.Transfers {
+			fmt.Fprintf(w, "transfer %s: %d %s → %s: %s\n", t.ID, t.Units, t.From, t.To, t.State)
+		}
+	})
+}

@@ -1,0 +1,109 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// DemandReader reads, per SKU, the units reserved at a region since a time, straight from the
+// region's database (region.RecentDemand).
+type DemandReader func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error)
+
+// RebalanceRequest asks for a plan (and, unless DryRun, its transfers) for one SKU.
+type RebalanceRequest struct {
+	Sale, SKU string
+	Policy    transfer.Policy
+	DryRun    bool
+	// RequestID prefixes the planned transfers' request ids (so a retried rebalance with the
+	// same id repeats the same transfers instead of adding more); default: one per minute.
+	RequestID string
+}
+
+// RebalanceResult is the input the plan was made from, the plan, and the transfers run.
+type RebalanceResult struct {
+	Pools     []transfer.PoolDemand
+	Moves     []transfer.Move
+	Transfers []transfer.Transfer
+}
+
+// Rebalance plans moves of one SKU toward the regions selling fastest (transfer.Policy)
+// and, unless DryRun, runs them as transfers. A region whose database cannot be read is left
+// out of the plan, neither source nor destination: its pool is never reassigned.
+func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (RebalanceResult, error) {
+	var res RebalanceResult
+	if why := transfer.CheckID(req.Sale); why != "" {
+		return res, apierr.Invalid("sale_id", "%s", why)
+	}
+	if why := transfer.CheckID(req.SKU); why != "" {
+		return res, apierr.Invalid("sku", "%s", why)
+	}
+	p := req.Policy
+	if p.Window <= 0 || p.Horizon <= 0 || p.MinUnits <= 0 {
+		return res, apierr.Invalid("policy", "window, horizon and min units must be positive")
+	}
+	sale, err := c.GetSale(ctx, req.Sale)
+	if err != nil {
+		return res, err
+	}
+	found := false
+	for _, k := range sale.SKUs {
+		if k.SKU == req.SKU {
+			found = true
+			res.Pools = append(res.Pools, transfer.PoolDemand{Pool: transfer.Unallocated, Available: k.Unallocated})
+		}
+	}
+	if !found {
+		return res, fmt.Errorf("sale %q has no sku %q: %w", req.Sale, req.SKU, ErrNotFound)
+	}
+	since := c.cfg.Clock.Now().Add(-p.Window)
+	for _, r := range c.cfg.Regions {
+		d, ok := c.regionDemand(ctx, r, req.Sale, req.SKU, since)
+		if ok {
+			res.Pools = append(res.Pools, d)
+		}
+	}
+	res.Moves = p.Plan(res.Pools)
+	if req.DryRun {
+		return res, nil
+	}
+	prefix := req.RequestID
+	if prefix == "" {
+		prefix = fmt.Sprintf("rebalance-%s-%s-%s", req.Sale, req.SKU, c.cfg.Clock.Now().UTC().Format("20060102T1504"))
+	}
+	for i, m := range res.Moves {
+		t, _, err := c.Transfer(ctx, TransferRequest{Sale: req.Sale, SKU: req.SKU, From: m.From, To: m.To, Units: m.Units,
+			RequestID: fmt.Sprintf("%s-%d", prefix, i)})
+		if err != nil {
+			return res, fmt.Errorf("move %d (%d %s → %s): %w", i, m.Units, m.From, m.To, err)
+		}
+		res.Transfers = append(res.Transfers, t)
+	}
+	return res, nil
+}
+
+func (c *Coordinator) regionDemand(ctx context.Context, r RegionLink, sale, sku string, since time.Time) (transfer.PoolDemand, bool) {
+	d := transfer.PoolDemand{Pool: r.Name}
+	books, err := r.Books(ctx, sale)
+	if err != nil {
+		c.cfg.Logger.Warn("rebalance: region unreadable, left out", "region", r.Name, "err", err)
+		return d, false
+	}
+	for _, p := range books.Pools {
+		if p.SKU == sku {
+			d.Available = p.Available
+		}
+	}
+	if r.Demand != nil {
+		recent, err := r.Demand(ctx, sale, since)
+		if err != nil {
+			c.cfg.Logger.Warn("rebalance: region demand unreadable, left out", "region", r.Name, "err", err)
+			return d, false
+		}
+		d.Recent = recent[sku]
+	}
+	return d, true
+}

@@ -1,0 +1,192 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// TransferRequest moves units of one SKU between two pools: regions, or the unallocated pool.
+type TransferRequest struct {
+	Sale, SKU, From, To string
+	Units               transfer.Units
+	// RequestID makes the transfer idempotent: the same id drives the same transfer.
+	RequestID string
+}
+
+func (c *Coordinator) checkPool(field, name string) error {
+	if name == transfer.Unallocated {
+		return nil
+	}
+	if _, ok := c.regions[name]; !ok {
+		return apierr.Invalid(field, "unknown region %q", name)
+	}
+	return nil
+}
+
+func (c *Coordinator) checkTransfer(req TransferRequest) error {
+	for _, f := range [][2]string{{"sale_id", req.Sale}, {"sku", req.SKU}, {"request_id", req.RequestID}} {
+		if why := transfer.CheckID(f[1]); why != "" {
+			return apierr.Invalid(f[0], "%s", why)
+		}
+	}
+	if err := c.checkPool("from", req.From); err != nil {
+		return err
+	}
+	if err := c.checkPool("to", req.To); err != nil {
+		return err
+	}
+	if req.From == req.To {
+		return apierr.Invalid("to", "must differ from from (%s)", req.From)
+	}
+	if req.Units <= 0 || req.Units > transfer.MaxUnits {
+		return apierr.Invalid("units", "must be 1..%d, got %d", transfer.MaxUnits, req.Units)
+	}
+	return nil
+}
+
+// TransferID is the transfer id a request id stands for.
+func TransferID(requestID string) string {
+	h := sha256.Sum256([]byte("transfer\x00" + requestID))
+	return "t-" + hex.EncodeToString(h[:12])
+}
+
+// Transfer records a transfer (protocol step 1: requested, fenced) and drives it as far as
+// the participants answer now. A transfer that cannot finish is returned in its current
+// state (pending: in flight; stranded once its outcome has stayed unknown), not as an error;
+// the background driver carries on. Bad input and a source that is visibly short are
+// refused before anything is recorded.
+func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transfer.Transfer, bool, error) {
+	if err := c.checkTransfer(req); err != nil {
+		return transfer.Transfer{}, false, err
+	}
+	gen, err := c.Generation()
+	if err != nil {
+		return transfer.Transfer{}, false, err
+	}
+	id := TransferID(req.RequestID)
+	replayed := false
+	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+		replayed = false
+		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		have, err := pgx.CollectRows(rows, scanTransfer)
+		if err != nil {
+			return err
+		}
+		if len(have) == 1 {
+			h := have[0]
+			if h.Sale != req.Sale || h.SKU != req.SKU || h.From != req.From || h.To != req.To || h.Units != req.Units {
+				return fmt.Errorf("request_id %q was used for another transfer (%d %s %s → %s): %w",
+					req.RequestID, h.Units, h.SKU, h.From, h.To, ErrAlreadyExists)
+			}
+			replayed = true
+			return nil
+		}
+		if err := c.checkSource(ctx, tx, req); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'requested', $8, $9, $9)`,
+			id, req.RequestID, req.Sale, req.SKU, req.From, req.To, int64(req.Units), gen, c.cfg.Clock.Now())
+		return err
+	})
+	if err != nil {
+		return transfer.Transfer{}, false, err
+	}
+	t, err := c.GetTransfer(ctx, id)
+	if err != nil {
+		return t, replayed, err
+	}
+	return c.drive(ctx, gen, t), replayed, nil
+}
+
+// checkSource refuses a transfer whose SKU is unknown or whose source visibly has fewer
+// units than asked (the source's Debit stays the authority: it may still refuse).
+func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRequest) error {
+	var unalloc int64
+	err := tx.QueryRow(ctx, `SELECT unallocated FROM skus WHERE sale_id = $1 AND sku = $2`, req.Sale, req.SKU).Scan(&unalloc)
+	if err == pgx.ErrNoRows {
+		return fmt.Errorf("sale %q has no sku %q: %w", req.Sale, req.SKU, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	have := transfer.Units(unalloc)
+	if req.From != transfer.Unallocated {
+		books, err := c.regions[req.From].Books(ctx, req.Sale)
+		if err != nil {
+			return fmt.Errorf("read source %s: %w", req.From, err)
+		}
+		have = 0
+		for _, p := range books.Pools {
+			if p.SKU == req.SKU {
+				have = p.Available
+			}
+		}
+	}
+	if have < req.Units {
+		return apierr.Invalid("units", "%s has %d %s available, fewer than %d", req.From, have, req.SKU, req.Units)
+	}
+	return nil
+}
+
+// GetTransfer reads one transfer from the ledger.
+func (c *Coordinator) GetTransfer(ctx context.Context, id string) (transfer.Transfer, error) {
+	if why := transfer.CheckID(id); why != "" {
+		return transfer.Transfer{}, apierr.Invalid("transfer_id", "%s", why)
+	}
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
+	if err != nil {
+		return transfer.Transfer{}, err
+	}
+	ts, err := pgx.CollectRows(rows, scanTransfer)
+	if err != nil {
+		return transfer.Transfer{}, err
+	}
+	if len(ts) == 0 {
+		return transfer.Transfer{}, apierr.NotFound("transfer_id", id)
+	}
+	return ts[0], nil
+}
+
+// Resolve settles an unfinished transfer by its participants' durable records, never by a
+// timeout: it drives the transfer again (credit at the destination, which the destination
+// decides), or, with refuse, first asks the destination to refuse it (a tombstone unless it
+// already credited) and then restores the source. Resolving a finished transfer returns it.
+func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (transfer.Transfer, error) {
+	t, err := c.GetTransfer(ctx, id)
+	if err != nil || (t.State.Final() && (t.State != transfer.Posted || t.Settled)) {
+		return t, err
+	}
+	gen, err := c.Generation()
+	if err != nil {
+		return t, err
+	}
+	if refuse && t.State == transfer.Pending && t.To != transfer.Unallocated {
+		dest, err := c.link(t.To)
+		if err != nil {
+			return t, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		st, err := dest.Participant.Refuse(cctx, gen, t)
+		cancel()
+		if err != nil {
+			return c.strand(ctx, gen, t, fmt.Sprintf("refuse at %s: %v", t.To, err)), nil
+		}
+		if st == transfer.InRefused {
+			if t, err = c.abort(ctx, gen, t); err != nil {
+				return c.strand(ctx, gen, t, err.Error()), nil
+			}
+			return t, nil
+		}
+	}
+	return c.drive(ctx, gen, t), nil
+}

@@ -1,0 +1,120 @@
+package cluster_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/quotaworks/quota/internal/netfault"
+	"github.com/quotaworks/quota/internal/testpg"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+)
+
+// testCluster is regions and coordinators started one by one, each region behind a proxy on
+// the coordinators' side so a test can cut the coordinator off from a region.
+type testCluster struct {
+	t       *testing.T
+	etcd    *fencing.Client
+	regions map[string]*cluster.RegionNode
+	proxies map[string]*netfault.Proxy
+	eps     []cluster.RegionEndpoint
+	ledger  string
+	coords  []*cluster.CoordinatorNode
+}
+
+func freeURL(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+func newTestCluster(t *testing.T, names ...string) *testCluster {
+	t.Helper()
+	e, err := fencing.StartEmbedded(t.TempDir(), freeURL(t), freeURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	etcd, err := fencing.Dial([]string{e.ClientURL}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { etcd.Close() })
+	tc := &testCluster{t: t, etcd: etcd, regions: map[string]*cluster.RegionNode{}, proxies: map[string]*netfault.Proxy{},
+		ledger: testpg.NewDB(t, "ledger")}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, name := range names {
+		db := testpg.NewDB(t, "region_"+name)
+		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name}, Listen: "127.0.0.1:0", DBURL: db,
+			LeaseTTL: 2 * time.Second, Logger: testLogger()}, etcd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Close)
+		if err := n.WaitLeading(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p, err := netfault.Listen(n.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		tc.regions[name], tc.proxies[name] = n, p
+		tc.eps = append(tc.eps, cluster.RegionEndpoint{Name: name, Addr: p.Addr(), DBURL: db})
+	}
+	return tc
+}
+
+// addCoordinator starts one more coordinator on the shared ledger; the first one leads.
+func (tc *testCluster) addCoordinator(strandAfter time.Duration) *cluster.CoordinatorNode {
+	tc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := cluster.StartCoordinator(ctx, cluster.CoordinatorConfig{Listen: "127.0.0.1:0", DBURL: tc.ledger, Regions: tc.eps,
+		LeaseTTL: 2 * time.Second, StrandAfter: strandAfter, RetryInterval: 200 * time.Millisecond, Logger: testLogger()}, tc.etcd)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(n.Close)
+	tc.coords = append(tc.coords, n)
+	return n
+}
+
+func (tc *testCluster) coordinator(n *cluster.CoordinatorNode) quotav1.CoordinatorServiceClient {
+	return quotav1.NewCoordinatorServiceClient(dial(tc.t, n.Addr()))
+}
+
+func (tc *testCluster) region(name string) quotav1.RegionServiceClient {
+	return quotav1.NewRegionServiceClient(dial(tc.t, tc.regions[name].Addr()))
+}
+
+func (tc *testCluster) stock(name, sale string) *quotav1.Pool {
+	tc.t.Helper()
+	st, err := tc.region(name).GetStock(context.Background(), &quotav1.GetStockRequest{SaleId: sale})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	if len(st.GetPools()) == 0 {
+		return &quotav1.Pool{}
+	}
+	return st.GetPools()[0]
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

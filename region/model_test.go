@@ -1,0 +1,356 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+	"pgregory.net/rapid"
+)
+
+// The reference model of one sale in one region: what every operation must answer and how
+// the counters must move, written as plainly as possible.
+
+type modelHold struct {
+	id, user, sku, key string
+	qty                int64
+	state              region.HoldState
+	exp                time.Time
+	payment            string
+}
+
+type modelPool struct {
+	credited          bool // whether a pool row exists
+	credit            int64
+	avail, held, sold int64
+}
+
+type model struct {
+	limit int64
+	ttl   time.Duration
+	pools map[string]*modelPool
+	holds []*modelHold // in creation order
+	byID  map[string]*modelHold
+	byKey map[[2]string]*modelHold // (user, key)
+	late  map[[2]string]bool       // (hold, payment)
+}
+
+func (m *model) used(user, sku string) int64 {
+	var n int64
+	for _, h := range m.holds {
+		if h.user == user && h.sku == sku && (h.state == region.Held || h.state == region.Sold) {
+			n += h.qty
+		}
+	}
+	return n
+}
+
+// reserve returns the expected outcome class and, for "ok", the hold a replay must return
+// (nil for a new grant, which the caller adds once it knows the id).
+func (m *model) reserve(user, sku, key string, qty int64) (string, *modelHold) {
+	if qty > m.limit {
+		return "invalid:quantity", nil
+	}
+	if h, ok := m.byKey[[2]string{user, key}]; ok {
+		if h.sku == sku && h.qty == qty {
+			return "ok", h
+		}
+		return "exists", nil
+	}
+	p := m.pools[sku]
+	if p.avail < qty {
+		return "exhausted", nil
+	}
+	if m.used(user, sku)+qty > m.limit {
+		return "limit", nil
+	}
+	return "ok", nil
+}
+
+func (m *model) grant(id, user, sku, key string, qty int64, now time.Time) {
+	h := &modelHold{id: id, user: user, sku: sku, key: key, qty: qty, state: region.Held, exp: now.Add(m.ttl)}
+	m.holds = append(m.holds, h)
+	m.byID[id] = h
+	m.byKey[[2]string{user, key}] = h
+	p := m.pools[sku]
+	p.avail -= qty
+	p.held += qty
+}
+
+func (m *model) close(h *modelHold, to region.HoldState) {
+	p := m.pools[h.sku]
+	p.held -= h.qty
+	if to == region.Sold {
+		p.sold += h.qty
+	} else {
+		p.avail += h.qty
+	}
+	h.state = to
+}
+
+// confirm returns (class, sold, the state and payment of the returned hold).
+func (m *model) confirm(id, pay string, now time.Time) (string, bool, region.HoldState, string) {
+	h, ok := m.byID[id]
+	if !ok {
+		return "notfound", false, "", ""
+	}
+	switch {
+	case h.state == region.Sold && h.payment == pay:
+		return "ok", true, h.state, h.payment
+	case h.state == region.Held && now.Before(h.exp):
+		m.close(h, region.Sold)
+		h.payment = pay
+		return "ok", true, h.state, h.payment
+	case h.state == region.Held:
+		m.close(h, region.Expired)
+	}
+	m.late[[2]string{id, pay}] = true
+	return "ok", false, h.state, h.payment
+}
+
+func (m *model) release(id string) (string, region.HoldState) {
+	h, ok := m.byID[id]
+	if !ok {
+		return "notfound", ""
+	}
+	switch h.state {
+	case region.Sold:
+		return "conflict", ""
+	case region.Held:
+		m.close(h, region.Released)
+	}
+	return "ok", h.state
+}
+
+func (m *model) sweep(now time.Time) int {
+	n := 0
+	for _, h := range m.holds {
+		if h.state == region.Held && !h.exp.After(now) {
+			m.close(h, region.Expired)
+			n++
+		}
+	}
+	return n
+}
+
+// TestRegionMatchesModel drives random sequences of reserve (3 users, 2 SKUs, 3 keys, so
+// retries and key reuse are frequent), confirm, release, clock moves and sweeps against one
+// region, and after every step compares the answer with the model's and the stored pools,
+// holds and books with the model's (I1–I3, hold sums, per-user counts). One database for the
+// whole check; each case gets its own sale.
+func TestRegionMatchesModel(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx
+	skus := []string{"a", "b"}
+	users := []string{"u0", "u1", "u2"}
+	keys := []string{"k0", "k1", "k2"}
+	payments := []string{"p0", "p1"}
+	const ttl = 10 * time.Second
+	iter := 0
+	seen := map[string]int{} // outcome → how often, to show what the runs covered
+
+	rapid.Check(t, func(rt *rapid.T) {
+		iter++
+		// Close everything a previous (possibly failed) case left open, so sweep counts
+		// are this case's alone.
+		e.clk.Advance(24 * time.Hour)
+		if _, err := e.r.SweepNow(ctx); err != nil {
+			rt.Fatalf("sweep: %v", err)
+		}
+		sale := fmt.Sprintf("m%d", iter)
+		m := &model{limit: 3, ttl: ttl, pools: map[string]*modelPool{}, byID: map[string]*modelHold{},
+			byKey: map[[2]string]*modelHold{}, late: map[[2]string]bool{}}
+		if err := e.r.PutSale(ctx, 1, region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: ttl,
+			OpensAt: e.clk.Now().Add(-time.Minute)}); err != nil {
+			rt.Fatalf("put sale: %v", err)
+		}
+		for _, sku := range skus {
+			// Drawn as a shortfall so that shrinking goes towards plenty: 9 means no
+			// credit (no pool row at all).
+			units := 8 - rapid.IntRange(0, 9).Draw(rt, "shortfall_"+sku)
+			p := &modelPool{}
+			m.pools[sku] = p
+			if units < 0 {
+				continue
+			}
+			if _, err := e.r.Credit(ctx, region.CreditRequest{Generation: 1, TransferID: sale + "-" + sku, Sale: sale, SKU: sku, Units: transfer.Units(units)}); err != nil {
+				rt.Fatalf("credit: %v", err)
+			}
+			p.credited, p.credit, p.avail = true, int64(units), int64(units)
+		}
+		checkModel(rt, e, sale, m)
+
+		steps := 30 - rapid.IntRange(0, 29).Draw(rt, "fewer_steps")
+		seen["steps"] += steps
+		for range steps {
+			now := e.clk.Now()
+			switch action := rapid.IntRange(0, 9).Draw(rt, "action"); {
+			case action <= 3:
+				user := rapid.SampledFrom(users).Draw(rt, "user")
+				sku := rapid.SampledFrom(skus).Draw(rt, "sku")
+				key := rapid.SampledFrom(keys).Draw(rt, "key")
+				// 1..3, and now and then 4: over the per-user limit of 3.
+				qty := 1 + rapid.Int64Range(0, 9).Draw(rt, "qty")%3
+				if rapid.IntRange(0, 9).Draw(rt, "over_limit") == 9 {
+					qty = 4
+				}
+				want, prior := m.reserve(user, sku, key, qty)
+				res, err := e.r.Reserve(ctx, region.ReserveRequest{Sale: sale, SKU: sku, User: user, Quantity: transfer.Units(qty), RequestKey: key})
+				seen["reserve "+want]++
+				if prior != nil {
+					seen["reserve replay"]++
+				}
+				if got := errClass(err); got != want {
+					rt.Fatalf("reserve %s/%s/%s x%d: %s (%v), model says %s", user, sku, key, qty, got, err, want)
+				}
+				if err != nil {
+					break
+				}
+				h := res.Hold
+				if h.Sale != sale || h.SKU != sku || h.User != user || int64(h.Quantity) != qty || h.RequestKey != key || h.Region != "us" {
+					rt.Fatalf("reserve returned %+v", h)
+				}
+				if prior != nil {
+					if !res.Replayed || h.ID != prior.id || h.State != prior.state || h.PaymentID != prior.payment || !h.ExpiresAt.Equal(prior.exp) {
+						rt.Fatalf("replay returned %+v (replayed %v), model hold %+v", h, res.Replayed, *prior)
+					}
+					break
+				}
+				if res.Replayed || h.State != region.Held || !h.ExpiresAt.Equal(now.Add(ttl)) || m.byID[h.ID] != nil {
+					rt.Fatalf("new grant returned %+v (replayed %v)", h, res.Replayed)
+				}
+				m.grant(h.ID, user, sku, key, qty, now)
+			case action <= 5:
+				id := pickHold(rt, m)
+				pay := rapid.SampledFrom(payments).Draw(rt, "payment")
+				want, sold, state, payment := m.confirm(id, pay, now)
+				seen[fmt.Sprintf("confirm %s sold=%v %s", want, sold, state)]++
+				res, err := e.r.Confirm(ctx, id, pay)
+				if got := errClass(err); got != want {
+					rt.Fatalf("confirm %s %s: %s (%v), model says %s", id, pay, got, err, want)
+				}
+				if err == nil && (res.Sold != sold || res.Hold.State != state || res.Hold.PaymentID != payment || res.Hold.ID != id) {
+					rt.Fatalf("confirm %s %s = sold %v %s %q, model says sold %v %s %q", id, pay,
+						res.Sold, res.Hold.State, res.Hold.PaymentID, sold, state, payment)
+				}
+			case action == 6:
+				id := pickHold(rt, m)
+				want, state := m.release(id)
+				seen[fmt.Sprintf("release %s %s", want, state)]++
+				h, err := e.r.Release(ctx, id)
+				if got := errClass(err); got != want {
+					rt.Fatalf("release %s: %s (%v), model says %s", id, got, err, want)
+				}
+				if err == nil && (h.State != state || h.ID != id) {
+					rt.Fatalf("release %s returned state %s, model says %s", id, h.State, state)
+				}
+			case action == 7:
+				ms := rapid.Int64Range(0, 15000).Draw(rt, "advance_ms")
+				e.clk.Advance(time.Duration(ms) * time.Millisecond)
+			case action == 8:
+				// Move exactly onto a hold's deadline, where sell and expire meet.
+				if len(m.holds) == 0 {
+					break
+				}
+				h := m.holds[rapid.IntRange(0, len(m.holds)-1).Draw(rt, "deadline_of")]
+				if d := h.exp.Sub(now); d > 0 {
+					e.clk.Advance(d)
+				}
+			default:
+				want := m.sweep(now)
+				seen[fmt.Sprintf("sweep expired>0=%v", want > 0)]++
+				n, err := e.r.SweepNow(ctx)
+				if err != nil || n != want {
+					rt.Fatalf("sweep expired %d (%v), model says %d", n, err, want)
+				}
+			}
+			checkModel(rt, e, sale, m)
+		}
+		var late int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM late_payments l JOIN holds h USING (hold_id) WHERE h.sale_id = $1`, sale).Scan(&late); err != nil {
+			rt.Fatal(err)
+		}
+		if late != len(m.late) {
+			rt.Fatalf("%d late payments recorded, model says %d", late, len(m.late))
+		}
+	})
+	outcomes := make([]string, 0, len(seen))
+	for k, v := range seen {
+		outcomes = append(outcomes, fmt.Sprintf("%s: %d", k, v))
+	}
+	sort.Strings(outcomes)
+	t.Logf("%d cases; outcomes:\n%s", iter, strings.Join(outcomes, "\n"))
+}
+
+// pickHold draws one of the model's holds, or (sometimes) an id no hold has.
+func pickHold(rt *rapid.T, m *model) string {
+	if len(m.holds) == 0 || rapid.IntRange(0, 9).Draw(rt, "unknown_hold") == 9 {
+		return "us.000000000000000000000000"
+	}
+	return m.holds[rapid.IntRange(0, len(m.holds)-1).Draw(rt, "hold")].id
+}
+
+// checkModel compares the stored pools and holds of sale with the model and checks the books.
+func checkModel(rt *rapid.T, e *env, sale string, m *model) {
+	ctx := context.Background()
+	ps, err := e.r.Stock(ctx, sale)
+	if err != nil {
+		rt.Fatalf("stock: %v", err)
+	}
+	got := map[string]region.PoolCounts{}
+	for _, p := range ps {
+		got[p.SKU] = p
+	}
+	for sku, mp := range m.pools {
+		p, ok := got[sku]
+		if ok != mp.credited {
+			rt.Fatalf("pool %s exists %v, model says %v", sku, ok, mp.credited)
+		}
+		if int64(p.Available) != mp.avail || int64(p.Held) != mp.held || int64(p.Sold) != mp.sold ||
+			int64(p.CreditedIn) != mp.credit || p.DebitedOut != 0 {
+			rt.Fatalf("pool %s: %+v, model says %+v", sku, p, *mp)
+		}
+		// I1 within the region: the units credited are all in exactly one of the terms.
+		if mp.avail+mp.held+mp.sold != mp.credit {
+			rt.Fatalf("model broke conservation: %+v", *mp)
+		}
+	}
+	if err := checkBooks(ctx, e.pool, sale); err != nil {
+		rt.Fatal(err)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT hold_id, state, coalesce(payment_id, '') FROM holds WHERE sale_id = $1`, sale)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	var diffs []string
+	n := 0
+	for rows.Next() {
+		var id, state, pay string
+		if err := rows.Scan(&id, &state, &pay); err != nil {
+			rt.Fatal(err)
+		}
+		n++
+		h := m.byID[id]
+		switch {
+		case h == nil:
+			diffs = append(diffs, fmt.Sprintf("stored hold %s is not in the model", id))
+		case string(h.state) != state || h.payment != pay:
+			diffs = append(diffs, fmt.Sprintf("hold %s stored %s/%q, model %s/%q", id, state, pay, h.state, h.payment))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		rt.Fatal(err)
+	}
+	if n != len(m.holds) {
+		diffs = append(diffs, fmt.Sprintf("%d holds stored, model has %d", n, len(m.holds)))
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		rt.Fatal(strings.Join(diffs, "\n"))
+	}
+}

@@ -1,0 +1,250 @@
+package region
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// DebitRequest takes a transfer's units out of this region's pool (the source).
+type DebitRequest struct {
+	Generation int64
+	TransferID string
+	Sale       string
+	SKU        string
+	To         string
+	Units      transfer.Units
+}
+
+// TransferRef names a transfer for the steps that need only its id: Restore and Settle.
+type TransferRef struct {
+	Generation int64
+	TransferID string
+	Sale       string
+}
+
+// TransferStatus is this region's durable knowledge of one transfer, as source and as
+// destination ("" where it has no record).
+type TransferStatus struct {
+	In  transfer.InState
+	Out transfer.OutState
+}
+
+type outRecord struct {
+	sale, sku, to string
+	units         transfer.Units
+	state         transfer.OutState
+}
+
+func readOut(ctx context.Context, tx pgx.Tx, id string) (outRecord, bool, error) {
+	var r outRecord
+	var u int64
+	var st string
+	err := tx.QueryRow(ctx, `SELECT sale_id, sku, to_pool, units, state FROM transfers_out WHERE transfer_id = $1`, id).
+		Scan(&r.sale, &r.sku, &r.to, &u, &st)
+	if err == pgx.ErrNoRows {
+		return r, false, nil
+	}
+	r.units, r.state = transfer.Units(u), transfer.OutState(st)
+	return r, err == nil, err
+}
+
+type debitOp struct{ req DebitRequest }
+
+// apply is protocol step 2 at the source: once per transfer id, available −= units and
+// debited_out += units (I3 holds; I1: the units move from this pool to in flight), recorded
+// as pending. When available is short it records a refused tombstone instead, so a late
+// retry cannot debit a transfer the coordinator has given up (I5). Fenced (I4).
+func (o *debitOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+	r := o.req
+	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
+		return nil, err, nil
+	}
+	rec, ok, err := readOut(ctx, tx, r.TransferID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ok {
+		if rec.sale != r.Sale || rec.sku != r.SKU || rec.to != r.To || rec.units != r.Units {
+			return nil, fmt.Errorf("transfer_id %q was recorded with other content: %w", r.TransferID, ErrAlreadyExists), nil
+		}
+		return rec.state, nil, nil
+	}
+	var avail int64
+	err = tx.QueryRow(ctx, `UPDATE pools SET available = available - $3, debited_out = debited_out + $3
+		WHERE sale_id = $1 AND sku = $2 AND available >= $3 RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&avail)
+	state := transfer.OutPending
+	if err == pgx.ErrNoRows {
+		state = transfer.OutRefused
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("debit pool: %w", err)
+	} else {
+		b.touched[poolKey{r.Sale, r.SKU}] = transfer.Units(avail)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, r.TransferID, r.Sale, r.SKU, r.To, int64(r.Units), string(state), r.Generation, b.now); err != nil {
+		return nil, nil, fmt.Errorf("record debit: %w", err)
+	}
+	return state, nil, nil
+}
+
+type refuseOp struct{ req CreditRequest }
+
+// apply is the abort step at the destination: unless the transfer was already credited, it
+// writes a refused tombstone so any later Credit of it answers refused (I5: never both
+// credited and restored). It reports the destination's durable record either way.
+func (o *refuseOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+	r := o.req
+	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
+		return nil, err, nil
+	}
+	var st string
+	err := tx.QueryRow(ctx, `SELECT state FROM transfers_in WHERE transfer_id = $1`, r.TransferID).Scan(&st)
+	if err == nil {
+		return transfer.InState(st), nil, nil
+	}
+	if err != pgx.ErrNoRows {
+		return nil, nil, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO transfers_in (transfer_id, sale_id, sku, units, state, generation, recorded_at)
+		VALUES ($1, $2, $3, $4, 'refused', $5, $6)`, r.TransferID, r.Sale, r.SKU, int64(r.Units), r.Generation, b.now); err != nil {
+		return nil, nil, fmt.Errorf("record refusal: %w", err)
+	}
+	return transfer.InRefused, nil, nil
+}
+
+type restoreOp struct{ ref TransferRef }
+
+// apply returns a pending transfer's units to this source pool: pending → voided,
+// available += units and credited_in += units (I3; I1: in flight → available). The
+// coordinator calls it only after the destination's durable refusal. Idempotent; a settled
+// transfer cannot be restored (I5).
+func (o *restoreOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+	return transitionOut(ctx, tx, b, o.ref, transfer.OutVoided)
+}
+
+type settleOp struct{ ref TransferRef }
+
+// apply marks a credited transfer settled at its source: bookkeeping only, no count moves.
+func (o *settleOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+	return transitionOut(ctx, tx, b, o.ref, transfer.OutSettled)
+}
+
+func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to transfer.OutState) (any, error, error) {
+	if err := fencing.CheckSaleGeneration(ctx, tx, ref.Sale, ref.Generation); err != nil {
+		return nil, err, nil
+	}
+	rec, ok, err := readOut(ctx, tx, ref.TransferID)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("transfer_id %q was never debited here: %w", ref.TransferID, ErrNotFound), nil
+	case rec.sale != ref.Sale:
+		return nil, apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.sale), nil
+	case rec.state == to:
+		return rec.state, nil, nil
+	case rec.state != transfer.OutPending:
+		return nil, fmt.Errorf("transfer_id %q is %s here, cannot become %s: %w", ref.TransferID, rec.state, to, ErrConflict), nil
+	}
+	if to == transfer.OutVoided {
+		var avail int64
+		if err := tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, credited_in = credited_in + $3
+			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.sale, rec.sku, int64(rec.units)).Scan(&avail); err != nil {
+			return nil, nil, fmt.Errorf("restore pool: %w", err)
+		}
+		b.touched[poolKey{rec.sale, rec.sku}] = transfer.Units(avail)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE transfers_out SET state = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
+		ref.TransferID, string(to), b.now)
+	if err != nil || tag.RowsAffected() != 1 {
+		return nil, nil, fmt.Errorf("transfer %s → %s: guard (err %v)", ref.TransferID, to, err)
+	}
+	return to, nil, nil
+}
+
+func checkTransferFields(id, sale string) error {
+	return checkIDs("transfer_id", id, "sale_id", sale)
+}
+
+// Debit is step 2 of a transfer at its source. It answers pending (debited now or before)
+// or refused (not enough available; recorded so it stays refused).
+func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
+	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
+		return "", err
+	}
+	if err := checkIDs("sku", req.SKU, "to", req.To); err != nil {
+		return "", err
+	}
+	if err := checkQuantity("units", req.Units); err != nil {
+		return "", err
+	}
+	res, err := r.submit(ctx, &debitOp{req: req})
+	if err != nil {
+		return "", err
+	}
+	return res.(transfer.OutState), nil
+}
+
+// Refuse is the abort step at a destination: it answers refused (a tombstone now stops any
+// credit) or credited (too late to refuse).
+func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InState, error) {
+	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
+		return "", err
+	}
+	res, err := r.submit(ctx, &refuseOp{req: req})
+	if err != nil {
+		return "", err
+	}
+	return res.(transfer.InState), nil
+}
+
+// Restore returns a refused transfer's units to this source.
+func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutState, error) {
+	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
+		return "", err
+	}
+	res, err := r.submit(ctx, &restoreOp{ref: ref})
+	if err != nil {
+		return "", err
+	}
+	return res.(transfer.OutState), nil
+}
+
+// Settle records at the source that the destination credited the transfer.
+func (r *Region) Settle(ctx context.Context, ref TransferRef) (transfer.OutState, error) {
+	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
+		return "", err
+	}
+	res, err := r.submit(ctx, &settleOp{ref: ref})
+	if err != nil {
+		return "", err
+	}
+	return res.(transfer.OutState), nil
+}
+
+// Status reads this region's durable records of a transfer (no fence: it changes nothing).
+func (r *Region) Status(ctx context.Context, id string) (TransferStatus, error) {
+	if err := checkIDs("transfer_id", id); err != nil {
+		return TransferStatus{}, err
+	}
+	var s TransferStatus
+	var in, out *string
+	err := r.pool.QueryRow(ctx, `SELECT (SELECT state FROM transfers_in WHERE transfer_id = $1),
+		(SELECT state FROM transfers_out WHERE transfer_id = $1)`, id).Scan(&in, &out)
+	if err != nil {
+		return s, fmt.Errorf("read transfer records: %w", err)
+	}
+	if in != nil {
+		s.In = transfer.InState(*in)
+	}
+	if out != nil {
+		s.Out = transfer.OutState(*out)
+	}
+	return s, nil
+}

@@ -1,0 +1,172 @@
+package region
+
+// White-box tests of the writer's failure handling: a batch is one transaction, and when it
+// does not commit, no request in it may be answered as a success and the cache must not run
+// ahead of the database (DESIGN.md §5, I6).
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// execOp runs one SQL statement in the batch; a statement error is fatal to the batch.
+type execOp struct{ sql string }
+
+func (o execOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+	if _, err := tx.Exec(ctx, o.sql); err != nil {
+		return nil, nil, err
+	}
+	return "done", nil, nil
+}
+
+func newInternalRegion(t *testing.T) (*Region, context.Context) {
+	t.Helper()
+	ctx := context.Background()
+	pool, _ := testpg.NewPool(t, "region", 10)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), SweepInterval: time.Hour,
+		Logger: slog.New(slog.DiscardHandler)}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if err := r.Lead(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	terms := SaleTerms{Sale: "s", SKUs: []string{"x"}, PerUserLimit: 10, HoldTTL: time.Minute, OpensAt: now.Add(-time.Hour)}
+	if err := r.PutSale(ctx, 1, terms); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t", Sale: "s", SKU: "x", Units: 10}); err != nil {
+		t.Fatal(err)
+	}
+	return r, ctx
+}
+
+// runBatch commits ops as one batch on the region's writer (the writer goroutine is idle:
+// nothing else is submitted meanwhile) and returns each op's answer.
+func runBatch(r *Region, ops ...op) []*pending {
+	ps := make([]*pending, len(ops))
+	for i, o := range ops {
+		ps[i] = &pending{op: o, done: make(chan struct{})}
+	}
+	r.w.commit(ps)
+	return ps
+}
+
+func (r *Region) reserveOpFor(user, key string) *reserveOp {
+	t, _ := r.sales.Load("s")
+	return &reserveOp{req: ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: 1, RequestKey: key},
+		terms: t.(SaleTerms), holdID: r.newHoldID(), region: r.cfg.Name}
+}
+
+// checkCacheMatchesDB: the cached available count is the stored one.
+func checkCacheMatchesDB(t *testing.T, r *Region, ctx context.Context) transfer.Units {
+	t.Helper()
+	var stored int64
+	if err := r.pool.QueryRow(ctx, `SELECT available FROM pools WHERE sale_id = 's' AND sku = 'x'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	cached, ok := r.cachedAvailable(poolKey{"s", "x"})
+	if !ok || cached != transfer.Units(stored) {
+		t.Errorf("cached available %d (known %v), stored %d", cached, ok, stored)
+	}
+	return transfer.Units(stored)
+}
+
+func holdRows(t *testing.T, r *Region, ctx context.Context) int {
+	t.Helper()
+	var n int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestWriterFatalOpFailsWholeBatch: an op failing inside the transaction rolls back the
+// reserves before and after it in the same batch; every one of them gets the error, and the
+// cache is reloaded.
+func TestWriterFatalOpFailsWholeBatch(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	ps := runBatch(r, r.reserveOpFor("a", "k1"), r.reserveOpFor("b", "k1"), execOp{`SELECT * FROM no_such_table`}, r.reserveOpFor("c", "k1"))
+	for i, p := range ps {
+		if p.err == nil {
+			t.Errorf("op %d of a failed batch answered success: %v", i, p.res)
+		}
+		if errors.Is(p.err, ErrUnknownOutcome) {
+			t.Errorf("op %d: %v; a failure inside the transaction is definite, not unknown", i, p.err)
+		}
+	}
+	if n := holdRows(t, r, ctx); n != 0 {
+		t.Errorf("%d holds stored by a failed batch", n)
+	}
+	if got := checkCacheMatchesDB(t, r, ctx); got != 10 {
+		t.Errorf("available %d after a failed batch, want 10", got)
+	}
+	// The region keeps serving.
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "a", Quantity: 1, RequestKey: "k1"}); err != nil {
+		t.Fatalf("reserve after a failed batch: %v", err)
+	}
+	checkCacheMatchesDB(t, r, ctx)
+}
+
+// TestWriterCommitFailureIsNotSuccess: the batch's statements all succeed but COMMIT fails
+// (a deferred constraint is checked at commit; a dropped connection or a timeout during
+// COMMIT fail the same way). No request in the batch may be told it succeeded, since nothing
+// was stored (I6), and the cache must not keep the uncommitted counts.
+func TestWriterCommitFailureIsNotSuccess(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	if _, err := r.pool.Exec(ctx, `CREATE TABLE commit_bomb (id int, CONSTRAINT commit_bomb_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	ps := runBatch(r, r.reserveOpFor("a", "k1"), execOp{`INSERT INTO commit_bomb VALUES (1), (1)`}, r.reserveOpFor("b", "k1"))
+	stored := holdRows(t, r, ctx)
+	for i, p := range ps {
+		if p.err == nil && stored == 0 {
+			t.Errorf("op %d answered success (%v), but its batch did not commit", i, p.res)
+		}
+		if p.err != nil && !errors.Is(p.err, ErrUnknownOutcome) {
+			t.Errorf("op %d: %v; a failed COMMIT is an unknown outcome", i, p.err)
+		}
+	}
+	if stored != 0 {
+		t.Errorf("%d holds stored by a batch whose commit failed", stored)
+	}
+	checkCacheMatchesDB(t, r, ctx)
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "a", Quantity: 1, RequestKey: "k1"}); err != nil {
+		t.Fatalf("reserve after a failed batch: %v", err)
+	}
+	checkCacheMatchesDB(t, r, ctx)
+}
+
+// TestWriterOutcomesDoNotFailTheBatch: business outcomes (exhausted, limit, not found) are
+// answers, not failures; the batch's other ops commit.
+func TestWriterOutcomesDoNotFailTheBatch(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	big := r.reserveOpFor("a", "big")
+	big.req.Quantity = 11
+	ps := runBatch(r, r.reserveOpFor("a", "k1"), big, &confirmOp{holdID: "us.nosuch", payment: "p", region: "us"}, r.reserveOpFor("b", "k1"))
+	if ps[0].err != nil || ps[3].err != nil {
+		t.Fatalf("reserves: %v, %v", ps[0].err, ps[3].err)
+	}
+	if !errors.Is(ps[1].err, ErrRegionExhausted) || !errors.Is(ps[2].err, ErrNotFound) {
+		t.Errorf("outcomes: %v, %v", ps[1].err, ps[2].err)
+	}
+	if n := holdRows(t, r, ctx); n != 2 {
+		t.Errorf("%d holds stored, want 2", n)
+	}
+	if got := checkCacheMatchesDB(t, r, ctx); got != 8 {
+		t.Errorf("available %d, want 8", got)
+	}
+}
