@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ func newEnv(t *testing.T, opts ...func(*region.Config)) *env {
 // with epoch.
 func (e *env) newRegion(epoch int64) *region.Region {
 	e.t.Helper()
-	cfg := region.Config{Name: "us", Clock: e.clk, SweepInterval: time.Hour, Logger: quietLogger}
+	cfg := region.Config{Name: "us", Clock: e.clk, SweepInterval: time.Hour, Logger: quietLogger, Verify: os.Getenv("QUOTA_VERIFY") == "1"}
 	for _, o := range e.opts {
 		o(&cfg)
 	}

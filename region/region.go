@@ -36,6 +36,8 @@ type Config struct {
 	SweepBatch int
 	// Logger receives operational messages; default slog.Default().
 	Logger *slog.Logger
+	// Verify runs the expensive invariant checks after every batch (QUOTA_VERIFY=1).
+	Verify bool
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -213,6 +215,9 @@ func (r *Region) applyCommitted(b *batch) {
 	r.availMu.Unlock()
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
+	}
+	if r.cfg.Verify {
+		r.verifyCommitted(b)
 	}
 }
 

@@ -35,7 +35,7 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd())
+	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd(), etcdCmd())
 	return root
 }
 

@@ -19,11 +19,12 @@ func addRegionTuning(cmd *cobra.Command) {
 	f.Int("max-batch", 256, "most operations one region transaction commits")
 	f.Duration("batch-window", 0, "how long a region's writer waits for more operations after the first (0: commit what is queued)")
 	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
+	f.Bool("verify", false, "run expensive invariant checks after every region batch and crash on a breach (env QUOTA_VERIFY=1)")
 }
 
 func regionTuning(v *viper.Viper) (region.Config, error) {
 	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
-		SweepInterval: v.GetDuration("sweep-interval")}
+		SweepInterval: v.GetDuration("sweep-interval"), Verify: v.GetBool("verify")}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

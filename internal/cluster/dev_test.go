@@ -8,6 +8,7 @@ import (
 	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -19,7 +20,7 @@ func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	defer cancel()
 	prefix := "quota_t_" + randHex(t)
 	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger()})
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger(), Region: region.Config{Verify: verify()}})
 	if err != nil {
 		t.Fatal(err)
 	}

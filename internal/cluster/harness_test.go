@@ -54,7 +54,7 @@ func newTestCluster(t *testing.T, names ...string) *testCluster {
 	defer cancel()
 	for _, name := range names {
 		db := testpg.NewDB(t, "region_"+name)
-		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name}, Listen: "127.0.0.1:0", DBURL: db,
+		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name, Verify: verify()}, Listen: "127.0.0.1:0", DBURL: db,
 			LeaseTTL: 2 * time.Second, Logger: testLogger()}, etcd)
 		if err != nil {
 			t.Fatal(err)

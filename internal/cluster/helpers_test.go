@@ -38,6 +38,9 @@ func dropDBs(t *testing.T, prefix string, regions []string) {
 	}
 }
 
+// verify turns on the regions' expensive invariant checks when QUOTA_VERIFY=1 (make test).
+func verify() bool { return os.Getenv("QUOTA_VERIFY") == "1" }
+
 // testLogger keeps test output to warnings and errors.
 func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

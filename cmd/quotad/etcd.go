@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/quotaworks/quota/fencing"
+	"github.com/spf13/cobra"
+)
+
+func etcdCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "etcd",
+		Short: "Run one member of a static multi-member etcd cluster (deploy/local runs three)",
+		Long: `etcd runs one member of a static etcd cluster (real etcd, embedded in this process) until
+SIGINT or SIGTERM. Every member is started with the same --initial-cluster. A member serves
+clients once a quorum of the cluster is up, so start the others too. A member whose
+--data-dir already holds data restarts from it (initial cluster state "existing").`,
+		Example: `  quotad etcd --name e1 --data-dir .cluster/etcd1 --client-url http://127.0.0.1:7581 --peer-url http://127.0.0.1:7591 \
+    --initial-cluster e1=http://127.0.0.1:7591,e2=http://127.0.0.1:7592,e3=http://127.0.0.1:7593`,
+		Args: cobra.NoArgs,
+		RunE: runEtcd,
+	}
+	f := cmd.Flags()
+	f.String("name", "", "member name, as in --initial-cluster (required)")
+	f.String("data-dir", "", "the member's data directory (required)")
+	f.String("client-url", "http://127.0.0.1:2379", "URL clients reach this member at (listened on and advertised)")
+	f.String("peer-url", "http://127.0.0.1:2380", "URL the other members reach this member at (listened on and advertised)")
+	f.String("initial-cluster", "", "every member as name=peer-url, comma-separated (required; the same on every member)")
+	f.String("cluster-token", "quota-local", "initial cluster token: tells clusters apart when they bootstrap")
+	f.String("etcd-log-level", "warn", "etcd's own log level: debug, info, warn, error")
+	return cmd
+}
+
+// EtcdProcessConfig is `quotad etcd`'s configuration.
+type EtcdProcessConfig struct {
+	Member fencing.MemberConfig
+}
+
+// Validate checks the configuration, naming the bad key.
+func (c *EtcdProcessConfig) Validate() error {
+	if c.Member.InitialCluster == "" {
+		return fmt.Errorf("initial-cluster: must be set, as name=peer-url,name=peer-url,...")
+	}
+	return c.Member.Validate()
+}
+
+func runEtcd(cmd *cobra.Command, _ []string) error {
+	v, err := newViper(cmd)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(v)
+	if err != nil {
+		return err
+	}
+	cfg := EtcdProcessConfig{Member: fencing.MemberConfig{Name: v.GetString("name"), Dir: v.GetString("data-dir"),
+		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"), InitialCluster: v.GetString("initial-cluster"),
+		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level")}}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	state := "new"
+	if fencing.HasMemberData(cfg.Member.Dir) {
+		state = "existing"
+	}
+	log.Info("etcd member starting; it serves once a quorum of the cluster is up", "name", cfg.Member.Name,
+		"client", cfg.Member.ClientURL, "peer", cfg.Member.PeerURL, "cluster", cfg.Member.InitialCluster, "state", state)
+	m, err := fencing.StartMember(ctx, cfg.Member)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("etcd member stopped before it was ready", "name", cfg.Member.Name)
+			return nil
+		}
+		return err
+	}
+	defer m.Close()
+	fmt.Printf("quotad etcd %s: clients %s, peers %s (%s)\n", cfg.Member.Name, cfg.Member.ClientURL, cfg.Member.PeerURL, m.State)
+	select {
+	case <-ctx.Done():
+		log.Info("etcd member stopping", "name", cfg.Member.Name)
+		return nil
+	case err := <-m.Err():
+		return fmt.Errorf("etcd member %s: %w", cfg.Member.Name, err)
+	case <-m.Done():
+		return fmt.Errorf("etcd member %s stopped on its own (see the log above)", cfg.Member.Name)
+	}
+}
