@@ -9,7 +9,7 @@ import (
 // evaluate computes the audit from one ledger snapshot and the region books read after it.
 // stale is true when a region holds a transfer record the snapshot does not know: the
 // caller reads again.
-func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regions []RegionLink) (Report, bool) {
+func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regions []RegionLink, final bool) (Report, bool) {
 	rep := Report{OK: true}
 	stale := false
 	add := func(v Violation) { rep.Violations = append(rep.Violations, v); rep.OK = false }
@@ -40,7 +40,7 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 			}
 		}
 		for _, k := range snap.skus[sale] {
-			a := auditSKU(sale, k, snap, books, regions, add)
+			a := auditSKU(sale, k, snap, books, regions, final, add)
 			stale = stale || a.stale
 			rep.SKUs = append(rep.SKUs, a)
 		}
@@ -49,7 +49,7 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 }
 
 func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]map[string]regionRead,
-	regions []RegionLink, add func(Violation)) SKUAudit {
+	regions []RegionLink, final bool, add func(Violation)) SKUAudit {
 	a := SKUAudit{Sale: sale, SKU: k.SKU, Total: k.Total, Unallocated: k.Unallocated, OK: true}
 	bad := func(inv, region, format string, args ...any) {
 		a.OK = false
@@ -80,7 +80,7 @@ func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]ma
 		if t.Sale != sale || t.SKU != k.SKU {
 			continue
 		}
-		inFlight, ok := classify(t, books[t.From][sale], books[t.To][sale], bad)
+		inFlight, ok := classify(t, books[t.From][sale], books[t.To][sale], final, bad)
 		if !ok {
 			a.stale = true
 		}
@@ -122,7 +122,7 @@ func checkPool(p transfer.PoolBooks, region string, bad func(inv, region, format
 // at the destination nor restored at the source), checking I5 on the way. ok is false when
 // the snapshots disagree in a way only a later read resolves: the destination credited a
 // transfer the source's (earlier) snapshot had not yet debited.
-func classify(t transfer.Transfer, src, dst regionRead, bad func(inv, region, format string, args ...any)) (inFlight, ok bool) {
+func classify(t transfer.Transfer, src, dst regionRead, final bool, bad func(inv, region, format string, args ...any)) (inFlight, ok bool) {
 	var debited, restored, credited bool
 	var out transfer.OutboundRecord
 	if t.From == transfer.Unallocated {
@@ -147,6 +147,9 @@ func classify(t transfer.Transfer, src, dst regionRead, bad func(inv, region, fo
 	switch {
 	case credited && !debited:
 		return false, false
+	case out.State == transfer.OutSettled && !credited && !final:
+		// The source settled after the destination's (or the ledger's) snapshot was taken.
+		return debited && !restored, false
 	case credited && restored:
 		bad("I5", t.From, "transfer %s is both credited at %s and restored at %s", t.ID, t.To, t.From)
 	case t.State == transfer.Posted && !credited:

@@ -95,7 +95,7 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, 'requested', $8, $9, $9)`,
-			id, req.RequestID, req.Sale, req.SKU, req.From, req.To, int64(req.Units), gen, c.cfg.Clock.Now())
+			id, "transfer/"+req.RequestID, req.Sale, req.SKU, req.From, req.To, int64(req.Units), gen, c.cfg.Clock.Now())
 		return err
 	})
 	if err != nil {
@@ -169,6 +169,10 @@ func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (tran
 	gen, err := c.Generation()
 	if err != nil {
 		return t, err
+	}
+	if refuse && t.State == transfer.Requested {
+		return t, fmt.Errorf("transfer %s is requested: its source has not confirmed the debit, so there is nothing to refuse yet; resolve it without --refuse: %w",
+			id, apierr.ErrConflict)
 	}
 	if refuse && t.State == transfer.Pending && t.To != transfer.Unallocated {
 		dest, err := c.link(t.To)

@@ -60,6 +60,12 @@ func (l *Leadership) Close() {
 	})
 }
 
+// Abandon stops renewing the lease without resigning, as a crashed process would: another
+// candidate takes over only once the lease expires. Tests use it to crash a leader in-process.
+func (l *Leadership) Abandon() {
+	l.closeOnce.Do(func() { l.session.Orphan() })
+}
+
 func electionKey(role string) string { return "/quota/election/" + role }
 
 // Campaign blocks until this process leads role (or ctx ends). value is published for

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"time"
@@ -28,7 +30,7 @@ its outcome has stayed unknown), not an error; the coordinator keeps driving it,
 	f.String("from", "", "source region, or 'unallocated' (required)")
 	f.String("to", "", "destination region, or 'unallocated' (required)")
 	f.Int64("units", 0, "units to move (required)")
-	f.String("request-id", "", "idempotency id; default derived from the other flags and the current minute")
+	f.String("request-id", "", "idempotency id: run again with the same id to retry safely; default a new random id (printed)")
 	f.Duration("wait", 10*time.Second, "how long to wait for the transfer to finish")
 	return cmd
 }
@@ -58,7 +60,8 @@ func runTransfer(cmd *cobra.Command, _ []string) error {
 		return usage("--sale, --sku, --from and --to: required")
 	}
 	if req.RequestId == "" {
-		req.RequestId = fmt.Sprintf("manual-%s-%s-%s-%s-%d-%s", req.SaleId, req.Sku, req.From, req.To, req.Units, time.Now().UTC().Format("20060102T1504"))
+		req.RequestId = "manual-" + randomID()
+		fmt.Fprintf(cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
 	}
 	c, err := e.coordinator()
 	if err != nil {
@@ -80,6 +83,14 @@ func runTransfer(cmd *cobra.Command, _ []string) error {
 	out := toXferJSON(t)
 	out.Replayed = resp.GetReplayed()
 	return printTransfer(e, out)
+}
+
+func randomID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
 }
 
 func final(state string) bool { return state == "posted" || state == "voided" }
@@ -131,7 +142,12 @@ func transfersCmd() *cobra.Command {
 records, never by a timeout: credited → posted; refused → restored at the source and voided;
 no record → the destination is asked to credit it (or, with --refuse, to refuse it, after
 which the source is restored). It fails, changing nothing, while the destination does not answer.`,
-		Args: cobra.ExactArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usage("resolve takes exactly one TRANSFER_ID, got %d arguments", len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			e, done, err := newEnv(cmd)
 			if err != nil {
@@ -181,7 +197,7 @@ needs itself, and a region whose database cannot be read is left out entirely.`,
 	f.Duration("window", time.Minute, "how far back the hold rate is measured")
 	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
 	f.Int64("min-units", 10, "smallest transfer worth making")
-	f.String("request-id", "", "idempotency prefix of the planned transfers")
+	f.String("request-id", "", "idempotency prefix of the planned transfers (retry a rebalance with the same one); default a new random one")
 	return cmd
 }
 
@@ -198,9 +214,14 @@ func runRebalance(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	rid := e.v.GetString("request-id")
+	if rid == "" && !e.v.GetBool("dry-run") {
+		rid = "rebalance-" + randomID()
+		fmt.Fprintf(cmd.ErrOrStderr(), "request id %s\n", rid)
+	}
 	resp, err := c.Rebalance(e.ctx, &quotav1.RebalanceRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
-		MinUnits: e.v.GetInt64("min-units"), RequestId: e.v.GetString("request-id")})
+		MinUnits: e.v.GetInt64("min-units"), RequestId: rid})
 	if err != nil {
 		return fmt.Errorf("rebalance: %w", err)
 	}

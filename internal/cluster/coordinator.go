@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,6 +51,7 @@ type CoordinatorNode struct {
 	cancel       context.CancelFunc
 	wg           sync.WaitGroup
 	once         sync.Once
+	crashed      atomic.Bool
 }
 
 // StartCoordinator opens and migrates the ledger, connects to the regions (their gRPC
@@ -142,8 +144,25 @@ func (n *CoordinatorNode) campaign(ctx context.Context) {
 		case <-ctx.Done():
 		}
 		n.C.StepDown()
-		l.Close()
+		if n.crashed.Load() {
+			l.Abandon()
+		} else {
+			l.Close()
+		}
 	}
+}
+
+// Crash stops the node the way a killed process stops: calls in progress are cut, and its
+// leadership is not resigned but left to expire with its lease.
+func (n *CoordinatorNode) Crash() {
+	n.crashed.Store(true)
+	n.once.Do(func() {
+		n.Server.GRPC.Stop()
+		n.cancel()
+		n.wg.Wait()
+		n.C.Close()
+		n.closeResources()
+	})
 }
 
 // WaitLeading waits until the coordinator leads.

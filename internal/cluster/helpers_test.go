@@ -14,8 +14,6 @@ import (
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
-	"github.com/quotaworks/quota/region"
-	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -49,13 +47,6 @@ func testLogger() *slog.Logger {
 func isNotFoundErr(err error) bool { return status.Code(err) == codes.NotFound }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
-// creditReq is the Credit a coordinator sends for t, with a generation far above any real
-// one (so the sale fence does not refuse it first).
-func creditReq(t *quotav1.TransferInfo) region.CreditRequest {
-	return region.CreditRequest{Generation: 1 << 40, TransferID: t.GetTransferId(), Sale: t.GetSaleId(), SKU: t.GetSku(),
-		Units: transfer.Units(t.GetUnits())}
-}
 
 // createSale2 creates a sale of one SKU split evenly over us and eu.
 func createSale2(t *testing.T, c quotav1.CoordinatorServiceClient, sale string, total int64) {

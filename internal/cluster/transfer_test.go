@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -160,32 +163,38 @@ func TestRefuseThenCreditIsRefused(t *testing.T) {
 		{Region: "us", Weight: 1}, {Region: "eu", Weight: 1}}}); err != nil {
 		t.Fatal(err)
 	}
+	// From here on one coordinator drives, and only when asked: no background retry of the
+	// credit races the operator's refusal.
+	tc.coords[0].Close()
+	op := tc.rawCoordinator(t, 1<<30, nil, nil)
 	tc.proxies["eu"].Cut()
-	r, err := c.Transfer(ctx, &quotav1.TransferRequest{SaleId: "s", Sku: "phone", From: "us", To: "eu", Units: 30, RequestId: "r-1"})
-	if err != nil || r.GetTransfer().GetState() != "pending" {
-		t.Fatalf("%v, %v", r, err)
+	tr, _, err := op.Transfer(ctx, coordinator.TransferRequest{Sale: "s", SKU: "phone", From: "us", To: "eu", Units: 30, RequestID: "r-1"})
+	if err != nil || tr.State != transfer.Pending {
+		t.Fatalf("%+v, %v", tr, err)
 	}
-	id := r.GetTransfer().GetTransferId()
-	if res, err := c.ResolveTransfer(ctx, &quotav1.ResolveTransferRequest{TransferId: id, Refuse: true}); err != nil || res.GetTransfer().GetState() != "pending" {
-		t.Fatalf("refuse while cut: %v, %v", res, err)
+	if got, err := op.Resolve(ctx, tr.ID, true); err != nil || got.State != transfer.Pending {
+		t.Fatalf("refuse while cut: %+v, %v", got, err)
 	}
 	if us := tc.stock("us", "s"); us.GetAvailable() != 20 {
 		t.Fatalf("us restored before the destination refused: %v", us)
 	}
 	tc.proxies["eu"].Heal()
-	resolveUntil(t, c, id, true, "voided")
+	waitFor(t, "the refusal to void the transfer", 20*time.Second, func() bool {
+		got, err := op.Resolve(ctx, tr.ID, true)
+		return err == nil && got.State == transfer.Voided
+	})
 	if us, eu := tc.stock("us", "s"), tc.stock("eu", "s"); us.GetAvailable() != 50 || eu.GetAvailable() != 50 {
 		t.Fatalf("after the refusal us %v eu %v; want 50 and 50", us, eu)
 	}
 	// A late credit of the refused transfer (a zombie's retry) is refused and adds nothing.
-	st, err := tc.regions["eu"].R.Credit(ctx, creditReq(r.GetTransfer()))
+	st, err := tc.regions["eu"].R.Credit(ctx, region.CreditRequest{Generation: 1 << 40, TransferID: tr.ID, Sale: "s", SKU: "phone", Units: 30})
 	if err != nil || st != "refused" {
 		t.Fatalf("credit after refuse: %v, %v; want refused", st, err)
 	}
 	if eu := tc.stock("eu", "s"); eu.GetAvailable() != 50 {
 		t.Fatalf("late credit changed eu: %v", eu)
 	}
-	auditOK(t, c, "s")
+	mustAudit(t, op, "s", "after the refusal")
 }
 
 // resolveUntil resolves a transfer as an operator would, again while the destination's

@@ -1,0 +1,341 @@
+// Package local_test runs deploy/local/cluster for real: a 3-member etcd, regions us, eu and
+// ap and two coordinators as separate processes on loopback, then kills the leading
+// coordinator and an etcd member and checks the cluster keeps working.
+package local_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/testpg"
+)
+
+var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap", "coordinator1", "coordinator2"}
+
+// portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT.
+var portOffsets = []int{0, 1, 2, 3, 10, 181, 182, 183, 191, 192, 193}
+
+// freeBase picks a base port whose every port is free, below Linux's ephemeral range so that
+// outgoing connections do not take one meanwhile.
+func freeBase(t *testing.T) int {
+	t.Helper()
+	for range 200 {
+		base := 20000 + mrand.IntN(12000)
+		free := true
+		for _, off := range portOffsets {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+off))
+			if err != nil {
+				free = false
+				break
+			}
+			l.Close()
+		}
+		if free {
+			return base
+		}
+	}
+	t.Fatal("no free base port found")
+	return 0
+}
+
+type localCluster struct {
+	t      *testing.T
+	script string
+	root   string
+	dir    string
+	bin    string
+	base   int
+	prefix string
+	pgURL  string
+	env    []string
+}
+
+func (c *localCluster) addr(offset int) string { return "127.0.0.1:" + strconv.Itoa(c.base+offset) }
+
+// cluster runs the script; it fails the test when the script fails.
+func (c *localCluster) cluster(timeout time.Duration, args ...string) string {
+	c.t.Helper()
+	out, err := c.run(timeout, c.script, args...)
+	if err != nil {
+		c.t.Fatalf("cluster %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (c *localCluster) run(timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.root
+	cmd.Env = c.env
+	cmd.WaitDelay = 5 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w (timeout %s)", err, timeout)
+	}
+	return out.String(), err
+}
+
+// quotactl runs bin/quotactl against the coordinator at addr.
+func (c *localCluster) quotactl(addr string, args ...string) (string, error) {
+	args = append([]string{"--coordinator", addr, "--timeout", "5s"}, args...)
+	return c.run(20*time.Second, filepath.Join(c.bin, "quotactl"), args...)
+}
+
+// eventually retries f until it succeeds or within passes, and says how long it took.
+func (c *localCluster) eventually(within time.Duration, what string, f func() error) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			took := time.Since(start)
+			c.t.Logf("%s: after %s", what, took.Round(10*time.Millisecond))
+			return took
+		}
+		if time.Since(start) > within {
+			c.t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// status parses `cluster status`: process name → its line's fields after the name.
+func (c *localCluster) status() map[string]string {
+	c.t.Helper()
+	out := c.cluster(30*time.Second, "status")
+	st := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 {
+			st[f[0]] = strings.Join(f[1:], " ")
+		}
+	}
+	for _, p := range processes {
+		if _, ok := st[p]; !ok {
+			c.t.Fatalf("cluster status names no %s:\n%s", p, out)
+		}
+	}
+	return st
+}
+
+func (c *localCluster) wantState(st map[string]string, want string, names ...string) {
+	c.t.Helper()
+	for _, n := range names {
+		if !strings.HasPrefix(st[n], want+" ") {
+			c.t.Errorf("%s: status %q, want %s", n, st[n], want)
+		}
+	}
+}
+
+type transferJSON struct {
+	ID    string `json:"transfer_id"`
+	State string `json:"state"`
+}
+
+// transfer asks the coordinator at addr to move units and wants the transfer posted.
+func (c *localCluster) transfer(addr, from, to string, units int, requestID string) error {
+	out, err := c.quotactl(addr, "transfer", "--sale", "t1", "--sku", "phone", "--from", from, "--to", to,
+		"--units", strconv.Itoa(units), "--request-id", requestID, "--wait", "5s", "-o", "json")
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	var tr transferJSON
+	if err := json.Unmarshal([]byte(out), &tr); err != nil {
+		return fmt.Errorf("transfer output %q: %v", out, err)
+	}
+	if tr.State != "posted" {
+		return fmt.Errorf("transfer %s: state %s, want posted", tr.ID, tr.State)
+	}
+	return nil
+}
+
+// reserve reserves one phone at us, through the region list of the coordinator at addr.
+func (c *localCluster) reserve(addr, user, key string) error {
+	out, err := c.quotactl(addr, "reserve", "--region", "us", "--sale", "t1", "--sku", "phone", "--user", user, "--key", key, "-o", "json")
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	var h struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(out), &h); err != nil || h.State != "held" {
+		return fmt.Errorf("reserve: %s (%v)", out, err)
+	}
+	return nil
+}
+
+func (c *localCluster) audit(addr string) {
+	c.t.Helper()
+	if out, err := c.quotactl(addr, "audit", "--sale", "t1"); err != nil {
+		c.t.Fatalf("audit at %s: %v\n%s", addr, err, out)
+	}
+}
+
+// dumpLogs prints the end of every process's log.
+func (c *localCluster) dumpLogs() {
+	for _, p := range processes {
+		b, err := os.ReadFile(filepath.Join(c.dir, p+".log"))
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(lines) > 30 {
+			lines = lines[len(lines)-30:]
+		}
+		c.t.Logf("--- %s.log (end)\n%s", p, strings.Join(lines, "\n"))
+	}
+}
+
+func (c *localCluster) databases() ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.pgURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE starts_with(datname, $1) ORDER BY datname", c.prefix+"_")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+func TestLocalCluster(t *testing.T) {
+	started := time.Now()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		t.Fatal(err)
+	}
+	c := &localCluster{t: t, root: root, script: filepath.Join(root, "deploy", "local", "cluster"),
+		dir: t.TempDir(), bin: t.TempDir(), base: freeBase(t), prefix: "quota_t_" + hex.EncodeToString(rnd[:]) + "_cl",
+		pgURL: testpg.AdminURL()}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "QUOTA_") { // no QUOTA_COORDINATOR, QUOTA_OUTPUT, QUOTA_CLUSTER_… from the caller
+			c.env = append(c.env, kv)
+		}
+	}
+	c.env = append(c.env, "QUOTA_CLUSTER_DIR="+c.dir, "QUOTA_CLUSTER_BIN="+c.bin,
+		"QUOTA_CLUSTER_BASE_PORT="+strconv.Itoa(c.base), "QUOTA_CLUSTER_DB_PREFIX="+c.prefix, "QUOTA_CLUSTER_PG_URL="+c.pgURL)
+	t.Logf("cluster dir %s, base port %d, databases %s_*", c.dir, c.base, c.prefix)
+
+	purged := false
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		if !purged {
+			if out, err := c.run(2*time.Minute, c.script, "down", "--purge"); err != nil {
+				t.Errorf("cleanup: cluster down --purge: %v\n%s", err, out)
+			}
+		}
+	})
+
+	// The first build of cmd/... may compile etcd and gRPC from nothing: allow for it.
+	up := time.Now()
+	out := c.cluster(5*time.Minute, "up")
+	t.Logf("cluster up: %s\n%s", time.Since(up).Round(time.Millisecond), out)
+	st := c.status()
+	c.wantState(st, "running", processes...)
+	if !strings.Contains(st["coordinator1"], "leader") || !strings.Contains(st["coordinator2"], "standby") {
+		t.Fatalf("want coordinator1 leading and coordinator2 standing by:\n%s %s\n%s %s",
+			"coordinator1", st["coordinator1"], "coordinator2", st["coordinator2"])
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	c1, c2 := c.addr(0), c.addr(10)
+	if out, err := c.quotactl(c1, "sale", "create", "--sale", "t1", "--sku", "phone=100", "--allocate", "us=1,eu=1,ap=1"); err != nil {
+		t.Fatalf("sale create: %v\n%s", err, out)
+	}
+	if err := c.reserve(c1, "u1", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	// The standby refuses writes.
+	if err := c.transfer(c2, "us", "eu", 1, "t1-standby"); err == nil || !strings.Contains(err.Error(), "NOT_LEADER") {
+		t.Fatalf("transfer at the standby: %v, want NOT_LEADER", err)
+	}
+
+	// The leading coordinator dies: the standby takes over once its lease expires.
+	c.cluster(30*time.Second, "kill", "coordinator1")
+	took := c.eventually(20*time.Second, "coordinator2 posts a transfer after coordinator1 was killed", func() error {
+		return c.transfer(c2, "us", "eu", 5, "t1-move-1")
+	})
+	if took > 15*time.Second {
+		t.Errorf("coordinator2 took %s to take over, want at most 15s (lease 5s)", took)
+	}
+	c.audit(c2)
+	st = c.status()
+	c.wantState(st, "stopped", "coordinator1")
+	if !strings.Contains(st["coordinator2"], "leader") {
+		t.Errorf("coordinator2: %q, want leader", st["coordinator2"])
+	}
+
+	// An etcd member dies: two of three are a quorum, so regions and coordinator go on.
+	c.cluster(30*time.Second, "kill", "etcd1")
+	c.eventually(15*time.Second, "reserve at us with etcd1 killed", func() error { return c.reserve(c2, "u2", "k2") })
+	c.eventually(15*time.Second, "transfer with etcd1 killed", func() error { return c.transfer(c2, "eu", "ap", 2, "t1-move-2") })
+	c.audit(c2)
+	st = c.status()
+	c.wantState(st, "stopped", "etcd1", "coordinator1")
+	c.wantState(st, "running", "etcd2", "etcd3", "region-us", "region-eu", "region-ap", "coordinator2")
+
+	// Pause and resume one process.
+	c.cluster(30*time.Second, "pause", "region-eu")
+	c.wantState(c.status(), "paused", "region-eu")
+	c.cluster(30*time.Second, "resume", "region-eu")
+
+	// Restart the killed ones: etcd1 rejoins from its data, coordinator1 stands by.
+	c.cluster(time.Minute, "start", "etcd1")
+	c.cluster(time.Minute, "start", "coordinator1")
+	st = c.status()
+	c.wantState(st, "running", processes...)
+	if !strings.Contains(st["coordinator1"], "standby") || !strings.Contains(st["coordinator2"], "leader") {
+		t.Errorf("after the restart: coordinator1 %q, coordinator2 %q; want standby and leader", st["coordinator1"], st["coordinator2"])
+	}
+	c.eventually(15*time.Second, "reserve at us after the restarts", func() error { return c.reserve(c2, "u3", "k3") })
+	c.audit(c2)
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// down --purge stops everything, removes the files and drops the databases.
+	out = c.cluster(2*time.Minute, "down", "--purge")
+	purged = true
+	t.Logf("cluster down --purge:\n%s", out)
+	if _, err := os.Stat(filepath.Join(c.dir, "etcd1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after down --purge, %s/etcd1: %v, want it gone", c.dir, err)
+	}
+	for _, p := range []int{0, 1, 10, 181} {
+		if conn, err := net.DialTimeout("tcp", c.addr(p), time.Second); err == nil {
+			conn.Close()
+			t.Errorf("after down --purge, something still listens on %s", c.addr(p))
+		}
+	}
+	if dbs, err := c.databases(); err != nil || len(dbs) != 0 {
+		t.Errorf("after down --purge, databases %v (%v), want none", dbs, err)
+	}
+	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
+}

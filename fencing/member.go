@@ -1,0 +1,150 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// MemberConfig configures one member of a static, multi-member etcd cluster (the local
+// multi-process cluster of deploy/local runs three).
+type MemberConfig struct {
+	// Name is the member's name in InitialCluster (e1, e2, ...).
+	Name string
+	// Dir holds the member's data (WAL and snapshots, in Dir/member).
+	Dir string
+	// ClientURL and PeerURL are http://host:port; the member listens on and advertises them.
+	ClientURL string
+	PeerURL   string
+	// InitialCluster names every member's peer URL: "e1=http://127.0.0.1:7591,e2=...,e3=...".
+	// It must contain Name=PeerURL.
+	InitialCluster string
+	// Token tells clusters apart when they bootstrap (default "quota-local").
+	Token string
+	// LogLevel is etcd's: debug, info, warn, error (default warn).
+	LogLevel string
+}
+
+// Validate checks the configuration, naming the bad field.
+func (c *MemberConfig) Validate() error {
+	if c.Name == "" || strings.ContainsAny(c.Name, "=,") {
+		return fmt.Errorf("name %q: must be set and contain neither '=' nor ','", c.Name)
+	}
+	if c.Dir == "" {
+		return errors.New("data-dir: must be set")
+	}
+	for field, raw := range map[string]string{"client-url": c.ClientURL, "peer-url": c.PeerURL} {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%s %q: want http://host:port", field, raw)
+		}
+	}
+	found := false
+	for _, m := range strings.Split(c.InitialCluster, ",") {
+		name, peer, ok := strings.Cut(strings.TrimSpace(m), "=")
+		if !ok || name == "" || peer == "" {
+			return fmt.Errorf("initial-cluster %q: want name=peer-url,name=peer-url,...", c.InitialCluster)
+		}
+		if name == c.Name {
+			if peer != c.PeerURL {
+				return fmt.Errorf("initial-cluster names %s=%s, but peer-url is %s", name, peer, c.PeerURL)
+			}
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("initial-cluster %q: does not name this member (%s=%s)", c.InitialCluster, c.Name, c.PeerURL)
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+// Member is a running member of a multi-member etcd cluster.
+type Member struct {
+	e    *embed.Etcd
+	once sync.Once
+	// ClientURL is where clients reach this member.
+	ClientURL string
+	// State is "new" when the member bootstrapped with this start, "existing" when it
+	// restarted from the data already in its directory.
+	State string
+}
+
+// HasMemberData reports whether dir already holds an etcd member's data.
+func HasMemberData(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, "member"))
+	return err == nil && st.IsDir()
+}
+
+// StartMember starts one member and waits until it serves: until the cluster has a quorum
+// (a member alone never becomes ready), the member stops on its own (an error), or ctx ends.
+// On an error the member is closed.
+func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cu, _ := url.Parse(cfg.ClientURL)
+	pu, _ := url.Parse(cfg.PeerURL)
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = cfg.Dir
+	ec.ListenClientUrls = []url.URL{*cu}
+	ec.AdvertiseClientUrls = []url.URL{*cu}
+	ec.ListenPeerUrls = []url.URL{*pu}
+	ec.AdvertisePeerUrls = []url.URL{*pu}
+	ec.InitialCluster = cfg.InitialCluster
+	ec.InitialClusterToken = cfg.Token
+	if ec.InitialClusterToken == "" {
+		ec.InitialClusterToken = "quota-local"
+	}
+	ec.ClusterState = embed.ClusterStateFlagNew
+	if HasMemberData(cfg.Dir) {
+		ec.ClusterState = embed.ClusterStateFlagExisting
+	}
+	ec.LogLevel = cfg.LogLevel
+	if ec.LogLevel == "" {
+		ec.LogLevel = "warn"
+	}
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("start etcd member %s: %w", cfg.Name, err)
+	}
+	m := &Member{e: e, ClientURL: cfg.ClientURL, State: ec.ClusterState}
+	select {
+	case <-e.Server.ReadyNotify():
+		return m, nil
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
+	case <-e.Server.StopNotify():
+		e.Close()
+		return nil, fmt.Errorf("etcd member %s stopped before it was ready", cfg.Name)
+	case <-ctx.Done():
+		e.Close()
+		return nil, fmt.Errorf("etcd member %s not ready (no quorum yet?): %w", cfg.Name, ctx.Err())
+	}
+}
+
+// Done is closed when the member stops on its own (for instance after it was removed from
+// the cluster) or after Close.
+func (m *Member) Done() <-chan struct{} { return m.e.Server.StopNotify() }
+
+// Err reports errors of the member's listeners; a member that reports one should be closed.
+func (m *Member) Err() <-chan error { return m.e.Err() }
+
+// Close stops the member. Idempotent.
+func (m *Member) Close() { m.once.Do(m.e.Close) }
