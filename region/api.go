@@ -72,9 +72,12 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if _, err := r.writer(); err != nil {
 		return ReserveResult{}, err
 	}
-	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity {
-		return r.reserveWhenEmpty(ctx, req, avail)
+	k := keyKey{req.Sale, req.User, req.RequestKey}
+	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
+		return r.reserveWhenEmpty(req, k, avail)
 	}
+	r.track(k, 1)
+	defer r.track(k, -1)
 	res, err := r.submit(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name})
 	if err != nil {
 		return ReserveResult{}, err
@@ -82,18 +85,32 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	return res.(ReserveResult), nil
 }
 
-// reserveWhenEmpty answers a reserve the pool cannot satisfy without a write transaction: one
-// indexed read tells a retry of an earlier, granted request (which gets its hold back) from a
-// new one (which is told the region is exhausted).
-func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, avail transfer.Units) (ReserveResult, error) {
-	prior, err := scanHoldWithHash(r.pool.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
-		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, req.Sale, req.User, req.RequestKey), r.cfg.Name)
-	switch {
-	case err == pgx.ErrNoRows:
+// track counts the reserves of a key on their way through the writer.
+func (r *Region) track(k keyKey, d int) {
+	r.pendingMu.Lock()
+	defer r.pendingMu.Unlock()
+	if r.pending[k] += d; r.pending[k] == 0 {
+		delete(r.pending, k)
+	}
+}
+
+func (r *Region) inWriter(k keyKey) bool {
+	r.pendingMu.Lock()
+	defer r.pendingMu.Unlock()
+	return r.pending[k] > 0
+}
+
+// reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and without
+// SQL. The key is not in the writer (checked first), so the committed index has every hold it
+// ever got (the writer publishes a hold before it answers): a retry of a granted request gets
+// its hold back, a new one is told the region is exhausted.
+func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
+	v, ok := r.committed.Load(k)
+	if !ok {
 		return ReserveResult{}, fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
-	case err != nil:
-		return ReserveResult{}, fmt.Errorf("look up request key: %w", err)
-	case prior.hash != requestHash(req.SKU, req.Quantity):
+	}
+	prior := v.(*memHold)
+	if prior.hash != requestHash(req.SKU, req.Quantity) {
 		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)
 	}
 	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil

@@ -1,52 +1,78 @@
 package region
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/quotaworks/quota/transfer"
 )
 
-// closeHold moves a held hold to sold, released or expired, exactly once: every statement
-// is guarded on the hold still being held, and a guard that matches nothing fails the batch.
-// held → sold preserves I1 and I3 (held → sold inside the pool); held → released|expired
-// returns the units to available (I1, I3) and frees the user's count. I5: the guard on
-// state = 'held' makes each of these happen at most once and never two of them.
-func closeHold(ctx context.Context, tx pgx.Tx, b *batch, h Hold, to HoldState, payment string) error {
-	q := int64(h.Quantity)
-	wb := &pgx.Batch{}
-	var pay any
-	if to == Sold {
-		pay = payment
+// take records a new hold: available → held in its pool, the user's held count up. The
+// caller has checked both conditions (I1, I2, I3).
+func (b *batch) take(h *memHold) {
+	pk, uk, q := poolKey{h.Sale, h.SKU}, userKey{h.Sale, h.SKU, h.User}, h.Quantity
+	p := b.m.pools[pk]
+	if p == nil || p.available < q {
+		panic(fmt.Sprintf("region: take %d from pool %+v", q, p)) // the caller checked: a programmer error
 	}
-	wb.Queue(`UPDATE holds SET state = $2, payment_id = $3, closed_at = $4 WHERE hold_id = $1 AND state = 'held'`,
-		h.ID, string(to), pay, b.now)
+	p.available -= q
+	p.held += q
+	u := b.m.users[uk]
+	if u == nil {
+		u = &memUser{}
+		b.m.users[uk] = u
+	}
+	u.held += q
+	d := b.w.pool(pk)
+	d.available -= q
+	d.held += q
+	b.w.user(uk).held += q
+	b.w.newHolds = append(b.w.newHolds, h)
+	b.m.put(h)
+	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
+	b.touched[pk] = p.available
+	b.changed = append(b.changed, h)
+}
+
+// closeHold moves a held hold to sold, released or expired, exactly once, and returns its new
+// version. held → sold keeps the units in the pool (I1, I3: held → sold) and moves the user's
+// count to bought; held → released|expired returns them to available and frees the user's
+// count. I5: only a held hold can close, so each happens at most once and never two of them;
+// in SQL the update is guarded on state = 'held' as well.
+func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
+	if h.State != Held {
+		panic(fmt.Sprintf("region: close hold %s from %s", h.ID, h.State)) // callers check: a programmer error
+	}
+	pk, uk, q := poolKey{h.Sale, h.SKU}, userKey{h.Sale, h.SKU, h.User}, h.Quantity
+	p, u := b.m.pools[pk], b.m.users[uk]
+	if p == nil || u == nil || p.held < q || u.held < q {
+		panic(fmt.Sprintf("region: close hold %s: pool %+v, user %+v", h.ID, p, u))
+	}
+	p.held -= q
+	u.held -= q
+	d, ud := b.w.pool(pk), b.w.user(uk)
+	d.held -= q
+	ud.held -= q
 	if to == Sold {
-		wb.Queue(`UPDATE pools SET held = held - $3, sold = sold + $3 WHERE sale_id = $1 AND sku = $2 AND held >= $3
-			RETURNING available`, h.Sale, h.SKU, q)
-		wb.Queue(`UPDATE user_counts SET held_qty = held_qty - $4, bought_qty = bought_qty + $4
-			WHERE sale_id = $1 AND sku = $2 AND user_id = $3 AND held_qty >= $4`, h.Sale, h.SKU, h.User, q)
+		p.sold += q
+		u.bought += q
+		d.sold += q
+		ud.bought += q
 	} else {
-		wb.Queue(`UPDATE pools SET held = held - $3, available = available + $3 WHERE sale_id = $1 AND sku = $2 AND held >= $3
-			RETURNING available`, h.Sale, h.SKU, q)
-		wb.Queue(`UPDATE user_counts SET held_qty = held_qty - $4
-			WHERE sale_id = $1 AND sku = $2 AND user_id = $3 AND held_qty >= $4`, h.Sale, h.SKU, h.User, q)
+		p.available += q
+		d.available += q
 	}
-	res := tx.SendBatch(ctx, wb)
-	defer res.Close()
-	if tag, err := res.Exec(); err != nil || tag.RowsAffected() != 1 {
-		return fmt.Errorf("close hold %s → %s: hold guard (err %v)", h.ID, to, err)
+	nh := &memHold{Hold: h.Hold, hash: h.hash}
+	nh.State = to
+	if to == Sold {
+		nh.PaymentID = payment
 	}
-	var avail int64
-	if err := res.QueryRow().Scan(&avail); err != nil {
-		return fmt.Errorf("close hold %s → %s: pool guard: %w", h.ID, to, err)
-	}
-	if tag, err := res.Exec(); err != nil || tag.RowsAffected() != 1 {
-		return fmt.Errorf("close hold %s → %s: user guard (err %v)", h.ID, to, err)
-	}
-	b.touched[poolKey{h.Sale, h.SKU}] = transfer.Units(avail)
-	return res.Close()
+	b.m.put(nh)
+	b.w.closes = append(b.w.closes, closeRec{id: h.ID, state: string(to), payment: nh.PaymentID})
+	b.touched[pk] = p.available
+	b.changed = append(b.changed, nh)
+	return nh
 }
 
 func readHold(ctx context.Context, q interface {
@@ -67,38 +93,25 @@ type confirmOp struct {
 // unexpired at the batch's decision time (I6: no Confirm turns an expired or released hold
 // into a sale). A payment that comes too late is answered "refund" and recorded in
 // late_payments; a hold found held past its deadline is expired on the spot.
-func (o *confirmOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
-	h, err := readHold(ctx, tx, o.region, o.holdID)
-	if err != nil {
-		if isNotFound(err) {
-			return nil, err, nil
-		}
-		return nil, nil, err
+func (o *confirmOp) apply(_ context.Context, b *batch) (any, error, error) {
+	h := b.m.holds[o.holdID]
+	if h == nil {
+		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
 	}
 	switch {
 	case h.State == Sold && h.PaymentID == o.payment:
-		return ConfirmResult{Sold: true, Hold: h}, nil, nil
+		return ConfirmResult{Sold: true, Hold: h.Hold}, nil, nil
 	case h.State == Held && b.now.Before(h.ExpiresAt):
-		if err := closeHold(ctx, tx, b, h, Sold, o.payment); err != nil {
-			return nil, nil, err
-		}
-		h.State, h.PaymentID = Sold, o.payment
-		return ConfirmResult{Sold: true, Hold: h}, nil, nil
+		return ConfirmResult{Sold: true, Hold: b.closeHold(h, Sold, o.payment).Hold}, nil, nil
 	case h.State == Held:
-		if err := closeHold(ctx, tx, b, h, Expired, ""); err != nil {
-			return nil, nil, err
-		}
-		h.State = Expired
+		h = b.closeHold(h, Expired, "")
 	}
 	reason := fmt.Sprintf("hold is %s: refund the payment", h.State)
 	if h.State == Sold {
 		reason = fmt.Sprintf("hold was sold to payment %s: refund this one", h.PaymentID)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO late_payments (hold_id, payment_id, hold_state, received_at)
-		VALUES ($1, $2, $3, $4) ON CONFLICT (hold_id, payment_id) DO NOTHING`, h.ID, o.payment, string(h.State), b.now); err != nil {
-		return nil, nil, fmt.Errorf("record late payment: %w", err)
-	}
-	return ConfirmResult{Sold: false, Hold: h, Reason: reason}, nil, nil
+	b.w.late = append(b.w.late, lateRec{hold: h.ID, payment: o.payment, state: string(h.State)})
+	return ConfirmResult{Sold: false, Hold: h.Hold, Reason: reason}, nil, nil
 }
 
 type releaseOp struct {
@@ -108,25 +121,18 @@ type releaseOp struct {
 // apply is the guarded transition held → released. Releasing a hold that is already
 // released or expired returns it unchanged (idempotent; its units came back once, I5);
 // releasing a sold hold is a conflict.
-func (o *releaseOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
-	h, err := readHold(ctx, tx, o.region, o.holdID)
-	if err != nil {
-		if isNotFound(err) {
-			return nil, err, nil
-		}
-		return nil, nil, err
+func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
+	h := b.m.holds[o.holdID]
+	if h == nil {
+		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
 	}
 	switch h.State {
 	case Sold:
 		return nil, fmt.Errorf("hold_id %q is sold (payment %s): %w", h.ID, h.PaymentID, ErrConflict), nil
 	case Released, Expired:
-		return h, nil, nil
+		return h.Hold, nil, nil
 	}
-	if err := closeHold(ctx, tx, b, h, Released, ""); err != nil {
-		return nil, nil, err
-	}
-	h.State = Released
-	return h, nil, nil
+	return b.closeHold(h, Released, "").Hold, nil, nil
 }
 
 type expireOp struct {
@@ -135,31 +141,16 @@ type expireOp struct {
 }
 
 // apply expires up to limit holds whose deadline has passed at the batch's decision time,
-// oldest first, found through the (state, expires_at) index. Each goes through closeHold,
-// so a hold confirmed earlier in the same batch is no longer selected and units come back
-// once (I5).
-func (o *expireOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
-	rows, err := tx.Query(ctx, `SELECT `+holdColumns+` FROM holds WHERE state = 'held' AND expires_at <= $1
-		ORDER BY expires_at LIMIT $2`, b.now, o.limit)
-	if err != nil {
-		return nil, nil, fmt.Errorf("find expired holds: %w", err)
-	}
-	var due []Hold
-	for rows.Next() {
-		h, err := scanHold(rows, o.region)
-		if err != nil {
-			rows.Close()
-			return nil, nil, err
-		}
-		due = append(due, h)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	for _, h := range due {
-		if err := closeHold(ctx, tx, b, h, Expired, ""); err != nil {
-			return nil, nil, err
+// earliest first. Entries of holds closed since they were queued are skipped, so units come
+// back once (I5).
+func (o *expireOp) apply(_ context.Context, b *batch) (any, error, error) {
+	n := 0
+	for n < o.limit && b.m.due.Len() > 0 && !b.now.Before(b.m.due[0].at) {
+		d := heap.Pop(&b.m.due).(dueHold)
+		if h := b.m.holds[d.id]; h != nil && h.State == Held && !b.now.Before(h.ExpiresAt) {
+			b.closeHold(h, Expired, "")
+			n++
 		}
 	}
-	return len(due), nil, nil
+	return n, nil, nil
 }

@@ -18,7 +18,11 @@ type putSaleOp struct {
 
 // apply records the sale's terms, fenced by the coordinator's generation (I4). Terms never
 // change once recorded: a different definition under the same id is refused.
-func (o *putSaleOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *putSaleOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	t := o.terms
 	if err := fencing.CheckSaleGeneration(ctx, tx, t.Sale, o.gen); err != nil {
 		return nil, err, nil
@@ -74,7 +78,11 @@ type creditResult struct{ state transfer.InState }
 // coordinator's generation (I4). A retry of the same credit answers "credited" again without
 // adding anything; a credit after a refusal answers "refused" (I5: never both). Preserves I3:
 // credited_in and available rise together.
-func (o *creditOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	r := o.req
 	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
 		return nil, err, nil
@@ -115,6 +123,6 @@ func (o *creditOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, 
 		VALUES ($1, $2, $3, $4, 'credited', $5, $6)`, r.TransferID, r.Sale, r.SKU, int64(r.Units), r.Generation, b.now); err != nil {
 		return nil, nil, fmt.Errorf("record credit: %w", err)
 	}
-	b.touched[poolKey{r.Sale, r.SKU}] = transfer.Units(avail)
+	b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
 	return creditResult{state: transfer.InCredited}, nil, nil
 }

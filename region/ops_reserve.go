@@ -36,59 +36,41 @@ type reserveOp struct {
 	region string
 }
 
-// apply is the atomic conditional take: the pool's available ≥ q and the user's
-// held + bought + q ≤ limit are decided on the values read in this transaction (the
-// writer is the only one changing them; the epoch fence stops any other) and written with
-// guards that fail the batch if that ever stops holding. Preserves I1 (available → held,
-// the pool total unchanged), I2 (guards and CHECKs), I3 (credited_in and debited_out
-// unchanged) and I6 (the hold is in the same commit as the counters).
-func (o *reserveOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+// apply is the atomic conditional take, decided in memory by the single writer: the pool's
+// available ≥ q and the user's held + bought + q ≤ limit are checked and changed in the same
+// step, and the hold and counters are written in this batch's commit, before any reply (I6).
+// Preserves I1 (available → held), I2 (checked here, CHECKs in SQL) and I3 (credited_in and
+// debited_out unchanged).
+func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
 	hash := requestHash(req.SKU, req.Quantity)
-	prior, err := scanHoldWithHash(tx.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
-		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, req.Sale, req.User, req.RequestKey), o.region)
-	switch {
-	case err == nil && prior.hash == hash:
+	if prior, ok := b.m.keys[keyKey{req.Sale, req.User, req.RequestKey}]; ok {
+		if prior.hash != hash {
+			return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
+				req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists), nil
+		}
 		return ReserveResult{Hold: prior.Hold, Replayed: true}, nil, nil
-	case err == nil:
-		return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
-			req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists), nil
-	case err != pgx.ErrNoRows:
-		return nil, nil, fmt.Errorf("look up request key: %w", err)
 	}
-	var available, used int64
-	err = tx.QueryRow(ctx, `SELECT p.available, coalesce(u.held_qty + u.bought_qty, 0)
-		FROM pools p LEFT JOIN user_counts u ON u.sale_id = p.sale_id AND u.sku = p.sku AND u.user_id = $3
-		WHERE p.sale_id = $1 AND p.sku = $2`, req.Sale, req.SKU, req.User).Scan(&available, &used)
-	if err == pgx.ErrNoRows {
+	pk := poolKey{req.Sale, req.SKU}
+	p := b.m.pools[pk]
+	if p == nil {
 		return nil, fmt.Errorf("region %s has no stock of %s: %w", o.region, req.SKU, ErrRegionExhausted), nil
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("read pool: %w", err)
+	if p.available < req.Quantity {
+		b.touched[pk] = p.available
+		return nil, fmt.Errorf("region %s: %d of %s left, %d asked: %w", o.region, p.available, req.SKU, req.Quantity, ErrRegionExhausted), nil
 	}
-	if transfer.Units(available) < req.Quantity {
-		b.touched[poolKey{req.Sale, req.SKU}] = transfer.Units(available)
-		return nil, fmt.Errorf("region %s: %d of %s left, %d asked: %w", o.region, available, req.SKU, req.Quantity, ErrRegionExhausted), nil
+	var used transfer.Units
+	if u := b.m.users[userKey{req.Sale, req.SKU, req.User}]; u != nil {
+		used = u.held + u.bought
 	}
-	if transfer.Units(used)+req.Quantity > o.terms.PerUserLimit {
+	if used+req.Quantity > o.terms.PerUserLimit {
 		return nil, fmt.Errorf("user %s has %d of %s, limit %d: %w", req.User, used, req.SKU, o.terms.PerUserLimit, ErrLimitExceeded), nil
 	}
-	h := Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
-		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}
-	wb := &pgx.Batch{}
-	wb.Queue(`UPDATE pools SET available = available - $3, held = held + $3
-		WHERE sale_id = $1 AND sku = $2 AND available >= $3`, req.Sale, req.SKU, int64(req.Quantity))
-	wb.Queue(`INSERT INTO user_counts (sale_id, sku, user_id, held_qty, bought_qty) VALUES ($1, $2, $3, $4, 0)
-		ON CONFLICT (sale_id, sku, user_id) DO UPDATE SET held_qty = user_counts.held_qty + excluded.held_qty`,
-		req.Sale, req.SKU, req.User, int64(req.Quantity))
-	wb.Queue(`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, 'held', $8, $9)`,
-		h.ID, h.Sale, h.SKU, h.User, int64(h.Quantity), h.RequestKey, hash, h.CreatedAt, h.ExpiresAt)
-	if err := execAll(ctx, tx, wb, 1, 1, 1); err != nil {
-		return nil, nil, fmt.Errorf("reserve %s: %w", h.ID, err)
-	}
-	b.touched[poolKey{req.Sale, req.SKU}] = transfer.Units(available) - req.Quantity
-	return ReserveResult{Hold: h}, nil, nil
+	h := &memHold{Hold: Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
+		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}, hash: hash}
+	b.take(h)
+	return ReserveResult{Hold: h.Hold}, nil, nil
 }
 
 type holdWithHash struct {
@@ -117,7 +99,7 @@ func execAll(ctx context.Context, tx pgx.Tx, b *pgx.Batch, want ...int64) error 
 			res.Close()
 			return fmt.Errorf("statement %d: %w", i, err)
 		}
-		if tag.RowsAffected() != w {
+		if w >= 0 && tag.RowsAffected() != w {
 			res.Close()
 			return fmt.Errorf("statement %d changed %d rows, want %d: guard failed", i, tag.RowsAffected(), w)
 		}

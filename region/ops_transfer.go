@@ -59,7 +59,11 @@ type debitOp struct{ req DebitRequest }
 // debited_out += units (I3 holds; I1: the units move from this pool to in flight), recorded
 // as pending. When available is short it records a refused tombstone instead, so a late
 // retry cannot debit a transfer the coordinator has given up (I5). Fenced (I4).
-func (o *debitOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	r := o.req
 	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
 		return nil, err, nil
@@ -83,7 +87,7 @@ func (o *debitOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, e
 	} else if err != nil {
 		return nil, nil, fmt.Errorf("debit pool: %w", err)
 	} else {
-		b.touched[poolKey{r.Sale, r.SKU}] = transfer.Units(avail)
+		b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, r.TransferID, r.Sale, r.SKU, r.To, int64(r.Units), string(state), r.Generation, b.now); err != nil {
@@ -97,7 +101,11 @@ type refuseOp struct{ req CreditRequest }
 // apply is the abort step at the destination: unless the transfer was already credited, it
 // writes a refused tombstone so any later Credit of it answers refused (I5: never both
 // credited and restored). It reports the destination's durable record either way.
-func (o *refuseOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *refuseOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	r := o.req
 	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
 		return nil, err, nil
@@ -123,14 +131,22 @@ type restoreOp struct{ ref TransferRef }
 // available += units and credited_in += units (I3; I1: in flight → available). The
 // coordinator calls it only after the destination's durable refusal. Idempotent; a settled
 // transfer cannot be restored (I5).
-func (o *restoreOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *restoreOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutVoided)
 }
 
 type settleOp struct{ ref TransferRef }
 
 // apply marks a credited transfer settled at its source: bookkeeping only, no count moves.
-func (o *settleOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o *settleOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, ferr := b.sqlOp(ctx)
+	if ferr != nil {
+		return nil, nil, ferr
+	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutSettled)
 }
 
@@ -158,7 +174,7 @@ func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to
 			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.sale, rec.sku, int64(rec.units)).Scan(&avail); err != nil {
 			return nil, nil, fmt.Errorf("restore pool: %w", err)
 		}
-		b.touched[poolKey{rec.sale, rec.sku}] = transfer.Units(avail)
+		b.setAvailable(poolKey{rec.sale, rec.sku}, transfer.Units(avail))
 	}
 	tag, err := tx.Exec(ctx, `UPDATE transfers_out SET state = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
 		ref.TransferID, string(to), b.now)

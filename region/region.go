@@ -91,6 +91,13 @@ type Region struct {
 	sales   sync.Map // sale id → SaleTerms
 	availMu sync.RWMutex
 	avail   map[poolKey]*atomic.Int64
+
+	// committed holds every hold as last committed, by idempotency key (keyKey → *memHold),
+	// and pending counts the reserves of each key on their way through the writer: together
+	// they let an empty pool answer without the writer and without SQL.
+	committed sync.Map
+	pendingMu sync.Mutex
+	pending   map[keyKey]int
 }
 
 // New builds a region on pool, whose schema must be migrated (Migrate).
@@ -98,7 +105,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}}, nil
+	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, pending: map[keyKey]int{}}, nil
 }
 
 // Name is the region's name.
@@ -116,12 +123,13 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(ctx, tx, epoch) }); err != nil {
 		return err
 	}
-	if err := r.reload(ctx); err != nil {
+	m, err := r.reload(ctx)
+	if err != nil {
 		return err
 	}
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow,
-		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, onFail: r.onBatchFailure,
+		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, onFail: r.onBatchFailure, m: m,
 	}
 	w.start()
 	sctx, cancel := context.WithCancel(context.Background())
@@ -174,31 +182,28 @@ func (r *Region) submit(ctx context.Context, o op) (any, error) {
 	return w.submit(ctx, o)
 }
 
-// reload replaces the cached available counts with the stored ones.
-func (r *Region) reload(ctx context.Context) error {
-	rows, err := r.pool.Query(ctx, `SELECT sale_id, sku, available FROM pools`)
+// reload reads the region's state from SQL into a fresh memState and republishes the
+// caches readers use without the writer (available counts and committed holds by key).
+func (r *Region) reload(ctx context.Context) (*memState, error) {
+	m, err := loadMem(ctx, r.pool, r.cfg.Name)
 	if err != nil {
-		return fmt.Errorf("load pools: %w", err)
+		return nil, err
 	}
-	fresh := map[poolKey]*atomic.Int64{}
-	for rows.Next() {
-		var k poolKey
-		var a int64
-		if err := rows.Scan(&k.sale, &k.sku, &a); err != nil {
-			return err
-		}
+	fresh := make(map[poolKey]*atomic.Int64, len(m.pools))
+	for k, p := range m.pools {
 		v := &atomic.Int64{}
-		v.Store(a)
+		v.Store(int64(p.available))
 		fresh[k] = v
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("load pools: %w", err)
 	}
 	r.availMu.Lock()
 	r.avail = fresh
 	r.availMu.Unlock()
+	r.committed.Clear()
+	for k, h := range m.keys {
+		r.committed.Store(k, h)
+	}
 	r.sales.Clear()
-	return nil
+	return m, nil
 }
 
 // applyCommitted runs on the writer after a commit: the cache learns what is now durable.
@@ -216,6 +221,9 @@ func (r *Region) applyCommitted(b *batch) {
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
 	}
+	for _, h := range b.changed {
+		r.committed.Store(keyKey{h.Sale, h.User, h.RequestKey}, h)
+	}
 	if r.cfg.Verify {
 		r.verifyCommitted(b)
 	}
@@ -223,18 +231,21 @@ func (r *Region) applyCommitted(b *batch) {
 
 // onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
 // of the database) and reload it; a fenced writer stops serving.
-func (r *Region) onBatchFailure(err error) {
+func (r *Region) onBatchFailure(err error) *memState {
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
 	if errors.Is(err, ErrFenced) {
 		go r.StepDown() // StepDown waits for this writer goroutine, so not inline.
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if rerr := r.reload(ctx); rerr != nil {
+	m, rerr := r.reload(ctx)
+	if rerr != nil {
 		r.cfg.Logger.Error("region reload failed; stepping down", "region", r.cfg.Name, "err", rerr)
 		go r.StepDown()
+		return nil
 	}
+	return m
 }
 
 // cachedAvailable returns the committed available count of a pool, and whether it is known.

@@ -2,7 +2,6 @@ package region
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -11,24 +10,80 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/clock"
-	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
 
-// op is one state change decided and written inside a batch transaction. apply returns the
-// op's result and its business outcome (sold out, limit, ...: the batch still commits), or
-// a fatal error that aborts the whole batch. apply may run more than once (transaction
-// retries), so it keeps no state outside its return values and the batch.
+// op is one state change. Most ops (reserve, confirm, release, expire) are decided in the
+// leader's memory (batch.m) and leave their SQL effects in batch.w, written once for the
+// whole batch; the rare ops that come from the coordinator run SQL themselves through
+// batch.sqlOp. apply returns the op's result and its business outcome (sold out, limit, ...:
+// the batch still commits), or a fatal error that fails the whole batch.
 type op interface {
-	apply(ctx context.Context, tx pgx.Tx, b *batch) (res any, outcome error, fatal error)
+	apply(ctx context.Context, b *batch) (res any, outcome error, fatal error)
 }
 
-// batch is what the ops of one transaction share: the decision time and the pools whose
-// available count they changed (applied to the in-memory cache only after the commit).
+// batch is what the ops of one transaction share: the decision time, the leader's memory,
+// the writes not yet sent, and what the caches learn once the batch commits.
 type batch struct {
 	now     time.Time
 	touched map[poolKey]transfer.Units
 	sales   map[string]SaleTerms
+	m       *memState
+	w       *writes
+	changed []*memHold
+	db      *pgxpool.Pool
+	epoch   int64
+	tx      pgx.Tx
+}
+
+// begin opens the batch's transaction on first use, first passing the epoch fence (I4): a
+// batch of a deposed leader writes nothing. A batch that only read memory never opens one.
+func (b *batch) begin(ctx context.Context) (pgx.Tx, error) {
+	if b.tx != nil {
+		return b.tx, nil
+	}
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := fencing.CheckEpoch(ctx, tx, b.epoch); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	b.tx = tx
+	return tx, nil
+}
+
+// flush sends the writes decided in memory so far.
+func (b *batch) flush(ctx context.Context) error {
+	if b.w.empty() {
+		return nil
+	}
+	tx, err := b.begin(ctx)
+	if err != nil {
+		return err
+	}
+	return b.w.flush(ctx, tx, b.now)
+}
+
+// sqlOp prepares for an op that reads and writes SQL itself: the database must first hold
+// every decision taken before it in the batch.
+func (b *batch) sqlOp(ctx context.Context) (pgx.Tx, error) {
+	if err := b.flush(ctx); err != nil {
+		return nil, err
+	}
+	return b.begin(ctx)
+}
+
+// setAvailable records a pool's available count after a SQL op changed it.
+func (b *batch) setAvailable(k poolKey, a transfer.Units) {
+	p := b.m.pools[k]
+	if p == nil {
+		p = &memPool{}
+		b.m.pools[k] = p
+	}
+	p.available = a
+	b.touched[k] = a
 }
 
 type pending struct {
@@ -50,7 +105,10 @@ type writer struct {
 	window   time.Duration
 	in       chan *pending
 	onCommit func(b *batch)
-	onFail   func(err error)
+	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
+	// region stops leading), since memory may be ahead of the database.
+	onFail func(err error) *memState
+	m      *memState
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -148,45 +206,51 @@ func (w *writer) commit(ps []*pending) {
 		res any
 		err error
 	}
-	results := make([]result, len(ps))
-	var b *batch
-	inFn := false
+	if w.m == nil {
+		w.failAll(ps, fmt.Errorf("region state not loaded: %w", ErrNotLeader))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := pgutil.Tx(ctx, w.pool, func(tx pgx.Tx) error {
-		inFn = true
-		// The database keeps microseconds: decide at the stored precision, so the hold a
-		// request is answered with is the hold a read or a replay returns, and a deadline
-		// compares the same before and after it was stored.
-		b = &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{}}
-		if err := fencing.CheckEpoch(ctx, tx, w.epoch); err != nil {
-			return err
-		}
+	// The database keeps microseconds: decide at the stored precision, so the hold a request
+	// is answered with is the hold a read or a replay returns, and a deadline compares the
+	// same before and after it was stored.
+	b := &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
+		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch}
+	results := make([]result, len(ps))
+	err := func() error {
 		for i, p := range ps {
-			res, outcome, fatal := p.op.apply(ctx, tx, b)
+			res, outcome, fatal := p.op.apply(ctx, b)
 			if fatal != nil {
 				return fatal
 			}
 			results[i] = result{res, outcome}
 		}
-		inFn = false
-		return nil
-	})
+		return b.flush(ctx)
+	}()
+	if err != nil && b.tx != nil {
+		_ = b.tx.Rollback(ctx)
+	}
+	if err == nil && b.tx != nil {
+		if cerr := b.tx.Commit(ctx); cerr != nil {
+			err = fmt.Errorf("%w: commit: %v", ErrUnknownOutcome, cerr) // it may or may not have committed
+		}
+	}
 	if err != nil {
-		// Failed inside fn: rolled back, nothing committed. Failed at commit: unknown.
-		if !inFn && !errors.Is(err, ErrFenced) {
-			err = fmt.Errorf("%w: commit: %v", ErrUnknownOutcome, err)
-		}
-		for _, p := range ps {
-			p.err = err
-			close(p.done)
-		}
-		w.onFail(err)
+		w.failAll(ps, err)
+		w.m = w.onFail(err)
 		return
 	}
 	w.onCommit(b)
 	for i, p := range ps {
 		p.res, p.err = results[i].res, results[i].err
+		close(p.done)
+	}
+}
+
+func (w *writer) failAll(ps []*pending, err error) {
+	for _, p := range ps {
+		p.err = err
 		close(p.done)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/transfer"
@@ -20,7 +19,11 @@ import (
 // execOp runs one SQL statement in the batch; a statement error is fatal to the batch.
 type execOp struct{ sql string }
 
-func (o execOp) apply(ctx context.Context, tx pgx.Tx, b *batch) (any, error, error) {
+func (o execOp) apply(ctx context.Context, b *batch) (any, error, error) {
+	tx, err := b.sqlOp(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	if _, err := tx.Exec(ctx, o.sql); err != nil {
 		return nil, nil, err
 	}

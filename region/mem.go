@@ -1,0 +1,136 @@
+package region
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// memPool is a pool's counters as the leader decides on them.
+type memPool struct{ available, held, sold transfer.Units }
+
+type userKey struct{ sale, sku, user string }
+
+// memUser is one user's units of one SKU: held now, and bought.
+type memUser struct{ held, bought transfer.Units }
+
+type keyKey struct{ sale, user, key string }
+
+// memHold is one hold as the leader knows it. It is replaced, never changed, when the hold
+// changes state, so a pointer published to readers stays a consistent snapshot.
+type memHold struct {
+	Hold
+	hash string
+}
+
+// memState is the region leader's authoritative working copy of its pools, per-user counts,
+// holds and idempotency keys, loaded from SQL when it takes leadership (DESIGN.md §5, hot
+// path). Only the writer goroutine reads or changes it. Changes made while deciding a batch
+// are durable only once the batch commits; a failed batch makes the leader reload it.
+type memState struct {
+	pools map[poolKey]*memPool
+	users map[userKey]*memUser
+	keys  map[keyKey]*memHold
+	holds map[string]*memHold
+	due   expiryHeap
+}
+
+type dueHold struct {
+	at time.Time
+	id string
+}
+
+// expiryHeap orders live holds by deadline; entries of holds closed since are skipped when
+// popped.
+type expiryHeap []dueHold
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(dueHold)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// put records h (new or in a new state) in the state's maps.
+func (m *memState) put(h *memHold) {
+	m.holds[h.ID] = h
+	m.keys[keyKey{h.Sale, h.User, h.RequestKey}] = h
+}
+
+// loadMem reads the region's state from SQL in one snapshot.
+func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, error) {
+	m := &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}}
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
+	if err := loadPools(ctx, tx, m); err != nil {
+		return nil, fmt.Errorf("load pools: %w", err)
+	}
+	if err := loadUsers(ctx, tx, m); err != nil {
+		return nil, fmt.Errorf("load user counts: %w", err)
+	}
+	if err := loadHolds(ctx, tx, m, region); err != nil {
+		return nil, fmt.Errorf("load holds: %w", err)
+	}
+	return m, nil
+}
+
+func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, sku, available, held, sold FROM pools`)
+	if err != nil {
+		return err
+	}
+	var k poolKey
+	var a, h, s int64
+	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &a, &h, &s}, func() error {
+		m.pools[k] = &memPool{available: transfer.Units(a), held: transfer.Units(h), sold: transfer.Units(s)}
+		return nil
+	})
+	return err
+}
+
+func loadUsers(ctx context.Context, tx pgx.Tx, m *memState) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, sku, user_id, held_qty, bought_qty FROM user_counts`)
+	if err != nil {
+		return err
+	}
+	var k userKey
+	var h, b int64
+	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &k.user, &h, &b}, func() error {
+		m.users[k] = &memUser{held: transfer.Units(h), bought: transfer.Units(b)}
+		return nil
+	})
+	return err
+}
+
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string) error {
+	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash FROM holds`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		h, err := scanHoldWithHash(rows, region)
+		if err != nil {
+			return err
+		}
+		mh := &memHold{Hold: h.Hold, hash: h.hash}
+		m.put(mh)
+		if mh.State == Held {
+			m.due = append(m.due, dueHold{mh.ExpiresAt, mh.ID})
+		}
+	}
+	heap.Init(&m.due)
+	return rows.Err()
+}
