@@ -82,6 +82,18 @@ type RegionLink struct {
 	Books       BooksReader
 	// Demand feeds the rebalancer; a region without it counts as having no recent demand.
 	Demand DemandReader
+	// Resolve, when set, names the address of the region's current leader ("" if unknown).
+	Resolve func() string
+}
+
+// CurrentAddress is where the region's leader answers now, as far as the coordinator knows.
+func (l RegionLink) CurrentAddress() string {
+	if l.Resolve != nil {
+		if a := l.Resolve(); a != "" {
+			return a
+		}
+	}
+	return l.Address
 }
 
 // Config tunes the coordinator.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
@@ -38,6 +39,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Verify runs the expensive invariant checks after every batch (QUOTA_VERIFY=1).
 	Verify bool
+	// LeaderHint, when set, tells where the region's current leader answers; a standby puts
+	// it in its NOT_LEADER answers so clients can go there.
+	LeaderHint func() string
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -167,11 +171,16 @@ func (r *Region) Leading() bool {
 
 func (r *Region) writer() (*writer, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.w == nil {
-		return nil, fmt.Errorf("region %s: %w", r.cfg.Name, ErrNotLeader)
+	w := r.w
+	r.mu.Unlock()
+	if w != nil {
+		return w, nil
 	}
-	return r.w, nil
+	nl := &apierr.NotLeaderError{Role: "region " + r.cfg.Name}
+	if r.cfg.LeaderHint != nil {
+		nl.Leader = r.cfg.LeaderHint()
+	}
+	return nil, nl
 }
 
 func (r *Region) submit(ctx context.Context, o op) (any, error) {

@@ -175,7 +175,8 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
-		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log},
+		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
+		FollowLeaders: true},
 		Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package coordrpc
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -13,27 +14,70 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Participant reaches one region's ParticipantService over gRPC.
+// Participant reaches one region's ParticipantService over gRPC: at the address its resolver
+// names (the region's current leader, from etcd), or at its fixed address.
 type Participant struct {
-	conn   *grpc.ClientConn
-	client quotav1.ParticipantServiceClient
+	fallback string
+	resolve  func() string
+	mu       sync.Mutex
+	conns    map[string]*grpc.ClientConn
 }
 
 // DialParticipant connects (lazily) to a region at addr.
-func DialParticipant(addr string) (*Participant, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("region %s: %w", addr, err)
+func DialParticipant(addr string) (*Participant, error) { return DialResolving(addr, nil) }
+
+// DialResolving connects (lazily) to wherever resolve names, or to fallback when it names
+// nothing: after a region's leader changes, the coordinator follows it.
+func DialResolving(fallback string, resolve func() string) (*Participant, error) {
+	p := &Participant{fallback: fallback, resolve: resolve, conns: map[string]*grpc.ClientConn{}}
+	if _, err := p.conn(fallback); err != nil {
+		return nil, fmt.Errorf("region %s: %w", fallback, err)
 	}
-	return &Participant{conn: conn, client: quotav1.NewParticipantServiceClient(conn)}, nil
+	return p, nil
 }
 
-// Close closes the connection.
-func (p *Participant) Close() error { return p.conn.Close() }
+func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	p.conns[addr] = c
+	return c, nil
+}
+
+func (p *Participant) client() quotav1.ParticipantServiceClient {
+	addr := p.fallback
+	if p.resolve != nil {
+		if a := p.resolve(); a != "" {
+			addr = a
+		}
+	}
+	c, err := p.conn(addr)
+	if err != nil {
+		c, _ = p.conn(p.fallback) // dialed when the participant was made
+	}
+	return quotav1.NewParticipantServiceClient(c)
+}
+
+// Close closes every connection.
+func (p *Participant) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, c := range p.conns {
+		c.Close()
+		delete(p.conns, a)
+	}
+	return nil
+}
 
 // PutSale implements coordinator.Participant.
 func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.SaleTerms) error {
-	_, err := p.client.PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{
+	_, err := p.client().PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{
 		SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
 		OpensAt: timestamppb.New(t.OpensAt)}})
 	return apierr.FromStatus(err)
@@ -41,7 +85,7 @@ func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.Sale
 
 // Credit implements coordinator.Participant.
 func (p *Participant) Credit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
-	resp, err := p.client.Credit(ctx, &quotav1.CreditRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
+	resp, err := p.client().Credit(ctx, &quotav1.CreditRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -50,7 +94,7 @@ func (p *Participant) Credit(ctx context.Context, gen int64, t transfer.Transfer
 
 // Refuse implements coordinator.Participant.
 func (p *Participant) Refuse(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
-	resp, err := p.client.Refuse(ctx, &quotav1.RefuseRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
+	resp, err := p.client().Refuse(ctx, &quotav1.RefuseRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -59,7 +103,7 @@ func (p *Participant) Refuse(ctx context.Context, gen int64, t transfer.Transfer
 
 // Debit implements coordinator.Participant.
 func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client.Debit(ctx, &quotav1.DebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
+	resp, err := p.client().Debit(ctx, &quotav1.DebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -68,7 +112,7 @@ func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer)
 
 // Restore implements coordinator.Participant.
 func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client.Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	resp, err := p.client().Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -77,7 +121,7 @@ func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfe
 
 // Settle implements coordinator.Participant.
 func (p *Participant) Settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client.Settle(ctx, &quotav1.SettleRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	resp, err := p.client().Settle(ctx, &quotav1.SettleRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -86,7 +130,7 @@ func (p *Participant) Settle(ctx context.Context, gen int64, t transfer.Transfer
 
 // Status implements coordinator.Participant.
 func (p *Participant) Status(ctx context.Context, id string) (transfer.InState, transfer.OutState, error) {
-	resp, err := p.client.TransferStatus(ctx, &quotav1.TransferStatusRequest{TransferId: id})
+	resp, err := p.client().TransferStatus(ctx, &quotav1.TransferStatusRequest{TransferId: id})
 	if err != nil {
 		return "", "", apierr.FromStatus(err)
 	}

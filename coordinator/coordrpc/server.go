@@ -90,7 +90,7 @@ func (s *Server) ListRegions(ctx context.Context, _ *quotav1.ListRegionsRequest)
 	gen, _ := s.C.Generation()
 	out := &quotav1.ListRegionsResponse{Generation: gen}
 	for _, r := range s.C.Regions() {
-		out.Regions = append(out.Regions, &quotav1.RegionInfo{Name: r.Name, Address: r.Address})
+		out.Regions = append(out.Regions, &quotav1.RegionInfo{Name: r.Name, Address: r.CurrentAddress()})
 	}
 	return out, nil
 }

@@ -53,6 +53,23 @@ func Invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// NotLeaderError is ErrNotLeader with where the leader is, when known, so a client can go
+// there instead of guessing.
+type NotLeaderError struct {
+	Role   string
+	Leader string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return fmt.Sprintf("%s: not leader (no leader known)", e.Role)
+	}
+	return fmt.Sprintf("%s: not leader; the leader is at %s", e.Role, e.Leader)
+}
+
+// Unwrap makes errors.Is(err, ErrNotLeader) hold.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
 // NotFound wraps ErrNotFound with what was missing.
 func NotFound(field, value string) error {
 	return fmt.Errorf("%s %q: %w", field, value, ErrNotFound)

@@ -56,6 +56,10 @@ func ToStatus(err error) error {
 	}
 	st := status.New(code, err.Error())
 	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain}
+	var nl *NotLeaderError
+	if errors.As(err, &nl) && nl.Leader != "" {
+		info.Metadata = map[string]string{"leader": nl.Leader}
+	}
 	var inv *InvalidError
 	if errors.As(err, &inv) {
 		bad := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
@@ -81,6 +85,20 @@ func Reason(err error) string {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
 			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// LeaderHint returns the leader's address carried by a NOT_LEADER status error, or "".
+func LeaderHint(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info.GetMetadata()["leader"]
 		}
 	}
 	return ""

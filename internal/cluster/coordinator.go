@@ -36,6 +36,10 @@ type CoordinatorConfig struct {
 	StrandAfter time.Duration
 	// RetryInterval is how often unfinished transfers are driven again (default 1s).
 	RetryInterval time.Duration
+	// FollowLeaders makes the coordinator reach each region at the address its current
+	// leader publishes in etcd (falling back to the configured one), so a region's failover
+	// to a standby on another address is followed.
+	FollowLeaders bool
 	Logger        *slog.Logger
 }
 
@@ -101,13 +105,18 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.Region
 			return nil, fmt.Errorf("region %s database: %w", r.Name, err)
 		}
 		n.regionDBs = append(n.regionDBs, db)
-		p, err := coordrpc.DialParticipant(r.Addr)
+		var resolve func() string
+		if n.cfg.FollowLeaders {
+			role := "region/" + r.Name
+			resolve = func() string { return leaderOf(n.etcd, role) }
+		}
+		p, err := coordrpc.DialResolving(r.Addr, resolve)
 		if err != nil {
 			return nil, err
 		}
 		n.participants = append(n.participants, p)
 		name := r.Name
-		links = append(links, coordinator.RegionLink{Name: name, Address: r.Addr, Participant: p,
+		links = append(links, coordinator.RegionLink{Name: name, Address: r.Addr, Participant: p, Resolve: resolve,
 			Books: func(ctx context.Context, sale string) (transfer.RegionBooks, error) {
 				return region.ReadBooks(ctx, db, name, sale)
 			},

@@ -174,7 +174,7 @@ func StartDev(ctx context.Context, cfg DevConfig) (d *Dev, err error) {
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger}, d.EtcdClient)
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,14 +34,39 @@ type RegionConfig struct {
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
 type RegionNode struct {
-	R      *region.Region
-	Server *rpcserve.Server
-	DB     *pgxpool.Pool
-	etcd   *fencing.Client
-	cfg    RegionConfig
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	R       *region.Region
+	Server  *rpcserve.Server
+	DB      *pgxpool.Pool
+	etcd    *fencing.Client
+	cfg     RegionConfig
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
+	crashed atomic.Bool
+}
+
+// leaderOf reads the address published by role's leader in etcd, or "" when unknown.
+func leaderOf(etcd *fencing.Client, role string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	addr, _, err := fencing.Leader(ctx, etcd, role)
+	if err != nil {
+		return ""
+	}
+	return addr
+}
+
+// Crash stops the node the way a killed process stops: calls in progress are cut, queued
+// work fails, and its leadership is left to expire with its lease instead of being resigned.
+func (n *RegionNode) Crash() {
+	n.crashed.Store(true)
+	n.once.Do(func() {
+		n.Server.GRPC.Stop()
+		n.cancel()
+		n.wg.Wait()
+		n.R.Close()
+		n.DB.Close()
+	})
 }
 
 // StartRegion opens and migrates the region's database, starts its gRPC server (answering
@@ -50,6 +76,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		cfg.Logger = slog.Default()
 	}
 	cfg.Region.Logger = cfg.Logger
+	cfg.Region.LeaderHint = func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) }
 	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
 	if err != nil {
 		return nil, err
@@ -107,7 +134,11 @@ func (n *RegionNode) campaign(ctx context.Context) {
 		case <-ctx.Done():
 		}
 		n.R.StepDown()
-		l.Close()
+		if n.crashed.Load() {
+			l.Abandon()
+		} else {
+			l.Close()
+		}
 	}
 }
 

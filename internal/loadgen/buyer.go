@@ -14,7 +14,7 @@ type buyer struct {
 	cfg    *Config
 	c      *counters
 	region string
-	client quotav1.RegionServiceClient
+	rc     *regionClient
 	rng    *rand.Rand
 	id     int64
 }
@@ -38,6 +38,9 @@ func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
 		if err == nil || !retryable(err) {
 			return err
 		}
+		if hint := apierr.LeaderHint(err); hint != "" {
+			_ = b.rc.follow(hint)
+		}
 	}
 	return err
 }
@@ -47,7 +50,7 @@ func (b buyer) run(ctx context.Context) {
 	user := fmt.Sprintf("%sbuyer-%d", b.cfg.UserPrefix, b.id)
 	var res *quotav1.ReserveResponse
 	err := b.call(ctx, func(ctx context.Context) (err error) {
-		res, err = b.client.Reserve(ctx, &quotav1.ReserveRequest{SaleId: b.cfg.Sale, Sku: b.cfg.SKU, UserId: user,
+		res, err = b.rc.get().Reserve(ctx, &quotav1.ReserveRequest{SaleId: b.cfg.Sale, Sku: b.cfg.SKU, UserId: user,
 			Quantity: int64(b.cfg.Quantity), RequestKey: "checkout-1"})
 		return err
 	})
@@ -67,7 +70,7 @@ func (b buyer) run(ctx context.Context) {
 		b.pay(ctx, h.GetHoldId(), "pay-"+user)
 	case x < b.cfg.ConfirmRatio+b.cfg.ReleaseRatio:
 		if err := b.call(ctx, func(ctx context.Context) error {
-			_, err := b.client.Release(ctx, &quotav1.ReleaseRequest{HoldId: h.GetHoldId()})
+			_, err := b.rc.get().Release(ctx, &quotav1.ReleaseRequest{HoldId: h.GetHoldId()})
 			return err
 		}); err != nil {
 			b.c.failed.Add(1)
@@ -82,7 +85,7 @@ func (b buyer) run(ctx context.Context) {
 func (b buyer) pay(ctx context.Context, hold, payment string) {
 	var res *quotav1.ConfirmResponse
 	err := b.call(ctx, func(ctx context.Context) (err error) {
-		res, err = b.client.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: hold, PaymentId: payment})
+		res, err = b.rc.get().Confirm(ctx, &quotav1.ConfirmRequest{HoldId: hold, PaymentId: payment})
 		return err
 	})
 	switch {

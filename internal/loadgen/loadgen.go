@@ -120,15 +120,15 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
 	defer cancel()
-	clients := make([]quotav1.RegionServiceClient, len(cfg.Regions))
+	clients := make([]*regionClient, len(cfg.Regions))
 	var total int64
 	for i, r := range cfg.Regions {
-		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		rc, err := newRegionClient(r.Addr)
 		if err != nil {
 			return Stats{}, fmt.Errorf("region %s: %w", r.Name, err)
 		}
-		defer conn.Close()
-		clients[i] = quotav1.NewRegionServiceClient(conn)
+		defer rc.close()
+		clients[i] = rc
 		total += r.Weight
 	}
 	if total <= 0 {
@@ -151,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 					return
 				}
 				i := pick(rng, cfg.Regions, total)
-				buyer{cfg: &cfg, c: c, region: cfg.Regions[i].Name, client: clients[i], rng: rng, id: n}.run(ctx)
+				buyer{cfg: &cfg, c: c, region: cfg.Regions[i].Name, rc: clients[i], rng: rng, id: n}.run(ctx)
 			}
 		}(w)
 	}
@@ -193,6 +193,48 @@ func startProgress(ctx context.Context, cfg Config, c *counters, start time.Time
 		}
 	}()
 	return func() { close(done); wg.Wait() }
+}
+
+// regionClient is a storefront's connection to one region. A NOT_LEADER answer that names
+// the leader moves it there (after a failover the standby answers on its own address).
+type regionClient struct {
+	mu    sync.Mutex
+	cur   quotav1.RegionServiceClient
+	conns map[string]*grpc.ClientConn
+}
+
+func newRegionClient(addr string) (*regionClient, error) {
+	rc := &regionClient{conns: map[string]*grpc.ClientConn{}}
+	return rc, rc.follow(addr)
+}
+
+func (rc *regionClient) get() quotav1.RegionServiceClient {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.cur
+}
+
+func (rc *regionClient) follow(addr string) error {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	conn, ok := rc.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return err
+		}
+		rc.conns[addr] = conn
+	}
+	rc.cur = quotav1.NewRegionServiceClient(conn)
+	return nil
+}
+
+func (rc *regionClient) close() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, c := range rc.conns {
+		c.Close()
+	}
 }
 
 // retryable is an outcome a real client retries with the same key: the request may or may
