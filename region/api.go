@@ -105,12 +105,15 @@ func (r *Region) inWriter(k keyKey) bool {
 // ever got (the writer publishes a hold before it answers): a retry of a granted request gets
 // its hold back, a new one is told the region is exhausted.
 func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
-	v, ok := r.committed.Load(k)
+	var prior *memHold
+	ok := false
+	if m := r.state.Load(); m != nil {
+		prior, ok = m.committedKey(k)
+	}
 	if !ok {
 		return ReserveResult{}, fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
 	}
-	prior := v.(*memHold)
-	if prior.hash != requestHash(req.SKU, req.Quantity) {
+	if prior.hash != hashOf(requestHash(req.SKU, req.Quantity)) {
 		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)
 	}
 	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil

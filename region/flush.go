@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -107,7 +108,7 @@ func queueInsertHolds(b *pgx.Batch, hs []*memHold) {
 	qty := make([]int64, n)
 	created, expires := make([]time.Time, n), make([]time.Time, n)
 	for i, h := range hs {
-		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, h.hash
+		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, hex.EncodeToString(h.hash[:])
 		qty[i], created[i], expires[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt
 	}
 	b.Queue(`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)

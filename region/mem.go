@@ -3,7 +3,10 @@ package region
 import (
 	"container/heap"
 	"context"
+	"encoding/hex"
 	"fmt"
+	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +28,7 @@ type keyKey struct{ sale, user, key string }
 // changes state, so a pointer published to readers stays a consistent snapshot.
 type memHold struct {
 	Hold
-	hash string
+	hash [16]byte
 }
 
 // memState is the region leader's authoritative working copy of its pools, per-user counts,
@@ -35,9 +38,13 @@ type memHold struct {
 type memState struct {
 	pools map[poolKey]*memPool
 	users map[userKey]*memUser
+	due   expiryHeap
+	// keys and holds hold what is committed: the writer changes them only after a commit,
+	// under mu, so requests may read them (an empty pool answers from them) without the
+	// writer. A batch's own changes wait in its overlay until then.
+	mu    sync.RWMutex
 	keys  map[keyKey]*memHold
 	holds map[string]*memHold
-	due   expiryHeap
 }
 
 type dueHold struct {
@@ -60,10 +67,34 @@ func (h *expiryHeap) Pop() any {
 	return x
 }
 
-// put records h (new or in a new state) in the state's maps.
+// put records h (new or in a new state) in the state's maps; the caller holds mu or owns m.
 func (m *memState) put(h *memHold) {
 	m.holds[h.ID] = h
 	m.keys[keyKey{h.Sale, h.User, h.RequestKey}] = h
+}
+
+// committedKey returns the committed hold of an idempotency key; safe from any goroutine.
+func (m *memState) committedKey(k keyKey) (*memHold, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	h, ok := m.keys[k]
+	return h, ok
+}
+
+// publish makes a committed batch's holds visible to readers.
+func (m *memState) publish(overlay map[string]*memHold) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range overlay {
+		m.put(h)
+	}
+}
+
+// hashOf is the 16-byte form of a request fingerprint kept in memory.
+func hashOf(hexHash string) [16]byte {
+	var h [16]byte
+	_, _ = hex.Decode(h[:], []byte(hexHash))
+	return h
 }
 
 // loadMem reads the region's state from SQL in one snapshot.
@@ -77,12 +108,17 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, e
 	if err := loadPools(ctx, tx, m); err != nil {
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
-	if err := loadUsers(ctx, tx, m); err != nil {
+	in := interner{}
+	if err := loadUsers(ctx, tx, m, in); err != nil {
 		return nil, fmt.Errorf("load user counts: %w", err)
 	}
-	if err := loadHolds(ctx, tx, m, region); err != nil {
+	if err := loadHolds(ctx, tx, m, region, in); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
+	// Loading made garbage several times the size of what it kept: give it back now rather
+	// than carry it as resident memory until the next collections.
+	in = nil
+	debug.FreeOSMemory()
 	return m, nil
 }
 
@@ -100,7 +136,7 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	return err
 }
 
-func loadUsers(ctx context.Context, tx pgx.Tx, m *memState) error {
+func loadUsers(ctx context.Context, tx pgx.Tx, m *memState, in interner) error {
 	rows, err := tx.Query(ctx, `SELECT sale_id, sku, user_id, held_qty, bought_qty FROM user_counts`)
 	if err != nil {
 		return err
@@ -108,13 +144,13 @@ func loadUsers(ctx context.Context, tx pgx.Tx, m *memState) error {
 	var k userKey
 	var h, b int64
 	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &k.user, &h, &b}, func() error {
-		m.users[k] = &memUser{held: transfer.Units(h), bought: transfer.Units(b)}
+		m.users[userKey{in.of(k.sale), in.of(k.sku), in.of(k.user)}] = &memUser{held: transfer.Units(h), bought: transfer.Units(b)}
 		return nil
 	})
 	return err
 }
 
-func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string) error {
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in interner) error {
 	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash FROM holds`)
 	if err != nil {
 		return err
@@ -125,7 +161,11 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string) error
 		if err != nil {
 			return err
 		}
-		mh := &memHold{Hold: h.Hold, hash: h.hash}
+		// Holds share sales, SKUs, states, request keys and (with user_counts) users: keep one
+		// copy of each string.
+		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
+		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
+		mh := &memHold{Hold: h.Hold, hash: hashOf(h.hash)}
 		m.put(mh)
 		if mh.State == Held {
 			m.due = append(m.due, dueHold{mh.ExpiresAt, mh.ID})
@@ -133,4 +173,14 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string) error
 	}
 	heap.Init(&m.due)
 	return rows.Err()
+}
+
+type interner map[string]string
+
+func (in interner) of(s string) string {
+	if c, ok := in[s]; ok {
+		return c
+	}
+	in[s] = s
+	return s
 }

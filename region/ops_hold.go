@@ -29,10 +29,9 @@ func (b *batch) take(h *memHold) {
 	d.held += q
 	b.w.user(uk).held += q
 	b.w.newHolds = append(b.w.newHolds, h)
-	b.m.put(h)
+	b.put(h)
 	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
 	b.touched[pk] = p.available
-	b.changed = append(b.changed, h)
 }
 
 // closeHold moves a held hold to sold, released or expired, exactly once, and returns its new
@@ -68,10 +67,9 @@ func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
 	if to == Sold {
 		nh.PaymentID = payment
 	}
-	b.m.put(nh)
+	b.put(nh)
 	b.w.closes = append(b.w.closes, closeRec{id: h.ID, state: string(to), payment: nh.PaymentID})
 	b.touched[pk] = p.available
-	b.changed = append(b.changed, nh)
 	return nh
 }
 
@@ -94,7 +92,7 @@ type confirmOp struct {
 // into a sale). A payment that comes too late is answered "refund" and recorded in
 // late_payments; a hold found held past its deadline is expired on the spot.
 func (o *confirmOp) apply(_ context.Context, b *batch) (any, error, error) {
-	h := b.m.holds[o.holdID]
+	h := b.hold(o.holdID)
 	if h == nil {
 		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
 	}
@@ -122,7 +120,7 @@ type releaseOp struct {
 // released or expired returns it unchanged (idempotent; its units came back once, I5);
 // releasing a sold hold is a conflict.
 func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
-	h := b.m.holds[o.holdID]
+	h := b.hold(o.holdID)
 	if h == nil {
 		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
 	}
@@ -147,7 +145,7 @@ func (o *expireOp) apply(_ context.Context, b *batch) (any, error, error) {
 	n := 0
 	for n < o.limit && b.m.due.Len() > 0 && !b.now.Before(b.m.due[0].at) {
 		d := heap.Pop(&b.m.due).(dueHold)
-		if h := b.m.holds[d.id]; h != nil && h.State == Held && !b.now.Before(h.ExpiresAt) {
+		if h := b.hold(d.id); h != nil && h.State == Held && !b.now.Before(h.ExpiresAt) {
 			b.closeHold(h, Expired, "")
 			n++
 		}

@@ -43,8 +43,8 @@ type reserveOp struct {
 // debited_out unchanged).
 func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
-	hash := requestHash(req.SKU, req.Quantity)
-	if prior, ok := b.m.keys[keyKey{req.Sale, req.User, req.RequestKey}]; ok {
+	hash := hashOf(requestHash(req.SKU, req.Quantity))
+	if prior, ok := b.key(keyKey{req.Sale, req.User, req.RequestKey}); ok {
 		if prior.hash != hash {
 			return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
 				req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists), nil

@@ -96,10 +96,10 @@ type Region struct {
 	availMu sync.RWMutex
 	avail   map[poolKey]*atomic.Int64
 
-	// committed holds every hold as last committed, by idempotency key (keyKey → *memHold),
-	// and pending counts the reserves of each key on their way through the writer: together
-	// they let an empty pool answer without the writer and without SQL.
-	committed sync.Map
+	// state is the leader's memory (its committed holds by key are readable from any
+	// goroutine), and pending counts the reserves of each key on their way through the
+	// writer: together they let an empty pool answer without the writer and without SQL.
+	state     atomic.Pointer[memState]
 	pendingMu sync.Mutex
 	pending   map[keyKey]int
 }
@@ -207,10 +207,7 @@ func (r *Region) reload(ctx context.Context) (*memState, error) {
 	r.availMu.Lock()
 	r.avail = fresh
 	r.availMu.Unlock()
-	r.committed.Clear()
-	for k, h := range m.keys {
-		r.committed.Store(k, h)
-	}
+	r.state.Store(m)
 	r.sales.Clear()
 	return m, nil
 }
@@ -229,9 +226,6 @@ func (r *Region) applyCommitted(b *batch) {
 	r.availMu.Unlock()
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
-	}
-	for _, h := range b.changed {
-		r.committed.Store(keyKey{h.Sale, h.User, h.RequestKey}, h)
 	}
 	if r.cfg.Verify {
 		r.verifyCommitted(b)

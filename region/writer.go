@@ -30,7 +30,8 @@ type batch struct {
 	sales   map[string]SaleTerms
 	m       *memState
 	w       *writes
-	changed []*memHold
+	overlay map[string]*memHold // holds created or changed by this batch, by id
+	keys    map[keyKey]*memHold // the same, by idempotency key
 	db      *pgxpool.Pool
 	epoch   int64
 	tx      pgx.Tx
@@ -73,6 +74,29 @@ func (b *batch) sqlOp(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	return b.begin(ctx)
+}
+
+// hold returns a hold as this batch sees it: its own change, or the committed one.
+func (b *batch) hold(id string) *memHold {
+	if h, ok := b.overlay[id]; ok {
+		return h
+	}
+	return b.m.holds[id] // the writer is the only one changing the map: no lock to read it
+}
+
+// key returns the hold of an idempotency key as this batch sees it.
+func (b *batch) key(k keyKey) (*memHold, bool) {
+	if h, ok := b.keys[k]; ok {
+		return h, true
+	}
+	h, ok := b.m.keys[k]
+	return h, ok
+}
+
+// put records a hold this batch created or changed; it is published after the commit.
+func (b *batch) put(h *memHold) {
+	b.overlay[h.ID] = h
+	b.keys[keyKey{h.Sale, h.User, h.RequestKey}] = h
 }
 
 // setAvailable records a pool's available count after a SQL op changed it.
@@ -216,7 +240,7 @@ func (w *writer) commit(ps []*pending) {
 	// is answered with is the hold a read or a replay returns, and a deadline compares the
 	// same before and after it was stored.
 	b := &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
-		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch}
+		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
 	results := make([]result, len(ps))
 	err := func() error {
 		for i, p := range ps {
@@ -241,6 +265,7 @@ func (w *writer) commit(ps []*pending) {
 		w.m = w.onFail(err)
 		return
 	}
+	w.m.publish(b.overlay)
 	w.onCommit(b)
 	for i, p := range ps {
 		p.res, p.err = results[i].res, results[i].err
