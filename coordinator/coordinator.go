@@ -84,6 +84,8 @@ type RegionLink struct {
 	Demand DemandReader
 	// Resolve, when set, names the address of the region's current leader ("" if unknown).
 	Resolve func() string
+	// Available feeds the sold-out flags.
+	Available AvailableReader
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.
@@ -109,6 +111,10 @@ type Config struct {
 	// CallTimeout bounds one call to a region; default 5s.
 	CallTimeout time.Duration
 	Logger      *slog.Logger
+	// PublishSoldOut, when set, receives the sold-out flag of each SKU whenever it changes
+	// (see soldOutLoop); SoldOutInterval is how often they are recomputed (default 1s).
+	PublishSoldOut  func(ctx context.Context, sale, sku string, soldOut bool) error
+	SoldOutInterval time.Duration
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -137,6 +143,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CallTimeout == 0 {
 		c.CallTimeout = 5 * time.Second
+	}
+	if c.SoldOutInterval == 0 {
+		c.SoldOutInterval = time.Second
 	}
 	if c.RetryInterval < 0 || c.StrandAfter < 0 || c.CallTimeout < 0 {
 		return errors.New("retry interval, strand-after and call timeout must be positive")
@@ -185,8 +194,9 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	c.gen, c.cancel = gen, cancel
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.driveLoop(dctx, gen)
+	go c.soldOutLoop(dctx)
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil
 }

@@ -78,11 +78,21 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	}
 	r.track(k, 1)
 	defer r.track(k, -1)
-	res, err := r.submit(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name})
+	res, err := r.submit(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted})
 	if err != nil {
 		return ReserveResult{}, err
 	}
 	return res.(ReserveResult), nil
+}
+
+// exhausted is the answer to a reserve this region's pool cannot satisfy: SOLD_OUT when the
+// coordinator has flagged the SKU gone everywhere, REGION_EXHAUSTED (retry elsewhere or
+// later) otherwise.
+func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
+	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
+		return fmt.Errorf("sale %s: %s is sold out in every region: %w", req.Sale, req.SKU, ErrSoldOut)
+	}
+	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
 }
 
 // track counts the reserves of a key on their way through the writer.
@@ -111,7 +121,7 @@ func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.U
 		prior, ok = m.committedKey(k)
 	}
 	if !ok {
-		return ReserveResult{}, fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+		return ReserveResult{}, r.exhausted(req, avail)
 	}
 	if prior.hash != hashOf(requestHash(req.SKU, req.Quantity)) {
 		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)

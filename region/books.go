@@ -111,3 +111,23 @@ func RecentDemand(ctx context.Context, db *pgxpool.Pool, sale string, since time
 	}
 	return demand, nil
 }
+
+// ReadAvailable reads the available units of each SKU of a sale at this region, straight
+// from its database: a cheap read for the coordinator's sold-out flags.
+func ReadAvailable(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]transfer.Units, error) {
+	rows, err := db.Query(ctx, `SELECT sku, available FROM pools WHERE sale_id = $1`, sale)
+	if err != nil {
+		return nil, fmt.Errorf("read available: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]transfer.Units{}
+	for rows.Next() {
+		var sku string
+		var a int64
+		if err := rows.Scan(&sku, &a); err != nil {
+			return nil, err
+		}
+		out[sku] = transfer.Units(a)
+	}
+	return out, rows.Err()
+}

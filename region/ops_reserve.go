@@ -30,10 +30,11 @@ func scanHold(row pgx.Row, region string) (Hold, error) {
 }
 
 type reserveOp struct {
-	req    ReserveRequest
-	terms  SaleTerms
-	holdID string
-	region string
+	req       ReserveRequest
+	terms     SaleTerms
+	holdID    string
+	region    string
+	exhausted func(ReserveRequest, transfer.Units) error
 }
 
 // apply is the atomic conditional take, decided in memory by the single writer: the pool's
@@ -54,11 +55,11 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	pk := poolKey{req.Sale, req.SKU}
 	p := b.m.pools[pk]
 	if p == nil {
-		return nil, fmt.Errorf("region %s has no stock of %s: %w", o.region, req.SKU, ErrRegionExhausted), nil
+		return nil, o.exhausted(req, 0), nil
 	}
 	if p.available < req.Quantity {
 		b.touched[pk] = p.available
-		return nil, fmt.Errorf("region %s: %d of %s left, %d asked: %w", o.region, p.available, req.SKU, req.Quantity, ErrRegionExhausted), nil
+		return nil, o.exhausted(req, p.available), nil
 	}
 	var used transfer.Units
 	if u := b.m.users[userKey{req.Sale, req.SKU, req.User}]; u != nil {

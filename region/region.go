@@ -42,6 +42,9 @@ type Config struct {
 	// LeaderHint, when set, tells where the region's current leader answers; a standby puts
 	// it in its NOT_LEADER answers so clients can go there.
 	LeaderHint func() string
+	// SoldOut, when set, tells whether the coordinator has flagged a SKU as gone everywhere;
+	// an empty pool then answers SOLD_OUT instead of REGION_EXHAUSTED.
+	SoldOut func(sale, sku string) bool
 }
 
 // Validate checks the configuration and fills in defaults.

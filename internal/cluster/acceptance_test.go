@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
@@ -62,12 +63,21 @@ func TestFlashSaleNoOversell(t *testing.T) {
 	if st.Buyers != int64(buyers) {
 		t.Fatalf("only %d of %d buyers ran (time bound hit)", st.Buyers, buyers)
 	}
-	if st.UnitsGranted != 10000 || st.Granted+st.Exhausted != int64(buyers) || st.Failed != 0 {
-		t.Fatalf("granted %d units to %d buyers, %d exhausted, %d failed; want exactly 10000 units and every other buyer exhausted",
-			st.UnitsGranted, st.Granted, st.Exhausted, st.Failed)
+	if st.UnitsGranted != 10000 || st.Granted+st.Exhausted+st.SoldOut != int64(buyers) || st.Failed != 0 {
+		t.Fatalf("granted %d units to %d buyers, %d exhausted, %d sold out, %d failed; want exactly 10000 units and every other buyer refused",
+			st.UnitsGranted, st.Granted, st.Exhausted, st.SoldOut, st.Failed)
 	}
 	a := auditOK(t, coord, "flash")
 	if a.GetHeld()+a.GetSold() != 10000 || a.GetAvailable() != 0 || a.GetSold() != st.Confirmed {
 		t.Fatalf("audit held %d + sold %d, available %d; confirmed %d", a.GetHeld(), a.GetSold(), a.GetAvailable(), st.Confirmed)
+	}
+	// Gone everywhere: every region now says SOLD_OUT (final), not REGION_EXHAUSTED.
+	for _, r := range d.Regions {
+		rc := quotav1.NewRegionServiceClient(dial(t, r.Addr()))
+		waitFor(t, "region "+r.R.Name()+" to answer SOLD_OUT", 10*time.Second, func() bool {
+			_, err := rc.Reserve(context.Background(), &quotav1.ReserveRequest{SaleId: "flash", Sku: "phone", UserId: "late",
+				Quantity: 1, RequestKey: "late-1"})
+			return apierr.Reason(err) == "SOLD_OUT"
+		})
 	}
 }

@@ -81,7 +81,10 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		return nil, err
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
-		RetryInterval: cfg.RetryInterval, Logger: cfg.Logger}, n.DB)
+		RetryInterval: cfg.RetryInterval, Logger: cfg.Logger,
+		PublishSoldOut: func(ctx context.Context, sale, sku string, soldOut bool) error {
+			return fencing.SetSoldOut(ctx, etcd, sale, sku, soldOut)
+		}}, n.DB)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +125,9 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.Region
 			},
 			Demand: func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error) {
 				return region.RecentDemand(ctx, db, sale, since)
+			},
+			Available: func(ctx context.Context, sale string) (map[string]transfer.Units, error) {
+				return region.ReadAvailable(ctx, db, sale)
 			}})
 	}
 	return links, nil

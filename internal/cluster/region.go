@@ -77,6 +77,8 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	cfg.Region.Logger = cfg.Logger
 	cfg.Region.LeaderHint = func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) }
+	flags := &soldOutSet{}
+	cfg.Region.SoldOut = flags.has
 	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
 	if err != nil {
 		return nil, err
@@ -102,9 +104,38 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.campaign(cctx)
+	go n.watchSoldOut(cctx, flags)
 	return n, nil
+}
+
+// soldOutSet is the region's copy of the coordinator's sold-out flags.
+type soldOutSet struct{ m sync.Map }
+
+func (s *soldOutSet) has(sale, sku string) bool {
+	_, ok := s.m.Load(sale + "|" + sku)
+	return ok
+}
+
+// watchSoldOut follows the sold-out flags in etcd until ctx ends, starting again after an
+// error (the flags only pick the wording of a refusal, so a gap is harmless).
+func (n *RegionNode) watchSoldOut(ctx context.Context, flags *soldOutSet) {
+	defer n.wg.Done()
+	for ctx.Err() == nil {
+		flags.m.Clear()
+		err := fencing.WatchSoldOut(ctx, n.etcd, func(sale, sku string, soldOut bool) {
+			if soldOut {
+				flags.m.Store(sale+"|"+sku, true)
+			} else {
+				flags.m.Delete(sale + "|" + sku)
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			n.cfg.Logger.Warn("sold-out watch ended", "region", n.cfg.Region.Name, "err", err)
+		}
+		sleep(ctx, time.Second)
+	}
 }
 
 // Addr is the region's gRPC address.

@@ -1,0 +1,97 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// AvailableReader reads, per SKU, a region's available units of a sale from its database
+// (region.ReadAvailable).
+type AvailableReader func(ctx context.Context, sale string) (map[string]transfer.Units, error)
+
+type skuKey struct{ sale, sku string }
+
+// soldOutLoop keeps the sold-out flags true to the stock while this coordinator leads: a SKU
+// is sold out when no region has a unit available, the unallocated pool is empty and no
+// transfer is unfinished (units in flight may still land). Held units can come back on
+// expiry, so a flag is lifted as soon as any unit is available again. The flags only choose
+// between the SOLD_OUT and REGION_EXHAUSTED answers; nothing is granted or refused on them.
+func (c *Coordinator) soldOutLoop(ctx context.Context) {
+	defer c.wg.Done()
+	if c.cfg.PublishSoldOut == nil {
+		return
+	}
+	published := map[skuKey]bool{}
+	t := time.NewTicker(c.cfg.SoldOutInterval)
+	defer t.Stop()
+	for {
+		c.refreshSoldOut(ctx, published)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]bool) {
+	remaining, err := c.ledgerRemaining(ctx)
+	if err != nil {
+		return
+	}
+	sales := map[string]bool{}
+	for k := range remaining {
+		sales[k.sale] = true
+	}
+	for sale := range sales {
+		for _, r := range c.cfg.Regions {
+			if r.Available == nil {
+				return
+			}
+			avail, err := r.Available(ctx, sale)
+			if err != nil {
+				delete(sales, sale) // unknown: publish nothing for this sale this round
+				break
+			}
+			for sku, a := range avail {
+				remaining[skuKey{sale, sku}] += a
+			}
+		}
+	}
+	for k, left := range remaining {
+		if !sales[k.sale] {
+			continue
+		}
+		soldOut := left == 0
+		if prev, ok := published[k]; ok && prev == soldOut {
+			continue
+		}
+		if err := c.cfg.PublishSoldOut(ctx, k.sale, k.sku, soldOut); err == nil {
+			published[k] = soldOut
+		}
+	}
+}
+
+// ledgerRemaining is, per SKU, the unallocated units plus the units of unfinished transfers.
+func (c *Coordinator) ledgerRemaining(ctx context.Context) (map[skuKey]transfer.Units, error) {
+	rows, err := c.db.Query(ctx, `SELECT k.sale_id, k.sku, k.unallocated
+			+ coalesce((SELECT sum(units) FROM transfers t WHERE t.sale_id = k.sale_id AND t.sku = k.sku
+				AND t.state IN ('requested', 'pending')), 0)
+		FROM skus k`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[skuKey]transfer.Units{}
+	for rows.Next() {
+		var k skuKey
+		var n int64
+		if err := rows.Scan(&k.sale, &k.sku, &n); err != nil {
+			return nil, err
+		}
+		out[k] = transfer.Units(n)
+	}
+	return out, rows.Err()
+}
