@@ -8,7 +8,13 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean
+.PHONY: pg build proto proto-check vet test demo clean fuzz
+
+FUZZTIME ?= 10s
+# Each fuzz target and its package; seed corpora are in the test files (f.Add) and, for any
+# failure found, in the package's testdata/fuzz/ (commit those files).
+FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:./region \
+	FuzzParseRegions:./cmd/quotad FuzzParsePairs:./cmd/quotactl
 
 ## pg: install/start local PostgreSQL, create role quota/quota, max_connections>=300
 pg:
@@ -44,7 +50,8 @@ test: pg
 	step go-test env QUOTA_VERIFY=1 $(GO) test -race -count=1 -timeout 20m ./...; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
-	summary="go test: $${res[go-test]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}"; \
+	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=5s; \
+	summary="go test: $${res[go-test]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
@@ -58,3 +65,11 @@ clean:
 	rm -rf $(BIN_DIR) .cache
 	find . -type f -not -path './.git/*' \( -name '*.test' -o -name '*.coverprofile' -o -name '*.cov' \
 		-o -name 'coverage.out' -o -name 'coverage.txt' -o -name 'coverage.html' -o -name 'cover.out' \) -print -delete
+
+## fuzz: run every fuzz target for FUZZTIME (make test runs them for 5s each)
+fuzz:
+	@for tp in $(FUZZ_TARGETS); do \
+		t=$${tp%%:*}; p=$${tp#*:}; \
+		echo "==> fuzz $$t ($$p, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
+	done

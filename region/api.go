@@ -33,6 +33,15 @@ func checkQuantity(field string, q transfer.Units) error {
 	return nil
 }
 
+// CheckReserve validates a reserve request's fields on their own (no state needed), naming
+// the first bad field.
+func CheckReserve(req ReserveRequest) error {
+	if err := checkIDs("sale_id", req.Sale, "sku", req.SKU, "user_id", req.User, "request_key", req.RequestKey); err != nil {
+		return err
+	}
+	return checkQuantity("quantity", req.Quantity)
+}
+
 // terms returns a sale's terms from the cache or the database.
 func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
 	if t, ok := r.sales.Load(sale); ok {
@@ -49,10 +58,7 @@ func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
 // Reserve takes req.Quantity units from this region's pool for req.User and returns the
 // hold, durable before it returns (I6). Bad input changes nothing and names the field.
 func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	if err := checkIDs("sale_id", req.Sale, "sku", req.SKU, "user_id", req.User, "request_key", req.RequestKey); err != nil {
-		return ReserveResult{}, err
-	}
-	if err := checkQuantity("quantity", req.Quantity); err != nil {
+	if err := CheckReserve(req); err != nil {
 		return ReserveResult{}, err
 	}
 	t, err := r.terms(ctx, req.Sale)
