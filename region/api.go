@@ -155,11 +155,7 @@ func (r *Region) Confirm(ctx context.Context, holdID, paymentID string) (Confirm
 	if err := checkIDs("payment_id", paymentID); err != nil {
 		return ConfirmResult{}, err
 	}
-	res, err := r.submit(ctx, &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name})
-	if err != nil {
-		return ConfirmResult{}, err
-	}
-	return res.(ConfirmResult), nil
+	return submitAs[ConfirmResult](ctx, r, &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name})
 }
 
 // Release gives a held hold's units back; idempotent.
@@ -167,11 +163,7 @@ func (r *Region) Release(ctx context.Context, holdID string) (Hold, error) {
 	if err := r.checkHoldID(holdID); err != nil {
 		return Hold{}, err
 	}
-	res, err := r.submit(ctx, &releaseOp{holdID: holdID, region: r.cfg.Name})
-	if err != nil {
-		return Hold{}, err
-	}
-	return res.(Hold), nil
+	return submitAs[Hold](ctx, r, &releaseOp{holdID: holdID, region: r.cfg.Name})
 }
 
 // GetReservation reads a hold as committed.
@@ -248,9 +240,6 @@ func (r *Region) Credit(ctx context.Context, req CreditRequest) (transfer.InStat
 	if req.Units < 0 || req.Units > transfer.MaxUnits {
 		return "", apierr.Invalid("units", "must be 0..%d, got %d", transfer.MaxUnits, req.Units)
 	}
-	res, err := r.submit(ctx, &creditOp{req: req})
-	if err != nil {
-		return "", err
-	}
-	return res.(creditResult).state, nil
+	res, err := submitAs[creditResult](ctx, r, &creditOp{req: req})
+	return res.state, err
 }

@@ -200,11 +200,7 @@ func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState
 	if err := checkQuantity("units", req.Units); err != nil {
 		return "", err
 	}
-	res, err := r.submit(ctx, &debitOp{req: req})
-	if err != nil {
-		return "", err
-	}
-	return res.(transfer.OutState), nil
+	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req})
 }
 
 // Refuse is the abort step at a destination: it answers refused (a tombstone now stops any
@@ -213,11 +209,7 @@ func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InStat
 	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
 		return "", err
 	}
-	res, err := r.submit(ctx, &refuseOp{req: req})
-	if err != nil {
-		return "", err
-	}
-	return res.(transfer.InState), nil
+	return submitAs[transfer.InState](ctx, r, &refuseOp{req: req})
 }
 
 // Restore returns a refused transfer's units to this source.
@@ -225,11 +217,7 @@ func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutStat
 	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
 		return "", err
 	}
-	res, err := r.submit(ctx, &restoreOp{ref: ref})
-	if err != nil {
-		return "", err
-	}
-	return res.(transfer.OutState), nil
+	return submitAs[transfer.OutState](ctx, r, &restoreOp{ref: ref})
 }
 
 // Settle records at the source that the destination credited the transfer.
@@ -237,11 +225,7 @@ func (r *Region) Settle(ctx context.Context, ref TransferRef) (transfer.OutState
 	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
 		return "", err
 	}
-	res, err := r.submit(ctx, &settleOp{ref: ref})
-	if err != nil {
-		return "", err
-	}
-	return res.(transfer.OutState), nil
+	return submitAs[transfer.OutState](ctx, r, &settleOp{ref: ref})
 }
 
 // Status reads this region's durable records of a transfer (no fence: it changes nothing).

@@ -194,6 +194,16 @@ func (r *Region) submit(ctx context.Context, o op) (any, error) {
 	return w.submit(ctx, o)
 }
 
+// submitAs submits o and returns its result as T (the type every op of its kind returns).
+func submitAs[T any](ctx context.Context, r *Region, o op) (T, error) {
+	var zero T
+	res, err := r.submit(ctx, o)
+	if err != nil {
+		return zero, err
+	}
+	return res.(T), nil
+}
+
 // reload reads the region's state from SQL into a fresh memState and republishes the
 // caches readers use without the writer (available counts and committed holds by key).
 func (r *Region) reload(ctx context.Context) (*memState, error) {

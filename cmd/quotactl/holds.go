@@ -61,16 +61,7 @@ func reserveCmd() *cobra.Command {
 		Short:   "Reserve units at a region (a hold that waits for payment)",
 		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --key checkout-1`,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			rc, err := e.region(e.v.GetString("region"))
-			if err != nil {
-				return err
-			}
+		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Reserve(e.ctx, &quotav1.ReserveRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 				UserId: e.v.GetString("user"), Quantity: e.v.GetInt64("quantity"), RequestKey: e.v.GetString("key")})
 			if err != nil {
@@ -79,7 +70,7 @@ func reserveCmd() *cobra.Command {
 			h := toHoldJSON(resp.GetReservation())
 			h.Replayed = resp.GetReplayed()
 			return printHold(e, h)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.String("region", "", "region to reserve at (required)")
@@ -89,6 +80,22 @@ func reserveCmd() *cobra.Command {
 	f.Int64("quantity", 1, "units")
 	f.String("key", "", "idempotency key: retrying with the same key returns the same hold")
 	return cmd
+}
+
+// withRegion runs fn with the settings and a client of the region named by --region.
+func withRegion(fn func(e *env, rc quotav1.RegionServiceClient) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		e, done, err := newEnv(cmd)
+		if err != nil {
+			return err
+		}
+		defer done()
+		rc, err := e.region(e.v.GetString("region"))
+		if err != nil {
+			return err
+		}
+		return fn(e, rc)
+	}
 }
 
 func holdFlags(cmd *cobra.Command) {
@@ -101,16 +108,7 @@ func confirmCmd() *cobra.Command {
 		Use:   "confirm",
 		Short: "Record payment for a hold: sold, or refund when the hold is no longer live",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			rc, err := e.region(e.v.GetString("region"))
-			if err != nil {
-				return err
-			}
+		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), PaymentId: e.v.GetString("payment")})
 			if err != nil {
 				return fmt.Errorf("confirm: %w", err)
@@ -121,7 +119,7 @@ func confirmCmd() *cobra.Command {
 				h.Outcome = "refund"
 			}
 			return printHold(e, h)
-		},
+		}),
 	}
 	holdFlags(cmd)
 	cmd.Flags().String("payment", "", "payment id (required)")
@@ -133,22 +131,13 @@ func releaseCmd() *cobra.Command {
 		Use:   "release",
 		Short: "Give a hold's units back to its region's pool",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			rc, err := e.region(e.v.GetString("region"))
-			if err != nil {
-				return err
-			}
+		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold")})
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
 			}
 			return printHold(e, toHoldJSON(resp.GetReservation()))
-		},
+		}),
 	}
 	holdFlags(cmd)
 	return cmd
@@ -159,22 +148,13 @@ func holdCmd() *cobra.Command {
 		Use:   "hold",
 		Short: "Show one hold (GetReservation)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			rc, err := e.region(e.v.GetString("region"))
-			if err != nil {
-				return err
-			}
+		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.GetReservation(e.ctx, &quotav1.GetReservationRequest{HoldId: e.v.GetString("hold")})
 			if err != nil {
 				return fmt.Errorf("get reservation: %w", err)
 			}
 			return printHold(e, toHoldJSON(resp.GetReservation()))
-		},
+		}),
 	}
 	holdFlags(cmd)
 	return cmd

@@ -11,11 +11,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
 
@@ -40,28 +39,7 @@ func rootCmd() *cobra.Command {
 }
 
 // newViper binds a command's flags, QUOTA_* environment variables and the --config file.
-func newViper(cmd *cobra.Command) (*viper.Viper, error) {
-	v := viper.New()
-	v.SetEnvPrefix("QUOTA")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	var bindErr error
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if err := v.BindPFlag(f.Name, f); err != nil && bindErr == nil {
-			bindErr = err
-		}
-	})
-	if bindErr != nil {
-		return nil, bindErr
-	}
-	if file := v.GetString("config"); file != "" {
-		v.SetConfigFile(file)
-		if err := v.ReadInConfig(); err != nil {
-			return nil, fmt.Errorf("config %s: %w", file, err)
-		}
-	}
-	return v, nil
-}
+func newViper(cmd *cobra.Command) (*viper.Viper, error) { return cliconf.Bind(cmd) }
 
 func newLogger(v *viper.Viper) (*slog.Logger, error) {
 	var lvl slog.Level
