@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
 	"github.com/quotaworks/quota/internal/loadgen"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 )
 
@@ -86,6 +88,21 @@ func runLoad(cmd *cobra.Command, _ []string) error {
 			return usage("--skew: unknown region %q", n)
 		}
 		cfg.Regions = append(cfg.Regions, loadgen.Region{Name: n, Addr: addr[n], Weight: weights[i]})
+	}
+	coord, err := e.coordinator()
+	if err != nil {
+		return err
+	}
+	cfg.Resolve = func(ctx context.Context, region string) string {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		resp, err := coord.ListRegions(ctx, &quotav1.ListRegionsRequest{})
+		for _, r := range resp.GetRegions() {
+			if err == nil && r.GetName() == region {
+				return r.GetAddress()
+			}
+		}
+		return ""
 	}
 	cfg.Progress = func(s loadgen.Stats) {
 		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %v\n",

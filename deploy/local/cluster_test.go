@@ -1,6 +1,7 @@
 // Package local_test runs deploy/local/cluster for real: a 3-member etcd, regions us, eu and
-// ap and two coordinators as separate processes on loopback, then kills the leading
-// coordinator and an etcd member and checks the cluster keeps working.
+// ap (each with a standby) and two coordinators as separate processes on loopback, then kills
+// leaders (a coordinator, an etcd member, a region under load) and checks the cluster keeps
+// working.
 package local_test
 
 import (
@@ -25,10 +26,11 @@ import (
 	"github.com/quotaworks/quota/internal/testpg"
 )
 
-var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap", "coordinator1", "coordinator2"}
+var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap",
+	"region-us-2", "region-eu-2", "region-ap-2", "coordinator1", "coordinator2"}
 
 // portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT.
-var portOffsets = []int{0, 1, 2, 3, 10, 181, 182, 183, 191, 192, 193}
+var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 181, 182, 183, 191, 192, 193}
 
 // freeBase picks a base port whose every port is free, below Linux's ephemeral range so that
 // outgoing connections do not take one meanwhile.
@@ -63,6 +65,46 @@ type localCluster struct {
 	prefix string
 	pgURL  string
 	env    []string
+	purged bool // the test ran `down --purge` itself
+}
+
+// newLocalCluster prepares a cluster (not started) in a temporary directory, on a free base
+// port, with its own databases (quota_t_<hex>_<tag>_*), and runs `down --purge` when the test
+// ends unless the test did. env adds settings (QUOTA_CLUSTER_LEASE_TTL=2s, ...); the caller's
+// own QUOTA_* variables are dropped.
+func newLocalCluster(t *testing.T, tag string, env ...string) *localCluster {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		t.Fatal(err)
+	}
+	c := &localCluster{t: t, root: root, script: filepath.Join(root, "deploy", "local", "cluster"),
+		dir: t.TempDir(), bin: t.TempDir(), base: freeBase(t), prefix: "quota_t_" + hex.EncodeToString(rnd[:]) + "_" + tag,
+		pgURL: testpg.AdminURL()}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "QUOTA_") { // no QUOTA_COORDINATOR, QUOTA_OUTPUT, QUOTA_CLUSTER_… from the caller
+			c.env = append(c.env, kv)
+		}
+	}
+	c.env = append(c.env, "QUOTA_CLUSTER_DIR="+c.dir, "QUOTA_CLUSTER_BIN="+c.bin,
+		"QUOTA_CLUSTER_BASE_PORT="+strconv.Itoa(c.base), "QUOTA_CLUSTER_DB_PREFIX="+c.prefix, "QUOTA_CLUSTER_PG_URL="+c.pgURL)
+	c.env = append(c.env, env...)
+	t.Logf("cluster dir %s, base port %d, databases %s_*", c.dir, c.base, c.prefix)
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+		if !c.purged {
+			if out, err := c.run(2*time.Minute, c.script, "down", "--purge"); err != nil {
+				t.Errorf("cleanup: cluster down --purge: %v\n%s", err, out)
+			}
+		}
+	})
+	return c
 }
 
 func (c *localCluster) addr(offset int) string { return "127.0.0.1:" + strconv.Itoa(c.base+offset) }
@@ -220,37 +262,7 @@ func (c *localCluster) databases() ([]string, error) {
 
 func TestLocalCluster(t *testing.T) {
 	started := time.Now()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rnd [4]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		t.Fatal(err)
-	}
-	c := &localCluster{t: t, root: root, script: filepath.Join(root, "deploy", "local", "cluster"),
-		dir: t.TempDir(), bin: t.TempDir(), base: freeBase(t), prefix: "quota_t_" + hex.EncodeToString(rnd[:]) + "_cl",
-		pgURL: testpg.AdminURL()}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "QUOTA_") { // no QUOTA_COORDINATOR, QUOTA_OUTPUT, QUOTA_CLUSTER_… from the caller
-			c.env = append(c.env, kv)
-		}
-	}
-	c.env = append(c.env, "QUOTA_CLUSTER_DIR="+c.dir, "QUOTA_CLUSTER_BIN="+c.bin,
-		"QUOTA_CLUSTER_BASE_PORT="+strconv.Itoa(c.base), "QUOTA_CLUSTER_DB_PREFIX="+c.prefix, "QUOTA_CLUSTER_PG_URL="+c.pgURL)
-	t.Logf("cluster dir %s, base port %d, databases %s_*", c.dir, c.base, c.prefix)
-
-	purged := false
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.dumpLogs()
-		}
-		if !purged {
-			if out, err := c.run(2*time.Minute, c.script, "down", "--purge"); err != nil {
-				t.Errorf("cleanup: cluster down --purge: %v\n%s", err, out)
-			}
-		}
-	})
+	c := newLocalCluster(t, "cl")
 
 	// The first build of cmd/... may compile etcd and gRPC from nothing: allow for it.
 	up := time.Now()
@@ -323,12 +335,12 @@ func TestLocalCluster(t *testing.T) {
 
 	// down --purge stops everything, removes the files and drops the databases.
 	out = c.cluster(2*time.Minute, "down", "--purge")
-	purged = true
+	c.purged = true
 	t.Logf("cluster down --purge:\n%s", out)
 	if _, err := os.Stat(filepath.Join(c.dir, "etcd1")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after down --purge, %s/etcd1: %v, want it gone", c.dir, err)
 	}
-	for _, p := range []int{0, 1, 10, 181} {
+	for _, p := range []int{0, 1, 10, 11, 181} {
 		if conn, err := net.DialTimeout("tcp", c.addr(p), time.Second); err == nil {
 			conn.Close()
 			t.Errorf("after down --purge, something still listens on %s", c.addr(p))

@@ -19,17 +19,21 @@ type buyer struct {
 	id     int64
 }
 
+// maxAttempts bounds a buyer's retries of one call: about 8 s of pauses, longer than a
+// region's failover (its lease TTL plus the takeover).
+const maxAttempts = 20
+
 // call retries fn on outcomes a client cannot tell from success or failure, with the same
 // request (hence the same idempotency key), up to 8 times with growing pauses.
 func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
 	var err error
-	for attempt := 0; attempt < 8; attempt++ {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if attempt > 0 {
 			b.c.retries.Add(1)
 			select {
 			case <-ctx.Done():
 				return err
-			case <-time.After(time.Duration(attempt*attempt) * 20 * time.Millisecond):
+			case <-time.After(min(time.Duration(attempt*attempt)*20*time.Millisecond, 500*time.Millisecond)):
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -40,6 +44,8 @@ func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
 		}
 		if hint := apierr.LeaderHint(err); hint != "" {
 			_ = b.rc.follow(hint)
+		} else if b.cfg.Resolve != nil {
+			b.rc.resolve(ctx, b.region, b.cfg.Resolve) // a dead leader names nobody: ask where the region is now
 		}
 	}
 	return err

@@ -48,6 +48,10 @@ type Config struct {
 	// MaxDuration bounds the run.
 	MaxDuration time.Duration
 	Seed        uint64
+	// Resolve, when set, names where a region answers now (its current leader's address):
+	// buyers ask it when their region stops answering without naming a new leader, as after
+	// the leader was killed.
+	Resolve func(ctx context.Context, region string) string
 	// Progress, when set, is called about every ProgressEvery with the running totals.
 	Progress      func(Stats)
 	ProgressEvery time.Duration
@@ -198,9 +202,25 @@ func startProgress(ctx context.Context, cfg Config, c *counters, start time.Time
 // regionClient is a storefront's connection to one region. A NOT_LEADER answer that names
 // the leader moves it there (after a failover the standby answers on its own address).
 type regionClient struct {
-	mu    sync.Mutex
-	cur   quotav1.RegionServiceClient
-	conns map[string]*grpc.ClientConn
+	mu       sync.Mutex
+	cur      quotav1.RegionServiceClient
+	conns    map[string]*grpc.ClientConn
+	resolved time.Time
+}
+
+// resolve asks where the region answers now and follows it; at most every 200 ms however
+// many buyers ask, so a failover does not turn into a storm of lookups.
+func (rc *regionClient) resolve(ctx context.Context, region string, fn func(context.Context, string) string) {
+	rc.mu.Lock()
+	if time.Since(rc.resolved) < 200*time.Millisecond {
+		rc.mu.Unlock()
+		return
+	}
+	rc.resolved = time.Now()
+	rc.mu.Unlock()
+	if addr := fn(ctx, region); addr != "" {
+		_ = rc.follow(addr)
+	}
 }
 
 func newRegionClient(addr string) (*regionClient, error) {
