@@ -100,7 +100,7 @@ func TestLocalRegionFailover(t *testing.T) {
 		defer loadWG.Done()
 		st, err := loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
 			Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "fo-", MaxDuration: loadTime, Seed: 4,
-			Resolve: func(ctx context.Context, region string) string { return currentRegionAddr(ctx, coord, region) },
+			Resolve:       func(ctx context.Context, region string) string { return currentRegionAddr(ctx, coord, region) },
 			ProgressEvery: 2 * time.Second, Progress: func(s loadgen.Stats) {
 				t.Logf("load %4.1fs: %d buyers, %d holds, %d confirmed, %d failed, %d retries",
 					s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Confirmed, s.Failed, s.Retries)
