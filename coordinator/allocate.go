@@ -135,7 +135,7 @@ func (c *Coordinator) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at, settled)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $9, true)`,
-				transferID(req.RequestID, k.SKU, w.Region), req.RequestID, req.Sale, k.SKU, transfer.Unallocated, w.Region, int64(parts[i]), gen, now); err != nil {
+				transferID(req.RequestID, k.SKU, w.Region), "allocate/"+req.RequestID, req.Sale, k.SKU, transfer.Unallocated, w.Region, int64(parts[i]), gen, now); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, `UPDATE skus SET unallocated = unallocated - $3 WHERE sale_id = $1 AND sku = $2`,
@@ -160,7 +160,8 @@ func scanTransfer(row pgx.CollectableRow) (transfer.Transfer, error) {
 }
 
 func (c *Coordinator) transfersOf(ctx context.Context, requestID string) ([]transfer.Transfer, error) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE request_id = $1 ORDER BY sku, to_pool`, requestID)
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE request_id = $1
+		ORDER BY sku, to_pool`, "allocate/"+requestID) // manual transfers' ids live under transfer/
 	if err != nil {
 		return nil, err
 	}

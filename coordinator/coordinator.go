@@ -84,8 +84,8 @@ type RegionLink struct {
 	Demand DemandReader
 	// Resolve, when set, names the address of the region's current leader ("" if unknown).
 	Resolve func() string
-	// Available feeds the sold-out flags.
-	Available AvailableReader
+	// Unsold feeds the sold-out flags.
+	Unsold UnsoldReader
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.

@@ -74,19 +74,26 @@ func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) 
 		if err != nil {
 			return t, fmt.Errorf("debit at %s: %w", t.From, err)
 		}
-		if st == transfer.OutRefused {
+		switch st {
+		case transfer.OutRefused:
 			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s had fewer than %d available", t.From, t.Units))
+		case transfer.OutPending, transfer.OutSettled:
+			return c.advance(ctx, gen, t, transfer.Debited, "")
 		}
-		return c.advance(ctx, gen, t, transfer.Debited, "")
+		return t, fmt.Errorf("debit at %s: unexpected answer %q", t.From, st) // never guess: strand
+
 	case transfer.Pending:
 		st, err := c.creditAt(ctx, gen, t)
 		if err != nil {
 			return t, fmt.Errorf("credit at %s: %w", t.To, err)
 		}
-		if st == transfer.InRefused {
+		switch st {
+		case transfer.InRefused:
 			return c.abort(ctx, gen, t)
+		case transfer.InCredited:
+			return c.advance(ctx, gen, t, transfer.Credited, "")
 		}
-		return c.advance(ctx, gen, t, transfer.Credited, "")
+		return t, fmt.Errorf("credit at %s: unexpected answer %q", t.To, st) // never guess: strand
 	}
 	panic(fmt.Sprintf("coordinator: step of transfer %s in state %s", t.ID, t.State))
 }

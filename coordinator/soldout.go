@@ -7,27 +7,29 @@ import (
 	"github.com/quotaworks/quota/transfer"
 )
 
-// AvailableReader reads, per SKU, a region's available units of a sale from its database
-// (region.ReadAvailable).
-type AvailableReader func(ctx context.Context, sale string) (map[string]transfer.Units, error)
+// UnsoldReader reads, per SKU, a region's units of a sale that may still be sold (available
+// plus held) from its database (region.ReadUnsold).
+type UnsoldReader func(ctx context.Context, sale string) (map[string]transfer.Units, error)
 
 type skuKey struct{ sale, sku string }
 
 // soldOutLoop keeps the sold-out flags true to the stock while this coordinator leads: a SKU
-// is sold out when no region has a unit available, the unallocated pool is empty and no
-// transfer is unfinished (units in flight may still land). Held units can come back on
-// expiry, so a flag is lifted as soon as any unit is available again. The flags only choose
-// between the SOLD_OUT and REGION_EXHAUSTED answers; nothing is granted or refused on them.
+// is sold out when every unit is sold: no region has one available or held (a hold may
+// expire back into stock), the unallocated pool is empty and no transfer is unfinished. The
+// ledger and the regions are read at different instants, so a SKU is flagged only after two
+// rounds in a row agree; a flag is lifted at the first round that finds a unit. The flags
+// only choose between the SOLD_OUT and REGION_EXHAUSTED answers; nothing is granted or
+// refused on them.
 func (c *Coordinator) soldOutLoop(ctx context.Context) {
 	defer c.wg.Done()
 	if c.cfg.PublishSoldOut == nil {
 		return
 	}
-	published := map[skuKey]bool{}
+	published, rounds := map[skuKey]bool{}, map[skuKey]int{}
 	t := time.NewTicker(c.cfg.SoldOutInterval)
 	defer t.Stop()
 	for {
-		c.refreshSoldOut(ctx, published)
+		c.refreshSoldOut(ctx, published, rounds)
 		select {
 		case <-ctx.Done():
 			return
@@ -36,7 +38,7 @@ func (c *Coordinator) soldOutLoop(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]bool) {
+func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]bool, rounds map[skuKey]int) {
 	remaining, err := c.ledgerRemaining(ctx)
 	if err != nil {
 		return
@@ -47,10 +49,10 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]b
 	}
 	for sale := range sales {
 		for _, r := range c.cfg.Regions {
-			if r.Available == nil {
+			if r.Unsold == nil {
 				return
 			}
-			avail, err := r.Available(ctx, sale)
+			avail, err := r.Unsold(ctx, sale)
 			if err != nil {
 				delete(sales, sale) // unknown: publish nothing for this sale this round
 				break
@@ -64,7 +66,12 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]b
 		if !sales[k.sale] {
 			continue
 		}
-		soldOut := left == 0
+		if left == 0 {
+			rounds[k]++
+		} else {
+			rounds[k] = 0
+		}
+		soldOut := rounds[k] >= 2
 		if prev, ok := published[k]; ok && prev == soldOut {
 			continue
 		}

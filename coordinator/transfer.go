@@ -70,6 +70,10 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 		return transfer.Transfer{}, false, err
 	}
 	id := TransferID(req.RequestID)
+	regionHas, err := c.sourceAvailable(ctx, req)
+	if err != nil {
+		return transfer.Transfer{}, false, err
+	}
 	replayed := false
 	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		replayed = false
@@ -90,7 +94,7 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 			replayed = true
 			return nil
 		}
-		if err := c.checkSource(ctx, tx, req); err != nil {
+		if err := c.checkSource(ctx, tx, req, regionHas); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
@@ -108,9 +112,30 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 	return c.drive(ctx, gen, t), replayed, nil
 }
 
+// sourceAvailable reads a source region's available units of the SKU from its database,
+// outside any ledger transaction (a slow region must not hold the ledger fence) and bounded
+// in time. It is advice: the source's Debit decides.
+func (c *Coordinator) sourceAvailable(ctx context.Context, req TransferRequest) (transfer.Units, error) {
+	if req.From == transfer.Unallocated {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	books, err := c.regions[req.From].Books(ctx, req.Sale)
+	if err != nil {
+		return 0, fmt.Errorf("read source %s: %w", req.From, err)
+	}
+	for _, p := range books.Pools {
+		if p.SKU == req.SKU {
+			return p.Available, nil
+		}
+	}
+	return 0, nil
+}
+
 // checkSource refuses a transfer whose SKU is unknown or whose source visibly has fewer
 // units than asked (the source's Debit stays the authority: it may still refuse).
-func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRequest) error {
+func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRequest, regionHas transfer.Units) error {
 	var unalloc int64
 	err := tx.QueryRow(ctx, `SELECT unallocated FROM skus WHERE sale_id = $1 AND sku = $2`, req.Sale, req.SKU).Scan(&unalloc)
 	if err == pgx.ErrNoRows {
@@ -121,16 +146,7 @@ func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRe
 	}
 	have := transfer.Units(unalloc)
 	if req.From != transfer.Unallocated {
-		books, err := c.regions[req.From].Books(ctx, req.Sale)
-		if err != nil {
-			return fmt.Errorf("read source %s: %w", req.From, err)
-		}
-		have = 0
-		for _, p := range books.Pools {
-			if p.SKU == req.SKU {
-				have = p.Available
-			}
-		}
+		have = regionHas
 	}
 	if have < req.Units {
 		return apierr.Invalid("units", "%s has %d %s available, fewer than %d", req.From, have, req.SKU, req.Units)

@@ -82,9 +82,15 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
 		return r.reserveWhenEmpty(req, k, avail)
 	}
+	w, err := r.writer()
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	// The key counts as in the writer until its op is done, even if this caller gives up
+	// first: a retry meanwhile must go through the writer, not the empty-pool answer.
 	r.track(k, 1)
-	defer r.track(k, -1)
-	res, err := r.submit(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted})
+	res, err := w.submitThen(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted},
+		func() { r.track(k, -1) })
 	if err != nil {
 		return ReserveResult{}, err
 	}

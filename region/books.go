@@ -112,12 +112,13 @@ func RecentDemand(ctx context.Context, db *pgxpool.Pool, sale string, since time
 	return demand, nil
 }
 
-// ReadAvailable reads the available units of each SKU of a sale at this region, straight
-// from its database: a cheap read for the coordinator's sold-out flags.
-func ReadAvailable(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]transfer.Units, error) {
-	rows, err := db.Query(ctx, `SELECT sku, available FROM pools WHERE sale_id = $1`, sale)
+// ReadUnsold reads, per SKU of a sale, the units at this region that may still be sold:
+// available, plus held (a hold can expire back into stock). A cheap read, straight from the
+// region's database, for the coordinator's sold-out flags.
+func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]transfer.Units, error) {
+	rows, err := db.Query(ctx, `SELECT sku, available + held FROM pools WHERE sale_id = $1`, sale)
 	if err != nil {
-		return nil, fmt.Errorf("read available: %w", err)
+		return nil, fmt.Errorf("read unsold: %w", err)
 	}
 	defer rows.Close()
 	out := map[string]transfer.Units{}

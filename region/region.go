@@ -90,10 +90,11 @@ type Region struct {
 	cfg  Config
 	pool *pgxpool.Pool
 
-	mu     sync.Mutex
-	w      *writer
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	w       *writer
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	wg      sync.WaitGroup
 
 	sales   sync.Map // sale id → SaleTerms
 	availMu sync.RWMutex
@@ -130,17 +131,18 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(ctx, tx, epoch) }); err != nil {
 		return err
 	}
-	m, err := r.reload(ctx)
+	m, err := r.reload(ctx, epoch)
 	if err != nil {
 		return err
 	}
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow,
-		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, onFail: r.onBatchFailure, m: m,
+		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, m: m,
 	}
+	w.onFail = func(err error) *memState { return r.onBatchFailure(w, err) }
 	w.start()
 	sctx, cancel := context.WithCancel(context.Background())
-	r.w, r.cancel = w, cancel
+	r.w, r.cancel, r.stopped = w, cancel, make(chan struct{})
 	r.wg.Add(1)
 	go r.sweep(sctx, w)
 	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
@@ -148,18 +150,38 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 }
 
 // StepDown stops writing: queued and later changes answer ErrNotLeader. Idempotent.
-func (r *Region) StepDown() {
+func (r *Region) StepDown() { r.stepDownFrom(nil) }
+
+// stepDownFrom stops the writer w (any writer when w is nil): a failed writer steps itself
+// down without touching a newer term that has started since.
+func (r *Region) stepDownFrom(only *writer) {
 	r.mu.Lock()
-	w, cancel := r.w, r.cancel
-	r.w, r.cancel = nil, nil
-	r.mu.Unlock()
-	if w == nil {
+	w, cancel, stopped := r.w, r.cancel, r.stopped
+	if w == nil || (only != nil && only != w) {
+		r.mu.Unlock()
 		return
 	}
+	r.w, r.cancel, r.stopped = nil, nil, nil
+	r.mu.Unlock()
 	cancel()
 	r.wg.Wait()
 	w.close()
+	close(stopped)
 	r.cfg.Logger.Info("region stepped down", "region", r.cfg.Name)
+}
+
+// Stopped is closed when the current term of leadership ends, whoever ended it (a fence, a
+// failed reload, StepDown). The process holding the region's etcd lease must then resign,
+// so a standby can take over. When not leading it is already closed.
+func (r *Region) Stopped() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return r.stopped
 }
 
 // Close stops the region. It does not close the database pool, which the caller owns.
@@ -205,8 +227,13 @@ func submitAs[T any](ctx context.Context, r *Region, o op) (T, error) {
 }
 
 // reload reads the region's state from SQL into a fresh memState and republishes the
-// caches readers use without the writer (available counts and committed holds by key).
-func (r *Region) reload(ctx context.Context) (*memState, error) {
+// caches readers use without the writer. It first waits out any transaction of this writer
+// still in doubt (a COMMIT whose reply was lost holds the epoch row until it ends), so the
+// snapshot includes it, and it fails with ErrFenced when a newer leader has taken over.
+func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
+	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.CheckEpoch(ctx, tx, epoch) }); err != nil {
+		return nil, err
+	}
 	m, err := loadMem(ctx, r.pool, r.cfg.Name)
 	if err != nil {
 		return nil, err
@@ -217,12 +244,21 @@ func (r *Region) reload(ctx context.Context) (*memState, error) {
 		v.Store(int64(p.available))
 		fresh[k] = v
 	}
+	r.state.Store(m) // holds before availability: an empty-pool answer never pairs new counts with old holds
 	r.availMu.Lock()
 	r.avail = fresh
 	r.availMu.Unlock()
-	r.state.Store(m)
 	r.sales.Clear()
 	return m, nil
+}
+
+// forget drops the caches that answer without the writer, so nothing is answered from a
+// state that may be wrong: requests fall through to the writer (and NOT_LEADER).
+func (r *Region) forget() {
+	r.state.Store(nil)
+	r.availMu.Lock()
+	r.avail = map[poolKey]*atomic.Int64{}
+	r.availMu.Unlock()
 }
 
 // applyCommitted runs on the writer after a commit: the cache learns what is now durable.
@@ -247,18 +283,18 @@ func (r *Region) applyCommitted(b *batch) {
 
 // onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
 // of the database) and reload it; a fenced writer stops serving.
-func (r *Region) onBatchFailure(err error) *memState {
+func (r *Region) onBatchFailure(w *writer, err error) *memState {
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
-	if errors.Is(err, ErrFenced) {
-		go r.StepDown() // StepDown waits for this writer goroutine, so not inline.
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, rerr := r.reload(ctx)
-	if rerr != nil {
-		r.cfg.Logger.Error("region reload failed; stepping down", "region", r.cfg.Name, "err", rerr)
-		go r.StepDown()
+	var m *memState
+	if !errors.Is(err, ErrFenced) {
+		m, err = r.reload(ctx, w.epoch)
+	}
+	if m == nil {
+		r.cfg.Logger.Error("region cannot go on leading; stepping down", "region", r.cfg.Name, "err", err)
+		r.forget()
+		go r.stepDownFrom(w) // it waits for this writer goroutine, so not inline
 		return nil
 	}
 	return m

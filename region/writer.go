@@ -154,21 +154,32 @@ func (w *writer) close() {
 // submit queues o and waits for its batch to commit. A canceled ctx after queuing leaves
 // the outcome unknown: the caller must ask again with the same key.
 func (w *writer) submit(ctx context.Context, o op) (any, error) {
+	return w.submitThen(ctx, o, func() {})
+}
+
+// submitThen is submit with finished called exactly once when the op can no longer take
+// effect: answered, or never applied. When ctx ends first, the caller is answered at once
+// (outcome unknown) and finished runs later, once the op is done.
+func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, error) {
 	p := &pending{op: o, done: make(chan struct{})}
 	select {
 	case w.in <- p:
 	case <-w.stop:
+		finished()
 		return nil, fmt.Errorf("region writer stopped: %w", ErrNotLeader)
 	case <-ctx.Done():
+		finished()
 		return nil, ctx.Err()
 	}
 	select {
 	case <-p.done:
+		finished()
 		return p.res, p.err
 	case <-w.stop:
 		// Queued after the writer drained its queue? Once it has exited, an unanswered op
 		// was never applied.
 		w.wg.Wait()
+		finished()
 		select {
 		case <-p.done:
 			return p.res, p.err
@@ -176,6 +187,14 @@ func (w *writer) submit(ctx context.Context, o op) (any, error) {
 			return nil, fmt.Errorf("region writer stopped: %w", ErrNotLeader)
 		}
 	case <-ctx.Done():
+		go func() {
+			select {
+			case <-p.done:
+			case <-w.stop:
+				w.wg.Wait()
+			}
+			finished()
+		}()
 		return nil, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
 	}
 }
@@ -184,6 +203,12 @@ func (w *writer) run() {
 	defer w.wg.Done()
 	for {
 		var first *pending
+		select {
+		case <-w.stop: // checked first: once stopped, take no new batch
+			w.failQueued()
+			return
+		default:
+		}
 		select {
 		case <-w.stop:
 			w.failQueued()
@@ -261,8 +286,10 @@ func (w *writer) commit(ps []*pending) {
 		}
 	}
 	if err != nil {
-		w.failAll(ps, err)
+		// Reload first: a client retrying at once must meet the state the database holds,
+		// not the one this batch left in memory.
 		w.m = w.onFail(err)
+		w.failAll(ps, err)
 		return
 	}
 	w.m.publish(b.overlay)

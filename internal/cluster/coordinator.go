@@ -126,8 +126,8 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.Region
 			Demand: func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error) {
 				return region.RecentDemand(ctx, db, sale, since)
 			},
-			Available: func(ctx context.Context, sale string) (map[string]transfer.Units, error) {
-				return region.ReadAvailable(ctx, db, sale)
+			Unsold: func(ctx context.Context, sale string) (map[string]transfer.Units, error) {
+				return region.ReadUnsold(ctx, db, sale)
 			}})
 	}
 	return links, nil

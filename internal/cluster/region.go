@@ -162,6 +162,11 @@ func (n *RegionNode) campaign(ctx context.Context) {
 		select {
 		case <-l.Done():
 			n.cfg.Logger.Warn("region lost its lease", "region", n.cfg.Region.Name)
+		case <-n.R.Stopped():
+			// The region stopped itself (fenced, or it could not reload after a failed
+			// batch): resign so a standby, or this process after a pause, can take over.
+			n.cfg.Logger.Warn("region stopped leading; resigning", "region", n.cfg.Region.Name)
+			sleep(ctx, time.Second)
 		case <-ctx.Done():
 		}
 		n.R.StepDown()
