@@ -24,7 +24,7 @@ func waitQueued(r *Region, n int) {
 // attempt is about to get (or has got) a hold. (Found in review; reproduced before the fix.)
 func TestGivenUpReserveStillCountsAsInWriter(t *testing.T) {
 	r, ctx := newInternalRegion(t) // 10 units of s/x
-	r.w.max = 1                     // one op per batch, so each op's commit can be watched
+	r.w.max = 1                    // one op per batch, so each op's commit can be watched
 	y, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "y", Quantity: 9, RequestKey: "ky"})
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestGivenUpReserveStillCountsAsInWriter(t *testing.T) {
 	for len(r.w.in) != 0 {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond) // the writer is inside b1
+	time.Sleep(20 * time.Millisecond)                                                                // the writer is inside b1
 	go r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "z", Quantity: 1, RequestKey: "kz"}) // the last unit
 	waitQueued(r, 1)
 	go r.submit(ctx, b2)
