@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: start `quotad dev` (embedded etcd, a coordinator, regions us,
 # eu and ap, each with its own PostgreSQL database), create a sale of 10,000 phones split
-# 40/35/25, send 50,000 buyers at it (most nearest to us), let abandoned holds expire, sell
-# the returned units to a second wave, and end with the audit.
+# 40/35/25, send 50,000 buyers at it (most nearest to us): the first 9,000 empty us while eu and
+# ap still have stock, a rebalance moves stock toward us, the other 41,000 sell the rest; then
+# abandoned holds expire, a last wave buys what they returned, and the audit ends it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
@@ -39,15 +40,32 @@ echo "==> creating sale $SALE: 10,000 phones, limit 2 per buyer, holds for $HOLD
 ./bin/quotactl sale create --sale "$SALE" --sku phone=10000 --per-user-limit 2 --hold-ttl "$HOLD_TTL" \
 	--allocate us=40,eu=35,ap=25
 
+FIRST=$(( BUYERS * 9 / 50 ))
 echo
-echo "==> flash sale: $BUYERS buyers, $CONCURRENCY at a time, nearest region us 60% / eu 25% / ap 15%"
+echo "==> flash sale, first $FIRST of $BUYERS buyers, $CONCURRENCY at a time, nearest region us 60% / eu 25% / ap 15%"
 echo "    each pays (85%), cancels (5%) or abandons the hold (10%)"
-./bin/quotactl load --sale "$SALE" --sku phone --buyers "$BUYERS" --concurrency "$CONCURRENCY" \
+./bin/quotactl load --sale "$SALE" --sku phone --buyers "$FIRST" --concurrency "$CONCURRENCY" \
 	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 1
+
+echo
+echo "==> us is empty, eu and ap are not: every buyer nearest to us is told REGION_EXHAUSTED"
+./bin/quotactl stock --sale "$SALE"
+
+echo
+echo "==> rebalance: stock each region for 10 s at its rate of the last minute, moving the rest toward us"
+./bin/quotactl rebalance --sale "$SALE" --sku phone --window 1m --horizon 10s --min-units 50 --dry-run
+./bin/quotactl rebalance --sale "$SALE" --sku phone --window 1m --horizon 10s --min-units 50 --request-id "rebalance-$SALE"
+./bin/quotactl stock --sale "$SALE"
+
+echo
+echo "==> the other $(( BUYERS - FIRST )) buyers"
+./bin/quotactl load --sale "$SALE" --sku phone --buyers "$(( BUYERS - FIRST ))" --concurrency "$CONCURRENCY" \
+	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 3
 
 echo
 echo "==> stock right after the rush"
 ./bin/quotactl stock --sale "$SALE"
+./bin/quotactl transfers list --sale "$SALE"
 
 echo
 echo "==> waiting $HOLD_TTL (+2s) for abandoned holds to expire and return to their pools"
