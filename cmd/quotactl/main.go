@@ -13,10 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -85,7 +85,7 @@ Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --
 	pf.Duration("timeout", 30*time.Second, "deadline of each call")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
-		transferCmd(), transfersCmd(), rebalanceCmd())
+		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd())
 	return root
 }
 
@@ -98,24 +98,9 @@ type env struct {
 }
 
 func newEnv(cmd *cobra.Command) (*env, func(), error) {
-	v := viper.New()
-	v.SetEnvPrefix("QUOTA")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	var bindErr error
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if err := v.BindPFlag(f.Name, f); err != nil && bindErr == nil {
-			bindErr = err
-		}
-	})
-	if bindErr != nil {
-		return nil, nil, bindErr
-	}
-	if file := v.GetString("config"); file != "" {
-		v.SetConfigFile(file)
-		if err := v.ReadInConfig(); err != nil {
-			return nil, nil, usage("config %s: %v", file, err)
-		}
+	v, err := cliconf.Bind(cmd)
+	if err != nil {
+		return nil, nil, usage("%v", err)
 	}
 	if o := v.GetString("output"); o != "text" && o != "json" {
 		return nil, nil, usage("--output %q: must be text or json", o)

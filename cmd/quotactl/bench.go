@@ -1,0 +1,151 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/quotaworks/quota/internal/bench"
+	"github.com/quotaworks/quota/transfer"
+	"github.com/spf13/cobra"
+)
+
+func benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Compare plain-SQL reservation schemes with this project's region, in one run (issue 4)",
+		Long: `bench measures, on the same PostgreSQL and at the same concurrency, one after another:
+  (a) one stock row: SELECT ... FOR UPDATE, UPDATE, hold INSERT, one transaction per reservation
+  (b) one stock row: UPDATE ... WHERE available >= 1 RETURNING, hold INSERT
+  (c) the stock over K bucket rows: random start bucket, roll over to the next non-empty one,
+      hold INSERT; once per --buckets K, the best K reported
+  (d) RegionService.Reserve over gRPC on an in-process cluster (embedded etcd, coordinator,
+      one region holding the whole stock), distinct users
+  (e) the gRPC health check on the same region server: the transport's ceiling
+  (f) Reserve on that region once its pool is empty: every answer must be REGION_EXHAUSTED
+(a)-(d) each start with --stock units and run until sold out (capped by --duration); (e)
+and (f) make --probe-ops calls (default 5 × --stock). Each variant's warm-up (--warmup or
+--warmup-ops, whichever ends first) is excluded from rates and latencies. (a)-(c) each get a
+fresh database named <db-prefix>_<variant>; every database is dropped at the end. The load
+generator and every server run in this one process; PostgreSQL is wherever --pg-url says.`,
+		Example: `  quotactl bench
+  quotactl bench --variants b,d,e --stock 5000 -o json`,
+		Args: cobra.NoArgs,
+		RunE: runBench,
+	}
+	f := cmd.Flags()
+	f.Int("concurrency", 64, "callers in flight at once, in every variant")
+	f.Int64("stock", 20000, "units each of (a)-(d) starts with")
+	f.Int64("probe-ops", 0, "calls (e) and (f) make; default 5 × --stock")
+	f.Duration("duration", bench.DefaultDuration, "cap on each variant's run")
+	f.Duration("warmup", bench.DefaultWarmup, "warm-up excluded from the stats (or --warmup-ops, whichever ends first)")
+	f.Int64("warmup-ops", 0, "operations excluded as warm-up; default min(300, stock/10)")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
+	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_<pid>_<n>")
+	f.String("variants", "a,b,c,d,e,f", "variants to run")
+	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")
+	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
+	f.Uint64("seed", 1, "random seed (users, start buckets)")
+	return cmd
+}
+
+func runBench(cmd *cobra.Command, _ []string) error {
+	e, done, err := newEnv(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	cfg, err := benchConfig(e)
+	if err != nil {
+		return err
+	}
+	cfg.Progress = func(msg string) { fmt.Fprintf(os.Stderr, "bench: %s %s\n", time.Now().Format("15:04:05"), msg) }
+	// Not e.ctx: --timeout bounds one call, and a bench runs for minutes. An interrupt
+	// still stops it, and the databases are dropped on the way out.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cfg.Validate(); err != nil {
+		return usage("%v", err)
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return e.print(rep, func(w io.Writer) { printBench(w, rep) })
+}
+
+func benchConfig(e *env) (bench.Config, error) {
+	cfg := bench.Config{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Concurrency: e.v.GetInt("concurrency"),
+		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
+		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
+		Seed: e.v.GetUint64("seed")}
+	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 {
+		return cfg, usage("--concurrency, --stock and --duration must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
+	}
+	cfg.Variants = splitList(e.v.GetString("variants"))
+	if len(cfg.Variants) == 0 {
+		return cfg, usage("--variants: name at least one of a,b,c,d,e,f")
+	}
+	for _, s := range splitList(e.v.GetString("buckets")) {
+		k, err := strconv.Atoi(s)
+		if err != nil {
+			return cfg, usage("--buckets: %q is not a number", s)
+		}
+		cfg.Buckets = append(cfg.Buckets, k)
+	}
+	return cfg, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func printBench(w io.Writer, rep *bench.Report) {
+	s := rep.Setup
+	fmt.Fprintf(w, "quotactl bench: concurrency %d, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
+		"warm-up %.1fs or %d ops, seed %d\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed)
+	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs; SQL pool %d connections\n",
+		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.SQLConns)
+	fmt.Fprintf(w, "placement: %s\n", s.Placement)
+	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
+	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
+		"p99.9 ms", "sold", "oversell", "errors", "secs", "check")
+	for _, v := range rep.Variants {
+		if v.Skipped != "" {
+			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", v.Variant, v.Label, v.Skipped)
+			continue
+		}
+		fmt.Fprintf(w, "%-4s %-58s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f  %s\n", v.Variant, v.Label, v.ReservationsPerSec,
+			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.Check)
+		if v.FirstError != "" {
+			fmt.Fprintf(w, "     first error: %s\n", v.FirstError)
+		}
+	}
+	if rep.BestBuckets > 0 {
+		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
+	}
+	if len(rep.Ratios) > 0 {
+		fmt.Fprintln(w, "\nratios (issue 4 targets):")
+	}
+	for _, r := range rep.Ratios {
+		cmp, verdict := "≥", "met"
+		if r.AtMost {
+			cmp = "≤"
+		}
+		if !r.Met {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(w, "  %-12s %8.3f   target %s %-5g %-8s %s\n", r.Name, r.Value, cmp, r.Target, verdict, r.Meaning)
+	}
+}

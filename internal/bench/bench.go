@@ -1,0 +1,652 @@
+// Package bench is `quotactl bench` (issue 4): one reproducible run that measures, on the same
+// PostgreSQL server and at the same concurrency, the plain-SQL ways of selling one hot SKU
+// against this project's region, end to end through gRPC:
+//
+//	(a) one stock row, SELECT … FOR UPDATE then UPDATE, plus a hold INSERT, one transaction each;
+//	(b) one stock row, conditional UPDATE … WHERE available >= 1 RETURNING, plus a hold INSERT;
+//	(c) the stock split over K bucket rows: a random start bucket, rolling over to the next
+//	    non-empty one (conditional UPDATE), plus a hold INSERT, for each K asked for;
+//	(d) RegionService.Reserve on an in-process cluster holding the whole stock in one region;
+//	(e) the gRPC health check on the same region server: the transport's ceiling;
+//	(f) Reserve on that region once its pool is empty: the sold-out path.
+//
+// Every variant of (a)–(d) starts from the same stock and runs until it is sold out, bounded
+// by a duration cap and an operation budget; (e) and (f) run a fixed number of calls, also
+// under the duration cap. The
+// first second (or the first few hundred operations, whichever comes first) of each variant
+// is warm-up, excluded from rates and latencies. Clients and servers share one process.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// The variants, in the order they run.
+const (
+	VariantForUpdate   = "a"
+	VariantConditional = "b"
+	VariantBuckets     = "c"
+	VariantRegion      = "d"
+	VariantNoop        = "e"
+	VariantSoldOut     = "f"
+)
+
+// Defaults of Config.Duration and Config.Warmup.
+const (
+	DefaultDuration = 30 * time.Second
+	DefaultWarmup   = time.Second
+)
+
+// AllVariants lists every variant in run order.
+var AllVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut}
+
+// Config is one bench run. Zero values take the defaults documented on each field.
+type Config struct {
+	// PGURL names the PostgreSQL server and a database to create the bench's databases from.
+	PGURL string
+	// DBPrefix prefixes every database the run creates (and drops at the end); default
+	// quota_bench_<random>.
+	DBPrefix string
+	// Concurrency is how many callers run at once in every variant; default 64.
+	Concurrency int
+	// Stock is the units each stock variant (a–d) starts with; default 20,000.
+	Stock transfer.Units
+	// ProbeOps is how many calls (e) and (f) make; default 5 × Stock (they are fast, and a
+	// run of a fraction of a second would measure noise).
+	ProbeOps int64
+	// Duration caps each variant; default 30s.
+	Duration time.Duration
+	// Warmup and WarmupOps end the warm-up, whichever comes first; defaults 1s and
+	// min(300, Stock/10).
+	Warmup    time.Duration
+	WarmupOps int64
+	// Variants to run, from AllVariants; default all.
+	Variants []string
+	// Buckets are the K of variant (c); default 4, 16, 64.
+	Buckets []int
+	// SQLConns is the pgx pool size of (a)–(c); default min(Concurrency, 64).
+	SQLConns int
+	// Seed makes users and bucket choices reproducible.
+	Seed uint64
+	// Logger receives the in-process cluster's messages; default warnings to stderr.
+	Logger *slog.Logger
+	// Progress, when set, is told about each step as it happens.
+	Progress func(msg string)
+}
+
+var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+
+// Validate checks the configuration, naming the bad field, and fills in defaults.
+func (c *Config) Validate() error {
+	c.fillDefaults()
+	switch {
+	case c.PGURL == "":
+		return errors.New("pg-url: must be set")
+	case !prefixPattern.MatchString(c.DBPrefix):
+		return fmt.Errorf("db-prefix %q: must be 1..40 lowercase letters, digits and _, starting with a letter", c.DBPrefix)
+	case c.Concurrency < 1 || c.Concurrency > 10_000:
+		return fmt.Errorf("concurrency %d: must be 1..10000", c.Concurrency)
+	case c.Stock < 1 || c.Stock > 100_000_000:
+		return fmt.Errorf("stock %d: must be 1..100000000", c.Stock)
+	case c.ProbeOps < 1 || c.ProbeOps > 500_000_000:
+		return fmt.Errorf("probe-ops %d: must be 1..500000000", c.ProbeOps)
+	case c.Duration < 100*time.Millisecond || c.Duration > time.Hour:
+		return fmt.Errorf("duration %s: must be 100ms..1h", c.Duration)
+	case c.Warmup < 0 || c.Warmup >= c.Duration || c.WarmupOps < 0:
+		return fmt.Errorf("warmup %s / %d ops: must be non-negative and shorter than the duration %s", c.Warmup, c.WarmupOps, c.Duration)
+	case c.SQLConns < 1 || c.SQLConns > c.Concurrency:
+		return fmt.Errorf("sql conns %d: must be 1..concurrency (%d)", c.SQLConns, c.Concurrency)
+	}
+	if _, err := pgutil.WithDatabase(c.PGURL, "x"); err != nil {
+		return fmt.Errorf("pg-url: %w", err)
+	}
+	if err := c.checkVariants(); err != nil {
+		return err
+	}
+	return c.checkBuckets()
+}
+
+func (c *Config) fillDefaults() {
+	if c.DBPrefix == "" {
+		c.DBPrefix = fmt.Sprintf("quota_bench_%d_%d", os.Getpid(), time.Now().UnixNano()%1_000_000)
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	if c.Stock == 0 {
+		c.Stock = 20_000
+	}
+	if c.ProbeOps == 0 {
+		c.ProbeOps = 5 * int64(c.Stock)
+	}
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.Warmup == 0 {
+		c.Warmup = DefaultWarmup
+	}
+	if c.WarmupOps == 0 {
+		c.WarmupOps = min(300, int64(c.Stock)/10)
+	}
+	if len(c.Variants) == 0 {
+		c.Variants = slices.Clone(AllVariants)
+	}
+	if len(c.Buckets) == 0 {
+		c.Buckets = []int{4, 16, 64}
+	}
+	if c.SQLConns == 0 {
+		c.SQLConns = min(c.Concurrency, 64)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+}
+
+func (c *Config) checkVariants() error {
+	seen := map[string]bool{}
+	for _, v := range c.Variants {
+		if !slices.Contains(AllVariants, v) {
+			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f", v)
+		}
+		if seen[v] {
+			return fmt.Errorf("variants: %q listed twice", v)
+		}
+		seen[v] = true
+	}
+	c.Variants = slices.DeleteFunc(slices.Clone(AllVariants), func(v string) bool { return !seen[v] })
+	return nil
+}
+
+func (c *Config) checkBuckets() error {
+	seen := map[int]bool{}
+	for _, k := range c.Buckets {
+		if k < 2 || k > 1024 {
+			return fmt.Errorf("buckets: %d must be 2..1024", k)
+		}
+		if seen[k] {
+			return fmt.Errorf("buckets: %d listed twice", k)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+func (c *Config) wants(variants ...string) bool {
+	for _, v := range variants {
+		if slices.Contains(c.Variants, v) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Config) progress(format string, args ...any) {
+	if c.Progress != nil {
+		c.Progress(fmt.Sprintf(format, args...))
+	}
+}
+
+// Setup records what was run and where, so a result can be reproduced and compared.
+type Setup struct {
+	Concurrency       int            `json:"concurrency"`
+	StockPerVariant   transfer.Units `json:"stock_per_variant"`
+	ProbeOps          int64          `json:"probe_ops"`
+	DurationCapSec    float64        `json:"duration_cap_seconds"`
+	WarmupSec         float64        `json:"warmup_seconds"`
+	WarmupOps         int64          `json:"warmup_ops"`
+	SQLConns          int            `json:"sql_pool_conns"`
+	Buckets           []int          `json:"buckets"`
+	Variants          []string       `json:"variants"`
+	Seed              uint64         `json:"seed"`
+	PostgreSQL        string         `json:"postgresql_version"`
+	SynchronousCommit string         `json:"synchronous_commit"`
+	GoVersion         string         `json:"go_version"`
+	GOMAXPROCS        int            `json:"gomaxprocs"`
+	NumCPU            int            `json:"num_cpu"`
+	Placement         string         `json:"placement"`
+	Started           time.Time      `json:"started"`
+	// LoadAvgStart and LoadAvgEnd are the machine's 1, 5 and 15 minute load averages before
+	// and after the run (Linux; empty elsewhere): anything else running skews the numbers.
+	LoadAvgStart string `json:"load_avg_start,omitempty"`
+	LoadAvgEnd   string `json:"load_avg_end,omitempty"`
+}
+
+// loadAvg reads the first three fields of /proc/loadavg, or "".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// Placement says where the clients and servers ran: it qualifies every number.
+const Placement = "load generator, region, coordinator and etcd all in this one process; PostgreSQL on the same machine; " +
+	"gRPC over loopback TCP, one client connection"
+
+func (c *Config) setup() Setup {
+	return Setup{Concurrency: c.Concurrency, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
+		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
+		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(),
+		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
+}
+
+// describeServer reads the server's version and commit durability.
+func describeServer(ctx context.Context, url string, s *Setup) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).
+		Scan(&s.PostgreSQL, &s.SynchronousCommit); err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	return nil
+}
+
+// VariantResult is one variant's outcome. Rates and latencies cover the measured window
+// only (after warm-up); counts of units and operations cover the whole run.
+type VariantResult struct {
+	Variant string `json:"variant"` // a, b, c<K>, d, e, f
+	Label   string `json:"label"`
+	Buckets int    `json:"buckets,omitempty"`
+	// Stock is what the variant started with; for (f), what was left (0).
+	Stock transfer.Units `json:"stock"`
+	// Sold is the units whose reservation was acknowledged to the caller.
+	Sold transfer.Units `json:"sold"`
+	// HoldRows counts the hold rows found in the database afterwards (for (f), the new ones).
+	HoldRows int64 `json:"hold_rows"`
+	// Remaining is the stock left in the database afterwards.
+	Remaining transfer.Units `json:"remaining"`
+	// Oversell is max(sold, hold rows) − stock when positive; it must be 0.
+	Oversell transfer.Units `json:"oversell"`
+	// Check is "ok", or what disagreed between the answers and the database.
+	Check string `json:"check"`
+	// EndedBy is why the run stopped: "sold out", "ops" (the budget), "duration", "canceled".
+	EndedBy            string  `json:"ended_by"`
+	Ops                int64   `json:"ops"`
+	Reservations       int64   `json:"reservations"`
+	Refusals           int64   `json:"refusals"`
+	Errors             int64   `json:"errors"`
+	FirstError         string  `json:"first_error,omitempty"`
+	WarmupOps          int64   `json:"warmup_ops"`
+	MeasuredOps        int64   `json:"measured_ops"`
+	MeasuredSec        float64 `json:"measured_seconds"`
+	ReservationsPerSec float64 `json:"reservations_per_sec"`
+	OpsPerSec          float64 `json:"ops_per_sec"`
+	Latency            Latency `json:"latency"`
+	Skipped            string  `json:"skipped,omitempty"`
+}
+
+// Report is a whole run: the setup, every variant, the best K of (c), and the ratios the
+// issue sets targets for.
+type Report struct {
+	Setup       Setup           `json:"setup"`
+	Variants    []VariantResult `json:"variants"`
+	BestBuckets int             `json:"best_buckets,omitempty"`
+	Ratios      []Ratio         `json:"ratios"`
+}
+
+// Run runs the configured variants one after another and reports them. Every database it
+// creates is dropped before it returns, also on error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Setup: cfg.setup()}
+	if err := describeServer(ctx, cfg.PGURL, &rep.Setup); err != nil {
+		return nil, err
+	}
+	dbs := &databases{admin: cfg.PGURL}
+	defer func() {
+		if err := dbs.dropAll(); err != nil {
+			cfg.progress("cleanup: %v", err)
+		}
+	}()
+	for _, v := range cfg.sqlVariants() {
+		res, err := runSQL(ctx, &cfg, dbs, v)
+		if err != nil {
+			return nil, fmt.Errorf("variant %s: %w", v.name, err)
+		}
+		cfg.progress("%s", res.oneLine())
+		rep.Variants = append(rep.Variants, res)
+	}
+	if cfg.wants(VariantRegion, VariantNoop, VariantSoldOut) {
+		res, err := runRegion(ctx, &cfg, dbs)
+		if err != nil {
+			return nil, err
+		}
+		rep.Variants = append(rep.Variants, res...)
+	}
+	rep.finish()
+	rep.Setup.LoadAvgEnd = loadAvg()
+	return rep, nil
+}
+
+func (v VariantResult) oneLine() string {
+	if v.Skipped != "" {
+		return fmt.Sprintf("(%s) %s: skipped: %s", v.Variant, v.Label, v.Skipped)
+	}
+	return fmt.Sprintf("(%s) %s: %d ops, %d reserved, %.0f reservations/s, %.0f ops/s, p99 %.2f ms, %d errors, ended by %s, check %s",
+		v.Variant, v.Label, v.Ops, v.Reservations, v.ReservationsPerSec, v.OpsPerSec, v.Latency.P99, v.Errors, v.EndedBy, v.Check)
+}
+
+// checkUnits fills Oversell and Check from the answers (Sold) and the database (HoldRows,
+// Remaining), given the units the variant started with.
+func (v *VariantResult) checkUnits(remainingKnown bool) {
+	seen := max(v.Sold, transfer.Units(v.HoldRows))
+	v.Oversell = max(0, seen-v.Stock)
+	var problems []string
+	if v.Oversell > 0 {
+		problems = append(problems, fmt.Sprintf("OVERSOLD by %d", v.Oversell))
+	}
+	if transfer.Units(v.HoldRows) != v.Sold {
+		problems = append(problems, fmt.Sprintf("%d units acknowledged but %d hold rows", v.Sold, v.HoldRows))
+	}
+	if remainingKnown && transfer.Units(v.HoldRows)+v.Remaining != v.Stock {
+		problems = append(problems, fmt.Sprintf("hold rows %d + remaining %d != stock %d", v.HoldRows, v.Remaining, v.Stock))
+	}
+	v.Check = "ok"
+	if len(problems) > 0 {
+		v.Check = fmt.Sprint(problems)
+	}
+}
+
+// Find returns the result of variant name (a, b, c16, d, ...), or nil.
+func (r *Report) Find(name string) *VariantResult {
+	for i := range r.Variants {
+		if r.Variants[i].Variant == name && r.Variants[i].Skipped == "" {
+			return &r.Variants[i]
+		}
+	}
+	return nil
+}
+
+// outcome is how one operation ended.
+type outcome int
+
+const (
+	took     outcome = iota // a unit was reserved
+	refused                 // the stock is gone (sold out, REGION_EXHAUSTED)
+	answered                // a no-op call answered as expected
+	failed                  // an error
+)
+
+// attempt runs one operation; n is its sequence number in the variant, distinct for every
+// operation (users are named after it).
+type attempt func(ctx context.Context, n int64) (outcome, error)
+
+// load is how a variant is driven: concurrency workers, each running attempts back to back
+// until the stock is gone (when stopWhenRefused), maxOps attempts were started, or duration
+// passed since the start.
+type load struct {
+	concurrency     int
+	maxOps          int64
+	duration        time.Duration
+	warmup          time.Duration
+	warmupOps       int64
+	stopWhenRefused bool
+	// newAttempt builds worker w's attempt function (each worker has its own, e.g. its own rng).
+	newAttempt func(w int) attempt
+}
+
+// stockLoad drives a variant that sells cfg.Stock units until sold out.
+func (c *Config) stockLoad(a func(w int) attempt) load {
+	return load{concurrency: c.Concurrency, maxOps: 2*int64(c.Stock) + int64(c.Concurrency), duration: c.Duration,
+		warmup: c.Warmup, warmupOps: c.WarmupOps, stopWhenRefused: true, newAttempt: a}
+}
+
+// probeLoad drives a variant that makes cfg.ProbeOps calls.
+func (c *Config) probeLoad(a func(w int) attempt) load {
+	return load{concurrency: c.Concurrency, maxOps: c.ProbeOps, duration: c.Duration, warmup: c.Warmup,
+		warmupOps: min(c.WarmupOps, c.ProbeOps/10), newAttempt: a}
+}
+
+// workerStats is what one worker measured after warm-up; only that worker writes it.
+type workerStats struct {
+	rec          recorder
+	counts       [4]int64 // by outcome, warm-up included
+	measured     int64
+	measuredTook int64
+	lastEnd      time.Duration // of the last measured operation, since the start
+	firstErr     error
+}
+
+type loadRun struct {
+	load
+	start    time.Time
+	next     atomic.Int64
+	done     atomic.Int64 // operations completed while warming up
+	warm     atomic.Bool
+	warmEnd  atomic.Int64 // since start, ns
+	endOnce  sync.Once
+	endedBy  string
+	workers  []workerStats
+	stopping atomic.Bool
+}
+
+// run drives the load and returns its totals.
+func (l load) run(ctx context.Context) VariantResult {
+	r := &loadRun{load: l, start: time.Now(), workers: make([]workerStats, l.concurrency)}
+	if l.warmup <= 0 && l.warmupOps <= 0 {
+		r.warm.Store(true)
+	}
+	var wg sync.WaitGroup
+	for w := range l.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.worker(ctx, w)
+		}()
+	}
+	wg.Wait()
+	return r.result()
+}
+
+func (r *loadRun) end(why string) {
+	r.endOnce.Do(func() { r.endedBy = why })
+	r.stopping.Store(true)
+}
+
+// proceed says whether a worker may start another attempt.
+func (r *loadRun) proceed(ctx context.Context) bool {
+	switch {
+	case r.stopping.Load():
+		return false
+	case ctx.Err() != nil:
+		r.end("canceled")
+	case time.Since(r.start) >= r.duration:
+		r.end("duration")
+	default:
+		return true
+	}
+	return false
+}
+
+func (r *loadRun) worker(ctx context.Context, w int) {
+	try := r.newAttempt(w)
+	ws := &r.workers[w]
+	for r.proceed(ctx) {
+		n := r.next.Add(1) - 1
+		if n >= r.maxOps {
+			r.end("ops")
+			return
+		}
+		t0 := time.Now()
+		out, err := try(ctx, n)
+		t1 := time.Now()
+		ws.counts[out]++
+		if out == failed && ws.firstErr == nil {
+			ws.firstErr = err
+		}
+		if r.measured(t1.Sub(r.start)) {
+			ws.rec.add(t1.Sub(t0))
+			ws.measured++
+			if out == took {
+				ws.measuredTook++
+			}
+			ws.lastEnd = t1.Sub(r.start)
+		}
+		if out == refused && r.stopWhenRefused {
+			r.end("sold out")
+		}
+	}
+}
+
+// measured says whether an operation that ended at since (from the start) counts: once the
+// warm-up has ended, every completion does.
+func (r *loadRun) measured(since time.Duration) bool {
+	if r.warm.Load() {
+		return true
+	}
+	if n := r.done.Add(1); n >= r.warmupOps || since >= r.warmup {
+		if r.warm.CompareAndSwap(false, true) {
+			r.warmEnd.Store(int64(since))
+		}
+	}
+	return false
+}
+
+func (r *loadRun) result() VariantResult {
+	var v VariantResult
+	var lastEnd time.Duration
+	var measuredTook int64
+	recs := make([]recorder, len(r.workers))
+	for i := range r.workers {
+		ws := &r.workers[i]
+		v.Reservations += ws.counts[took]
+		v.Refusals += ws.counts[refused]
+		v.Errors += ws.counts[failed]
+		v.Ops += ws.counts[took] + ws.counts[refused] + ws.counts[answered] + ws.counts[failed]
+		v.MeasuredOps += ws.measured
+		measuredTook += ws.measuredTook
+		lastEnd = max(lastEnd, ws.lastEnd)
+		recs[i] = ws.rec
+		if v.FirstError == "" && ws.firstErr != nil {
+			v.FirstError = ws.firstErr.Error()
+		}
+	}
+	v.EndedBy = r.endedBy
+	v.WarmupOps = v.Ops - v.MeasuredOps
+	window := max(0, lastEnd-time.Duration(r.warmEnd.Load()))
+	v.MeasuredSec = math.Round(window.Seconds()*1000) / 1000
+	v.ReservationsPerSec = rate(measuredTook, window)
+	v.OpsPerSec = rate(v.MeasuredOps, window)
+	v.Latency = summarize(merge(recs))
+	v.Sold = transfer.Units(v.Reservations)
+	return v
+}
+
+// Ratio is one comparison the issue sets a target for.
+type Ratio struct {
+	Name    string  `json:"name"`
+	Meaning string  `json:"meaning"`
+	Value   float64 `json:"value"`
+	// Target is the bound Value must reach: at least Target, or at most when AtMost.
+	Target float64 `json:"target"`
+	AtMost bool    `json:"at_most,omitempty"`
+	Met    bool    `json:"met"`
+}
+
+// finish picks the best K of (c) by reservations/s and computes the ratios whose variants
+// all ran.
+func (r *Report) finish() {
+	var best *VariantResult
+	for i := range r.Variants {
+		v := &r.Variants[i]
+		if v.Buckets > 0 && v.Skipped == "" && (best == nil || v.ReservationsPerSec > best.ReservationsPerSec) {
+			best = v
+		}
+	}
+	if best != nil {
+		r.BestBuckets = best.Buckets
+	}
+	b, d, e, f := r.Find(VariantConditional), r.Find(VariantRegion), r.Find(VariantNoop), r.Find(VariantSoldOut)
+	r.Ratios = []Ratio{}
+	add := func(name, meaning string, num, den, target float64, atMost bool) {
+		if den <= 0 {
+			return
+		}
+		x := Ratio{Name: name, Meaning: meaning, Value: math.Round(num/den*1000) / 1000, Target: target, AtMost: atMost}
+		x.Met = x.Value >= target
+		if atMost {
+			x.Met = x.Value <= target
+		}
+		r.Ratios = append(r.Ratios, x)
+	}
+	if d != nil && b != nil {
+		add("d/b", "reservations/s of (d) region over (b) conditional UPDATE", d.ReservationsPerSec, b.ReservationsPerSec, 10, false)
+	}
+	if d != nil && best != nil {
+		add("d/best_c", fmt.Sprintf("reservations/s of (d) region over (c) with the best K (%d)", best.Buckets),
+			d.ReservationsPerSec, best.ReservationsPerSec, 2, false)
+	}
+	if d != nil && e != nil {
+		add("d/e", "reservations/s of (d) region over calls/s of (e) health check", d.ReservationsPerSec, e.OpsPerSec, 0.5, false)
+		add("p99_d/p99_e", "p99 latency of (d) region over p99 of (e) health check", d.Latency.P99, e.Latency.P99, 2, true)
+	}
+	if f != nil && e != nil {
+		add("f/e", "calls/s of (f) sold-out Reserve over calls/s of (e) health check", f.OpsPerSec, e.OpsPerSec, 0.8, false)
+	}
+}
+
+// databases are the ones a run created, dropped at the end.
+type databases struct {
+	admin string
+	names []string
+}
+
+// track records names to drop at the end (before they exist, so a failed start is cleaned up).
+func (d *databases) track(names ...string) {
+	for _, n := range names {
+		if !slices.Contains(d.names, n) {
+			d.names = append(d.names, n)
+		}
+	}
+}
+
+// create makes an empty database name and returns its URL.
+func (d *databases) create(ctx context.Context, name string) (string, error) {
+	d.track(name)
+	if err := pgutil.DropDatabase(ctx, d.admin, name); err != nil { // a leftover of an interrupted run
+		return "", err
+	}
+	if err := pgutil.EnsureDatabase(ctx, d.admin, name); err != nil {
+		return "", err
+	}
+	return pgutil.WithDatabase(d.admin, name)
+}
+
+// dropAll drops every tracked database, with its own deadline (the run's context may be over).
+func (d *databases) dropAll() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errs []error
+	for _, n := range d.names {
+		if err := pgutil.DropDatabase(ctx, d.admin, n); err != nil {
+			errs = append(errs, fmt.Errorf("drop database %s: %w", n, err))
+		}
+	}
+	return errors.Join(errs...)
+}
