@@ -97,6 +97,11 @@ func final(state string) bool { return state == "posted" || state == "voided" }
 
 func transfersCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "transfers", Short: "List and resolve transfers"}
+	cmd.AddCommand(transfersListCmd(), transfersResolveCmd())
+	return cmd
+}
+
+func transfersListCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List transfers with their state, age and whether they are stranded",
@@ -135,6 +140,10 @@ func transfersCmd() *cobra.Command {
 	}
 	list.Flags().String("sale", "", "only this sale")
 	list.Flags().Bool("unfinished", false, "only transfers not yet posted or voided")
+	return list
+}
+
+func transfersResolveCmd() *cobra.Command {
 	resolve := &cobra.Command{
 		Use:   "resolve TRANSFER_ID",
 		Short: "Settle an unfinished (e.g. stranded) transfer by its destination's durable record",
@@ -173,8 +182,7 @@ which the source is restored). It fails, changing nothing, while the destination
 		},
 	}
 	resolve.Flags().Bool("refuse", false, "ask the destination to refuse the transfer and return the units to the source")
-	cmd.AddCommand(list, resolve)
-	return cmd
+	return resolve
 }
 
 func rebalanceCmd() *cobra.Command {
