@@ -29,6 +29,7 @@ type exitError struct {
 	err  error
 }
 
+// Error is the wrapped error's message.
 func (e *exitError) Error() string { return e.err.Error() }
 
 func main() {

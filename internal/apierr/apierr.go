@@ -43,6 +43,7 @@ type InvalidError struct {
 	Reason string
 }
 
+// Error names the field and the reason.
 func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason) }
 
 // Unwrap makes errors.Is(err, ErrInvalid) hold.
@@ -60,6 +61,7 @@ type NotLeaderError struct {
 	Leader string
 }
 
+// Error says who is not leader and, when known, where the leader is.
 func (e *NotLeaderError) Error() string {
 	if e.Leader == "" {
 		return fmt.Sprintf("%s: not leader (no leader known)", e.Role)

@@ -139,6 +139,8 @@ type remoteError struct {
 	err      error
 }
 
+// Error is the peer's message.
 func (e *remoteError) Error() string { return e.err.Error() }
 
+// Unwrap gives both the sentinel (for errors.Is) and the status error.
 func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.err} }
