@@ -57,13 +57,17 @@ type dueHold struct {
 type expiryHeap []dueHold
 
 // Len, Less, Swap, Push and Pop make expiryHeap a container/heap.
-func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Len() int { return len(h) }
+
 // Less orders by deadline.
 func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+
 // Swap swaps two entries.
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h expiryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+
 // Push adds an entry (container/heap calls it).
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(dueHold)) }
+func (h *expiryHeap) Push(x any) { *h = append(*h, x.(dueHold)) }
+
 // Pop removes the last entry (container/heap calls it).
 func (h *expiryHeap) Pop() any {
 	old := *h
