@@ -166,7 +166,8 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 	}
 	defer rows.Close()
 	for rows.Next() {
-		h, err := scanHoldWithHash(rows, region)
+		var hash string
+		h, err := scanHold(rows, region, &hash)
 		if err != nil {
 			return err
 		}
@@ -174,7 +175,7 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 		// copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
 		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
-		mh := &memHold{Hold: h.Hold, hash: hashOf(h.hash)}
+		mh := &memHold{Hold: h, hash: hashOf(hash)}
 		m.put(mh)
 		if mh.State == Held {
 			m.due = append(m.due, dueHold{mh.ExpiresAt, mh.ID})

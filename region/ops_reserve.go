@@ -20,11 +20,13 @@ func requestHash(sku string, q transfer.Units) string {
 
 const holdColumns = `hold_id, sale_id, sku, user_id, quantity, request_key, state, created_at, expires_at, coalesce(payment_id, '')`
 
-func scanHold(row pgx.Row, region string) (Hold, error) {
+// scanHold reads holdColumns, then any further columns into extra.
+func scanHold(row pgx.Row, region string, extra ...any) (Hold, error) {
 	h := Hold{Region: region}
 	var q int64
 	var st string
-	err := row.Scan(&h.ID, &h.Sale, &h.SKU, &h.User, &q, &h.RequestKey, &st, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID)
+	dest := append([]any{&h.ID, &h.Sale, &h.SKU, &h.User, &q, &h.RequestKey, &st, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID}, extra...)
+	err := row.Scan(dest...)
 	h.Quantity, h.State = transfer.Units(q), HoldState(st)
 	return h, err
 }
@@ -72,21 +74,6 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}, hash: hash}
 	b.take(h)
 	return ReserveResult{Hold: h.Hold}, nil, nil
-}
-
-type holdWithHash struct {
-	Hold
-	hash string
-}
-
-func scanHoldWithHash(row pgx.Row, region string) (holdWithHash, error) {
-	var h holdWithHash
-	var q int64
-	var st string
-	h.Region = region
-	err := row.Scan(&h.ID, &h.Sale, &h.SKU, &h.User, &q, &h.RequestKey, &st, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &h.hash)
-	h.Quantity, h.State = transfer.Units(q), HoldState(st)
-	return h, err
 }
 
 // execAll sends a batch of statements and checks each one changed exactly the number of
