@@ -50,11 +50,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 }
 
 func runDev(cmd *cobra.Command, _ []string) error {
-	v, err := newViper(cmd)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(v)
+	v, log, err := settings(cmd)
 	if err != nil {
 		return err
 	}

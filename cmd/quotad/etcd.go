@@ -45,11 +45,7 @@ func (c *EtcdProcessConfig) Validate() error {
 }
 
 func runEtcd(cmd *cobra.Command, _ []string) error {
-	v, err := newViper(cmd)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(v)
+	v, log, err := settings(cmd)
 	if err != nil {
 		return err
 	}

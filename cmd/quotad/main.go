@@ -38,15 +38,18 @@ func rootCmd() *cobra.Command {
 	return root
 }
 
-// newViper binds a command's flags, QUOTA_* environment variables and the --config file.
-func newViper(cmd *cobra.Command) (*viper.Viper, error) { return cliconf.Bind(cmd) }
-
-func newLogger(v *viper.Viper) (*slog.Logger, error) {
+// settings binds a command's flags, QUOTA_* environment variables and the --config file,
+// and builds the logger its --log-level asks for.
+func settings(cmd *cobra.Command) (*viper.Viper, *slog.Logger, error) {
+	v, err := cliconf.Bind(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
-		return nil, fmt.Errorf("log-level %q: %w", v.GetString("log-level"), err)
+		return nil, nil, fmt.Errorf("log-level %q: %w", v.GetString("log-level"), err)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+	return v, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 // signalContext ends on SIGINT or SIGTERM.

@@ -73,11 +73,7 @@ func (c *RegionProcessConfig) Validate() error {
 }
 
 func runRegion(cmd *cobra.Command, _ []string) error {
-	v, err := newViper(cmd)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(v)
+	v, log, err := settings(cmd)
 	if err != nil {
 		return err
 	}
@@ -162,11 +158,7 @@ func parseRegions(specs []string) ([]cluster.RegionEndpoint, error) {
 }
 
 func runCoordinator(cmd *cobra.Command, _ []string) error {
-	v, err := newViper(cmd)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(v)
+	v, log, err := settings(cmd)
 	if err != nil {
 		return err
 	}
