@@ -22,7 +22,7 @@ with stranded units reported inside in_flight, and per region pool:
 credited_in − debited_out = available + held + sold, and held/sold equal to the sums of
 the pool's holds. The exit status is 1 when any invariant fails.`,
 		Args: cobra.NoArgs,
-		RunE: runAudit,
+		RunE: withEnv(runAudit),
 	}
 	cmd.Flags().String("sale", "", "audit only this sale")
 	return cmd
@@ -86,12 +86,7 @@ func toAuditJSON(r *quotav1.AuditResponse) auditJSON {
 	return out
 }
 
-func runAudit(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runAudit(e *env) error {
 	c, err := e.coordinator()
 	if err != nil {
 		return err
@@ -142,12 +137,7 @@ func regionsCmd() *cobra.Command {
 		Use:   "regions",
 		Short: "List the regions the coordinator knows",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withEnv(func(e *env) error {
 			rs, err := e.regions()
 			if err != nil {
 				return err
@@ -167,6 +157,6 @@ func regionsCmd() *cobra.Command {
 					fmt.Fprintf(w, "%-8s %s\n", r.Name, r.Address)
 				}
 			})
-		},
+		}),
 	}
 }

@@ -30,26 +30,36 @@ func run(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// TestAuditReportsABreachWithEvidence: the CLI's audit exits 0 on a clean sale; after the
-// stored data of a region is tampered with (books still balanced, one unit conjured), it
-// exits 1 and names the broken invariant with its terms.
-func TestAuditReportsABreachWithEvidence(t *testing.T) {
+// startDev starts an all-in-one cluster on free ports with fresh databases, stopped and
+// dropped at the end of the test.
+func startDev(t *testing.T, regions ...string) *cluster.Dev {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	prefix := "quota_t_cli_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{"us", "eu"}, PGURL: testpg.AdminURL(), DBPrefix: prefix,
+	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
 		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		d.Close()
-		for _, role := range []string{"coordinator", "us", "eu"} {
+		for _, role := range append([]string{"coordinator"}, regions...) {
 			_ = pgutil.DropDatabase(context.Background(), testpg.AdminURL(), cluster.DBName(prefix, role))
 		}
-	}()
+	})
+	return d
+}
+
+// TestAuditReportsABreachWithEvidence: the CLI's audit exits 0 on a clean sale; after the
+// stored data of a region is tampered with (books still balanced, one unit conjured), it
+// exits 1 and names the broken invariant with its terms.
+func TestAuditReportsABreachWithEvidence(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	coord := "--coordinator=" + d.Coordinator.Addr()
 	if out, err := run(t, coord, "sale", "create", "--sale", "s", "--sku", "phone=100", "--allocate", "us=1,eu=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
@@ -85,22 +95,9 @@ func TestAuditReportsABreachWithEvidence(t *testing.T) {
 // TestServersHaveReflectionAndHealth: grpcurl and ghz need server reflection; every server
 // lists its services and the standard health service.
 func TestServersHaveReflectionAndHealth(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "quota_t_refl_" + hex.EncodeToString(b[:])
+	d := startDev(t, "us")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{"us"}, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		d.Close()
-		for _, role := range []string{"coordinator", "us"} {
-			_ = pgutil.DropDatabase(context.Background(), testpg.AdminURL(), cluster.DBName(prefix, role))
-		}
-	}()
 	want := map[string][]string{
 		d.Coordinator.Addr(): {"quota.v1.CoordinatorService", "grpc.health.v1.Health"},
 		d.Regions[0].Addr():  {"quota.v1.RegionService", "quota.v1.ParticipantService", "grpc.health.v1.Health"},

@@ -36,7 +36,7 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 		Example: `  quotactl bench
   quotactl bench --variants b,d,e --stock 5000 -o json`,
 		Args: cobra.NoArgs,
-		RunE: runBench,
+		RunE: withEnv(runBench),
 	}
 	f := cmd.Flags()
 	f.Int("concurrency", 64, "callers in flight at once, in every variant")
@@ -54,12 +54,7 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 	return cmd
 }
 
-func runBench(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runBench(e *env) error {
 	cfg, err := benchConfig(e)
 	if err != nil {
 		return err
@@ -67,7 +62,7 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	cfg.Progress = func(msg string) { fmt.Fprintf(os.Stderr, "bench: %s %s\n", time.Now().Format("15:04:05"), msg) }
 	// Not e.ctx: --timeout bounds one call, and a bench runs for minutes. An interrupt
 	// still stops it, and the databases are dropped on the way out.
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(e.cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cfg.Validate(); err != nil {
 		return usage("%v", err)

@@ -84,18 +84,13 @@ func reserveCmd() *cobra.Command {
 
 // withRegion runs fn with the settings and a client of the region named by --region.
 func withRegion(fn func(e *env, rc quotav1.RegionServiceClient) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, _ []string) error {
-		e, done, err := newEnv(cmd)
-		if err != nil {
-			return err
-		}
-		defer done()
+	return withEnv(func(e *env) error {
 		rc, err := e.region(e.v.GetString("region"))
 		if err != nil {
 			return err
 		}
 		return fn(e, rc)
-	}
+	})
 }
 
 func holdFlags(cmd *cobra.Command) {

@@ -22,7 +22,7 @@ request when the outcome is unknown, then pays (--confirm), cancels (--release) 
 away and lets the hold expire. Progress is printed every second to stderr.`,
 		Example: `  quotactl load --sale launch --sku phone --buyers 50000 --concurrency 1000 --skew us=60,eu=25,ap=15`,
 		Args:    cobra.NoArgs,
-		RunE:    runLoad,
+		RunE:    withEnv(runLoad),
 	}
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
@@ -56,12 +56,7 @@ type loadJSON struct {
 	PerSecond    float64          `json:"reserves_per_second"`
 }
 
-func runLoad(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runLoad(e *env) error {
 	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
 		return usage("--sale and --sku: required")
 	}
@@ -108,7 +103,7 @@ func runLoad(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %v\n",
 			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, s.PerRegion)
 	}
-	s, err := loadgen.Run(cmd.Context(), cfg)
+	s, err := loadgen.Run(e.cmd.Context(), cfg)
 	if err != nil {
 		return usage("%v", err)
 	}

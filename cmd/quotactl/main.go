@@ -116,6 +116,18 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	}, nil
 }
 
+// withEnv makes a cobra RunE of fn: it builds the command's env and releases it after.
+func withEnv(fn func(e *env) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		e, done, err := newEnv(cmd)
+		if err != nil {
+			return err
+		}
+		defer done()
+		return fn(e)
+	}
+}
+
 func usage(format string, args ...any) error {
 	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
 }

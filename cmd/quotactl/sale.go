@@ -21,7 +21,7 @@ func saleCmd() *cobra.Command {
 		Example: `  quotactl sale create --sale launch --sku phone=10000 --sku case=500 --per-user-limit 2 --hold-ttl 2m \
     --allocate us=40,eu=35,ap=25`,
 		Args: cobra.NoArgs,
-		RunE: runSaleCreate,
+		RunE: withEnv(runSaleCreate),
 	}
 	f := create.Flags()
 	f.String("sale", "", "sale id (required)")
@@ -31,7 +31,7 @@ func saleCmd() *cobra.Command {
 	f.String("opens-at", "", "when reservations open (RFC3339); default now")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
 	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
-	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: runSaleShow}
+	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow)}
 	show.Flags().String("sale", "", "sale id (required)")
 	cmd.AddCommand(create, show)
 	return cmd
@@ -121,12 +121,7 @@ func printSale(e *env, s saleJSON) error {
 	})
 }
 
-func runSaleCreate(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runSaleCreate(e *env) error {
 	req, err := createRequest(e)
 	if err != nil {
 		return err
@@ -205,12 +200,7 @@ func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 	return req, nil
 }
 
-func runSaleShow(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runSaleShow(e *env) error {
 	if e.v.GetString("sale") == "" {
 		return usage("--sale: required")
 	}

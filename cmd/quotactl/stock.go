@@ -13,7 +13,7 @@ func stockCmd() *cobra.Command {
 		Use:   "stock",
 		Short: "Show every region's pools of a sale (available, held, sold)",
 		Args:  cobra.NoArgs,
-		RunE:  runStock,
+		RunE:  withEnv(runStock),
 	}
 	cmd.Flags().String("sale", "", "sale id (required)")
 	cmd.Flags().String("region", "", "only this region")
@@ -34,12 +34,7 @@ type stockJSON struct {
 	Errors []string   `json:"errors,omitempty"`
 }
 
-func runStock(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runStock(e *env) error {
 	sale := e.v.GetString("sale")
 	if sale == "" {
 		return usage("--sale: required")

@@ -1,17 +1,8 @@
 package main
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"log/slog"
 	"testing"
-	"time"
-
-	"github.com/quotaworks/quota/internal/cluster"
-	"github.com/quotaworks/quota/internal/pgutil"
-	"github.com/quotaworks/quota/internal/testpg"
 )
 
 // TestTransferCommandReportsUnfinishedState: with the destination down, `quotactl transfer
@@ -19,22 +10,7 @@ import (
 // `transfers list -o json` shows it with its age and reason; `transfers resolve` on it exits 1
 // while the destination still does not answer.
 func TestTransferCommandReportsUnfinishedState(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "quota_t_xfer_" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{"us", "eu"}, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		d.Close()
-		for _, role := range []string{"coordinator", "us", "eu"} {
-			_ = pgutil.DropDatabase(context.Background(), testpg.AdminURL(), cluster.DBName(prefix, role))
-		}
-	}()
+	d := startDev(t, "us", "eu")
 	coord := "--coordinator=" + d.Coordinator.Addr()
 	if out, err := run(t, coord, "sale", "create", "--sale", "s", "--sku", "phone=100", "--allocate", "us=1,eu=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)

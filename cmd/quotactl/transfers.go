@@ -22,7 +22,7 @@ its outcome has stayed unknown), not an error; the coordinator keeps driving it,
 'quotactl transfers resolve' settles it once the destination answers.`,
 		Example: `  quotactl transfer --sale launch --sku phone --from us --to eu --units 300 --wait 10s -o json`,
 		Args:    cobra.NoArgs,
-		RunE:    runTransfer,
+		RunE:    withEnv(runTransfer),
 	}
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
@@ -48,12 +48,7 @@ func printTransfer(e *env, t xferJSON) error {
 	})
 }
 
-func runTransfer(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runTransfer(e *env) error {
 	req := &quotav1.TransferRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"), From: e.v.GetString("from"),
 		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-id")}
 	if req.SaleId == "" || req.Sku == "" || req.From == "" || req.To == "" {
@@ -61,7 +56,7 @@ func runTransfer(cmd *cobra.Command, _ []string) error {
 	}
 	if req.RequestId == "" {
 		req.RequestId = "manual-" + randomID()
-		fmt.Fprintf(cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
 	}
 	c, err := e.coordinator()
 	if err != nil {
@@ -106,12 +101,7 @@ func transfersListCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List transfers with their state, age and whether they are stranded",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			e, done, err := newEnv(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withEnv(func(e *env) error {
 			c, err := e.coordinator()
 			if err != nil {
 				return err
@@ -136,7 +126,7 @@ func transfersListCmd() *cobra.Command {
 					fmt.Fprintf(w, "%-28s %-10s %-12s %-12s %-12s %8d %6d %8s %s%s\n", t.ID, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
 				}
 			})
-		},
+		}),
 	}
 	list.Flags().String("sale", "", "only this sale")
 	list.Flags().Bool("unfinished", false, "only transfers not yet posted or voided")
@@ -196,7 +186,7 @@ with less, in transfers of at least --min-units. A source is never taken below w
 needs itself, and a region whose database cannot be read is left out entirely.`,
 		Example: `  quotactl rebalance --sale launch --sku phone --dry-run`,
 		Args:    cobra.NoArgs,
-		RunE:    runRebalance,
+		RunE:    withEnv(runRebalance),
 	}
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
@@ -209,12 +199,7 @@ needs itself, and a region whose database cannot be read is left out entirely.`,
 	return cmd
 }
 
-func runRebalance(cmd *cobra.Command, _ []string) error {
-	e, done, err := newEnv(cmd)
-	if err != nil {
-		return err
-	}
-	defer done()
+func runRebalance(e *env) error {
 	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
 		return usage("--sale and --sku: required")
 	}
@@ -225,7 +210,7 @@ func runRebalance(cmd *cobra.Command, _ []string) error {
 	rid := e.v.GetString("request-id")
 	if rid == "" && !e.v.GetBool("dry-run") {
 		rid = "rebalance-" + randomID()
-		fmt.Fprintf(cmd.ErrOrStderr(), "request id %s\n", rid)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s\n", rid)
 	}
 	resp, err := c.Rebalance(e.ctx, &quotav1.RebalanceRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
