@@ -75,16 +75,13 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		return ReserveResult{}, fmt.Errorf("sale_id %q opens at %s (in %s): %w", req.Sale,
 			t.OpensAt.UTC().Format(time.RFC3339), t.OpensAt.Sub(now).Round(time.Second), ErrNotOpen)
 	}
-	if _, err := r.writer(); err != nil {
+	w, err := r.writer() // a standby answers NOT_LEADER, even for an empty pool
+	if err != nil {
 		return ReserveResult{}, err
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
 		return r.reserveWhenEmpty(req, k, avail)
-	}
-	w, err := r.writer()
-	if err != nil {
-		return ReserveResult{}, err
 	}
 	// The key counts as in the writer until its op is done, even if this caller gives up
 	// first: a retry meanwhile must go through the writer, not the empty-pool answer.
