@@ -138,33 +138,8 @@ func (n *CoordinatorNode) Addr() string { return n.Server.Addr() }
 
 func (n *CoordinatorNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
-	for ctx.Err() == nil {
-		l, err := fencing.Campaign(ctx, n.etcd, "coordinator", n.Addr(), n.cfg.LeaseTTL)
-		if err != nil {
-			if ctx.Err() == nil {
-				n.cfg.Logger.Warn("coordinator campaign failed", "err", err)
-				sleep(ctx, time.Second)
-			}
-			continue
-		}
-		if err := n.C.Lead(ctx, l.Generation); err != nil {
-			n.cfg.Logger.Warn("coordinator could not lead", "err", err)
-			l.Close()
-			sleep(ctx, time.Second)
-			continue
-		}
-		select {
-		case <-l.Done():
-			n.cfg.Logger.Warn("coordinator lost its lease")
-		case <-ctx.Done():
-		}
-		n.C.StepDown()
-		if n.crashed.Load() {
-			l.Abandon()
-		} else {
-			l.Close()
-		}
-	}
+	campaign(ctx, term{etcd: n.etcd, role: "coordinator", addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
+		lead: n.C.Lead, stepDn: n.C.StepDown, crashed: &n.crashed})
 }
 
 // Crash stops the node the way a killed process stops: calls in progress are cut, and its

@@ -143,39 +143,8 @@ func (n *RegionNode) Addr() string { return n.Server.Addr() }
 
 func (n *RegionNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
-	role := "region/" + n.cfg.Region.Name
-	for ctx.Err() == nil {
-		l, err := fencing.Campaign(ctx, n.etcd, role, n.Addr(), n.cfg.LeaseTTL)
-		if err != nil {
-			if ctx.Err() == nil {
-				n.cfg.Logger.Warn("region campaign failed", "region", n.cfg.Region.Name, "err", err)
-				sleep(ctx, time.Second)
-			}
-			continue
-		}
-		if err := n.R.Lead(ctx, l.Generation); err != nil {
-			n.cfg.Logger.Warn("region could not lead", "region", n.cfg.Region.Name, "err", err)
-			l.Close()
-			sleep(ctx, time.Second)
-			continue
-		}
-		select {
-		case <-l.Done():
-			n.cfg.Logger.Warn("region lost its lease", "region", n.cfg.Region.Name)
-		case <-n.R.Stopped():
-			// The region stopped itself (fenced, or it could not reload after a failed
-			// batch): resign so a standby, or this process after a pause, can take over.
-			n.cfg.Logger.Warn("region stopped leading; resigning", "region", n.cfg.Region.Name)
-			sleep(ctx, time.Second)
-		case <-ctx.Done():
-		}
-		n.R.StepDown()
-		if n.crashed.Load() {
-			l.Abandon()
-		} else {
-			l.Close()
-		}
-	}
+	campaign(ctx, term{etcd: n.etcd, role: "region/" + n.cfg.Region.Name, addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
+		lead: n.R.Lead, stopped: n.R.Stopped, stepDn: n.R.StepDown, crashed: &n.crashed})
 }
 
 // WaitLeading waits until the region serves as leader.

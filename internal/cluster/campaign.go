@@ -1,0 +1,65 @@
+package cluster
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaworks/quota/fencing"
+)
+
+// term describes what a process campaigns for: the role in etcd, and how the role's holder
+// starts leading with its generation, learns that it stopped by itself, and steps down.
+type term struct {
+	etcd    *fencing.Client
+	role    string
+	addr    string
+	ttl     time.Duration
+	log     *slog.Logger
+	lead    func(ctx context.Context, gen int64) error
+	stopped func() <-chan struct{} // nil: the holder never stops by itself
+	stepDn  func()
+	crashed *atomic.Bool // set: leave the lease to expire instead of resigning, as a killed process would
+}
+
+// campaign wins the role, leads until the lease is lost, the holder stops by itself or ctx
+// ends, steps down, resigns, and campaigns again, until ctx ends.
+func campaign(ctx context.Context, t term) {
+	for ctx.Err() == nil {
+		l, err := fencing.Campaign(ctx, t.etcd, t.role, t.addr, t.ttl)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.log.Warn("campaign failed", "role", t.role, "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		if err := t.lead(ctx, l.Generation); err != nil {
+			t.log.Warn("could not lead", "role", t.role, "err", err)
+			l.Close()
+			sleep(ctx, time.Second)
+			continue
+		}
+		var stopped <-chan struct{}
+		if t.stopped != nil {
+			stopped = t.stopped()
+		}
+		select {
+		case <-l.Done():
+			t.log.Warn("lost the lease", "role", t.role)
+		case <-stopped:
+			// The holder stopped itself (fenced, or it could not reload after a failed batch):
+			// resign so a standby, or this process after a pause, can take over.
+			t.log.Warn("stopped leading; resigning", "role", t.role)
+			sleep(ctx, time.Second)
+		case <-ctx.Done():
+		}
+		t.stepDn()
+		if t.crashed.Load() {
+			l.Abandon()
+		} else {
+			l.Close()
+		}
+	}
+}
