@@ -74,26 +74,28 @@ func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) 
 		if err != nil {
 			return t, fmt.Errorf("debit at %s: %w", t.From, err)
 		}
-		switch st {
-		case transfer.OutRefused:
-			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s had fewer than %d available", t.From, t.Units))
-		case transfer.OutPending, transfer.OutSettled:
-			return c.advance(ctx, gen, t, transfer.Debited, "")
+		ev, err := transfer.AfterDebit(st)
+		if err != nil {
+			return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
 		}
-		return t, fmt.Errorf("debit at %s: unexpected answer %q", t.From, st) // never guess: strand
+		if ev == transfer.Aborted {
+			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s had fewer than %d available", t.From, t.Units))
+		}
+		return c.advance(ctx, gen, t, transfer.Debited, "")
 
 	case transfer.Pending:
 		st, err := c.creditAt(ctx, gen, t)
 		if err != nil {
 			return t, fmt.Errorf("credit at %s: %w", t.To, err)
 		}
-		switch st {
-		case transfer.InRefused:
-			return c.abort(ctx, gen, t)
-		case transfer.InCredited:
-			return c.advance(ctx, gen, t, transfer.Credited, "")
+		ev, err := transfer.AfterCredit(st)
+		if err != nil {
+			return t, fmt.Errorf("at %s: %w", t.To, err) // never guess: strand
 		}
-		return t, fmt.Errorf("credit at %s: unexpected answer %q", t.To, st) // never guess: strand
+		if ev == transfer.Refused {
+			return c.abort(ctx, gen, t)
+		}
+		return c.advance(ctx, gen, t, transfer.Credited, "")
 	}
 	panic(fmt.Sprintf("coordinator: step of transfer %s in state %s", t.ID, t.State))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // CheckSaleGeneration raises the region's fence for sale to gen, in the caller's
@@ -12,19 +13,18 @@ import (
 // region write that comes from the coordinator calls it first (I4: fences only rise), so a
 // deposed coordinator's late request changes nothing: the whole transaction is rolled back.
 func CheckSaleGeneration(ctx context.Context, tx pgx.Tx, sale string, gen int64) error {
-	if gen <= 0 {
-		return fmt.Errorf("generation %d: %w", gen, ErrFenced)
+	var highest int64
+	err := tx.QueryRow(ctx, `SELECT generation FROM sale_fences WHERE sale_id = $1 FOR UPDATE`, sale).Scan(&highest)
+	if err != nil && err != pgx.ErrNoRows {
+		return fmt.Errorf("sale fence: %w", err)
 	}
-	var got int64
-	err := tx.QueryRow(ctx, `
-		INSERT INTO sale_fences (sale_id, generation) VALUES ($1, $2)
-		ON CONFLICT (sale_id) DO UPDATE SET generation = excluded.generation
-		WHERE sale_fences.generation <= excluded.generation
-		RETURNING generation`, sale, gen).Scan(&got)
-	if err == pgx.ErrNoRows {
-		return fmt.Errorf("sale %s: generation %d is below the highest seen: %w", sale, gen, ErrFenced)
-	}
+	// The rule itself is transfer.Admit, shared with the deterministic simulation.
+	next, err := transfer.Admit(highest, gen)
 	if err != nil {
+		return fmt.Errorf("sale %s: %w: %w", sale, err, ErrFenced)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO sale_fences (sale_id, generation) VALUES ($1, $2)
+		ON CONFLICT (sale_id) DO UPDATE SET generation = excluded.generation`, sale, next); err != nil {
 		return fmt.Errorf("sale fence: %w", err)
 	}
 	return nil

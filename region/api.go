@@ -55,6 +55,22 @@ func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
 	return t, nil
 }
 
+// checkAgainstTerms refuses a reserve the sale's terms rule out before any state is read:
+// an SKU not in the sale, a quantity over the per-user limit, a sale not open yet.
+func checkAgainstTerms(t SaleTerms, req ReserveRequest, now time.Time) error {
+	if !t.hasSKU(req.SKU) {
+		return fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
+	}
+	if req.Quantity > t.PerUserLimit {
+		return apierr.Invalid("quantity", "%d is over the per-user limit %d", req.Quantity, t.PerUserLimit)
+	}
+	if now.Before(t.OpensAt) {
+		return fmt.Errorf("sale_id %q opens at %s (in %s): %w", req.Sale,
+			t.OpensAt.UTC().Format(time.RFC3339), t.OpensAt.Sub(now).Round(time.Second), ErrNotOpen)
+	}
+	return nil
+}
+
 // Reserve takes req.Quantity units from this region's pool for req.User and returns the
 // hold, durable before it returns (I6). Bad input changes nothing and names the field.
 func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
@@ -65,15 +81,8 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if err != nil {
 		return ReserveResult{}, err
 	}
-	if !t.hasSKU(req.SKU) {
-		return ReserveResult{}, fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
-	}
-	if req.Quantity > t.PerUserLimit {
-		return ReserveResult{}, apierr.Invalid("quantity", "%d is over the per-user limit %d", req.Quantity, t.PerUserLimit)
-	}
-	if now := r.cfg.Clock.Now(); now.Before(t.OpensAt) {
-		return ReserveResult{}, fmt.Errorf("sale_id %q opens at %s (in %s): %w", req.Sale,
-			t.OpensAt.UTC().Format(time.RFC3339), t.OpensAt.Sub(now).Round(time.Second), ErrNotOpen)
+	if err := checkAgainstTerms(t, req, r.cfg.Clock.Now()); err != nil {
+		return ReserveResult{}, err
 	}
 	w, err := r.writer() // a standby answers NOT_LEADER, even for an empty pool
 	if err != nil {

@@ -97,18 +97,16 @@ func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if !terms.hasSKU(r.SKU) {
 		return nil, fmt.Errorf("sku %q is not in sale %s: %w", r.SKU, r.Sale, ErrNotFound), nil
 	}
-	var sale, sku, state string
-	var units int64
-	err = tx.QueryRow(ctx, `SELECT sale_id, sku, units, state FROM transfers_in WHERE transfer_id = $1`, r.TransferID).
-		Scan(&sale, &sku, &units, &state)
-	if err == nil {
-		if sale != r.Sale || sku != r.SKU || transfer.Units(units) != r.Units {
-			return nil, fmt.Errorf("transfer_id %q was recorded with other content: %w", r.TransferID, ErrAlreadyExists), nil
-		}
-		return creditResult{state: transfer.InState(state)}, nil, nil
+	have, err := readIn(ctx, tx, r.TransferID)
+	if err != nil {
+		return nil, nil, err
 	}
-	if err != pgx.ErrNoRows {
-		return nil, nil, fmt.Errorf("read transfer record: %w", err)
+	st, add, err := transfer.DecideCredit(have, transfer.InRecord{Sale: r.Sale, SKU: r.SKU, Units: r.Units})
+	if err != nil {
+		return nil, transferErr(r.TransferID, err), nil
+	}
+	if !add {
+		return creditResult{state: st}, nil, nil
 	}
 	var avail int64
 	err = tx.QueryRow(ctx, `INSERT INTO pools (sale_id, sku, available, held, sold, credited_in, debited_out)

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -34,23 +35,51 @@ type TransferStatus struct {
 	Out transfer.OutState
 }
 
-type outRecord struct {
-	sale, sku, to string
-	units         transfer.Units
-	state         transfer.OutState
-}
-
-func readOut(ctx context.Context, tx pgx.Tx, id string) (outRecord, bool, error) {
-	var r outRecord
+// readOut reads a source's record of a transfer (nil: none).
+func readOut(ctx context.Context, tx pgx.Tx, id string) (*transfer.OutRecord, error) {
+	var r transfer.OutRecord
 	var u int64
 	var st string
 	err := tx.QueryRow(ctx, `SELECT sale_id, sku, to_pool, units, state FROM transfers_out WHERE transfer_id = $1`, id).
-		Scan(&r.sale, &r.sku, &r.to, &u, &st)
+		Scan(&r.Sale, &r.SKU, &r.To, &u, &st)
 	if err == pgx.ErrNoRows {
-		return r, false, nil
+		return nil, nil
 	}
-	r.units, r.state = transfer.Units(u), transfer.OutState(st)
-	return r, err == nil, err
+	if err != nil {
+		return nil, fmt.Errorf("read transfer record: %w", err)
+	}
+	r.Units, r.State = transfer.Units(u), transfer.OutState(st)
+	return &r, nil
+}
+
+// readIn reads a destination's record of a transfer (nil: none).
+func readIn(ctx context.Context, tx pgx.Tx, id string) (*transfer.InRecord, error) {
+	var r transfer.InRecord
+	var u int64
+	var st string
+	err := tx.QueryRow(ctx, `SELECT sale_id, sku, units, state FROM transfers_in WHERE transfer_id = $1`, id).
+		Scan(&r.Sale, &r.SKU, &u, &st)
+	if err == pgx.ErrNoRows {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read transfer record: %w", err)
+	}
+	r.Units, r.State = transfer.Units(u), transfer.InState(st)
+	return &r, nil
+}
+
+// transferErr turns a participant decision's refusal into the region's API error.
+func transferErr(id string, err error) error {
+	switch {
+	case errors.Is(err, transfer.ErrOtherContent):
+		return fmt.Errorf("transfer_id %q was recorded with other content: %w", id, ErrAlreadyExists)
+	case errors.Is(err, transfer.ErrNotDebited):
+		return fmt.Errorf("transfer_id %q was never debited here: %w", id, ErrNotFound)
+	case errors.Is(err, transfer.ErrWrongState):
+		return fmt.Errorf("transfer_id %q is %v: %w", id, err, ErrConflict)
+	}
+	return err
 }
 
 type debitOp struct{ req DebitRequest }
@@ -68,26 +97,30 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
 		return nil, err, nil
 	}
-	rec, ok, err := readOut(ctx, tx, r.TransferID)
+	have, err := readOut(ctx, tx, r.TransferID)
 	if err != nil {
 		return nil, nil, err
 	}
-	if ok {
-		if rec.sale != r.Sale || rec.sku != r.SKU || rec.to != r.To || rec.units != r.Units {
-			return nil, fmt.Errorf("transfer_id %q was recorded with other content: %w", r.TransferID, ErrAlreadyExists), nil
-		}
-		return rec.state, nil, nil
+	pk := poolKey{r.Sale, r.SKU}
+	var avail transfer.Units
+	if p := b.m.pools[pk]; p != nil {
+		avail = p.available // exact: the batch's earlier decisions are flushed, nothing else writes
 	}
-	var avail int64
-	err = tx.QueryRow(ctx, `UPDATE pools SET available = available - $3, debited_out = debited_out + $3
-		WHERE sale_id = $1 AND sku = $2 AND available >= $3 RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&avail)
-	state := transfer.OutPending
-	if err == pgx.ErrNoRows {
-		state = transfer.OutRefused
-	} else if err != nil {
-		return nil, nil, fmt.Errorf("debit pool: %w", err)
-	} else {
-		b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
+	state, take, err := transfer.DecideDebit(have, transfer.OutRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, avail)
+	if err != nil {
+		return nil, transferErr(r.TransferID, err), nil
+	}
+	if have != nil {
+		return state, nil, nil
+	}
+	if take {
+		var left int64
+		err = tx.QueryRow(ctx, `UPDATE pools SET available = available - $3, debited_out = debited_out + $3
+			WHERE sale_id = $1 AND sku = $2 AND available >= $3 RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&left)
+		if err != nil {
+			return nil, nil, fmt.Errorf("debit pool (guard: memory said %d available): %w", avail, err)
+		}
+		b.setAvailable(pk, transfer.Units(left))
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, r.TransferID, r.Sale, r.SKU, r.To, int64(r.Units), string(state), r.Generation, b.now); err != nil {
@@ -110,13 +143,13 @@ func (o *refuseOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
 		return nil, err, nil
 	}
-	var st string
-	err := tx.QueryRow(ctx, `SELECT state FROM transfers_in WHERE transfer_id = $1`, r.TransferID).Scan(&st)
-	if err == nil {
-		return transfer.InState(st), nil, nil
-	}
-	if err != pgx.ErrNoRows {
+	have, err := readIn(ctx, tx, r.TransferID)
+	if err != nil {
 		return nil, nil, err
+	}
+	st, record := transfer.DecideRefuse(have)
+	if !record {
+		return st, nil, nil
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO transfers_in (transfer_id, sale_id, sku, units, state, generation, recorded_at)
 		VALUES ($1, $2, $3, $4, 'refused', $5, $6)`, r.TransferID, r.Sale, r.SKU, int64(r.Units), r.Generation, b.now); err != nil {
@@ -154,27 +187,27 @@ func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to
 	if err := fencing.CheckSaleGeneration(ctx, tx, ref.Sale, ref.Generation); err != nil {
 		return nil, err, nil
 	}
-	rec, ok, err := readOut(ctx, tx, ref.TransferID)
+	rec, err := readOut(ctx, tx, ref.TransferID)
 	if err != nil {
 		return nil, nil, err
 	}
-	switch {
-	case !ok:
-		return nil, fmt.Errorf("transfer_id %q was never debited here: %w", ref.TransferID, ErrNotFound), nil
-	case rec.sale != ref.Sale:
-		return nil, apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.sale), nil
-	case rec.state == to:
-		return rec.state, nil, nil
-	case rec.state != transfer.OutPending:
-		return nil, fmt.Errorf("transfer_id %q is %s here, cannot become %s: %w", ref.TransferID, rec.state, to, ErrConflict), nil
+	if rec != nil && rec.Sale != ref.Sale {
+		return nil, apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.Sale), nil
+	}
+	st, change, err := transfer.DecideOut(rec, to)
+	if err != nil {
+		return nil, transferErr(ref.TransferID, err), nil
+	}
+	if !change {
+		return st, nil, nil
 	}
 	if to == transfer.OutVoided {
 		var avail int64
 		if err := tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, credited_in = credited_in + $3
-			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.sale, rec.sku, int64(rec.units)).Scan(&avail); err != nil {
+			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.Sale, rec.SKU, int64(rec.Units)).Scan(&avail); err != nil {
 			return nil, nil, fmt.Errorf("restore pool: %w", err)
 		}
-		b.setAvailable(poolKey{rec.sale, rec.sku}, transfer.Units(avail))
+		b.setAvailable(poolKey{rec.Sale, rec.SKU}, transfer.Units(avail))
 	}
 	tag, err := tx.Exec(ctx, `UPDATE transfers_out SET state = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
 		ref.TransferID, string(to), b.now)

@@ -1,0 +1,173 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// setup creates the sale at every region (gen 1) and the ledger's SKUs, and allocates each
+// SKU 40/35/25 through transfers from the unallocated pool, as `sale create --allocate` does.
+func (w *world) setup() {
+	terms := region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: holdTTL, OpensAt: epoch}
+	for _, name := range regionNames {
+		r := w.regions[name]
+		if err := r.live.PutSale(1, terms); err != nil {
+			panic(fmt.Sprintf("sim: put sale: %v", err))
+		}
+		r.durable = r.live.Clone()
+	}
+	weights := []transfer.Weight{{Region: "us", Weight: 40}, {Region: "eu", Weight: 35}, {Region: "ap", Weight: 25}}
+	for _, sku := range skus {
+		w.ledger.total[sku], w.ledger.unallocated[sku] = w.cfg.Total, w.cfg.Total
+		split, err := transfer.Split(w.cfg.Total, weights)
+		if err != nil {
+			panic(fmt.Sprintf("sim: split: %v", err))
+		}
+		for i, wt := range weights {
+			w.createTransfer(fmt.Sprintf("allocate/%s/%s", sku, wt.Region), sku, transfer.Unallocated, wt.Region, split[i])
+		}
+	}
+}
+
+func (w *world) createTransfer(id, sku, from, to string, units transfer.Units) {
+	if units <= 0 {
+		return
+	}
+	c := w.coords[w.leader]
+	if !c.leading(w) {
+		return
+	}
+	t := transfer.Transfer{ID: id, Sale: sale, SKU: sku, From: from, To: to, Units: units}
+	if err := w.ledger.create(c.gen, w.now, t); err == nil {
+		w.stats.Ops["transfer"]++
+	}
+}
+
+// nemesis injects at most one process fault per step.
+func (w *world) nemesis() {
+	switch x := w.rng.Float64(); {
+	case x < 0.004:
+		r := w.regions[pick(w, regionNames)]
+		if r.up {
+			w.stats.Faults["region crash"]++
+			r.crash(w)
+		}
+	case x < 0.008:
+		name := pick(w, append([]string{"c1", "c2"}, regionNames...))
+		w.net.cut = mapSet(w.net.cut, name, w.now.Add(w.between(500*time.Millisecond, 8*time.Second)))
+		w.stats.Faults["link cut"]++
+	case x < 0.010:
+		w.changeLeader(w.between(0, 3*time.Second))
+	}
+}
+
+// changeLeader moves coordinator leadership to the other node with the next generation.
+// The old leader stops at once (zombie 0: it crashed) or goes on for a while with its old
+// generation (paused past its lease).
+func (w *world) changeLeader(zombie time.Duration) {
+	old := w.coords[w.leader]
+	old.depose(w.now, zombie)
+	if zombie > 0 {
+		w.stats.Faults["coordinator deposed (zombie)"]++
+	} else {
+		w.stats.Faults["coordinator crash"]++
+	}
+	w.leader = 1 - w.leader
+	w.gen++
+	w.coords[w.leader].lead(w.gen)
+}
+
+func mapSet(m map[string]time.Time, k string, v time.Time) map[string]time.Time {
+	if m == nil {
+		m = map[string]time.Time{}
+	}
+	m[k] = v
+	return m
+}
+
+// operator moves stock by hand, rebalances by the policy, and resolves stranded transfers
+// with --refuse now and then.
+func (w *world) operator() {
+	switch x := w.rng.Float64(); {
+	case x < 0.01:
+		from, to := pick(w, regionNames), pick(w, regionNames)
+		if from != to {
+			w.createTransfer(fmt.Sprintf("t%d", w.nextID()), pick(w, skus), from, to, transfer.Units(1+w.rng.IntN(20)))
+		}
+	case x < 0.013:
+		w.rebalance(pick(w, skus))
+	case x < 0.016:
+		for _, t := range w.ledger.unfinished() {
+			if t.Stranded && t.State == transfer.Pending {
+				w.ledger.refuse[t.ID] = true
+				w.stats.Ops["resolve --refuse"]++
+				break
+			}
+		}
+	}
+}
+
+// rebalance plans moves from the regions' durable books and recent reservations, as
+// `quotactl rebalance` does.
+func (w *world) rebalance(sku string) {
+	policy := transfer.Policy{Window: 5 * time.Second, Horizon: 10 * time.Second, MinUnits: 2}
+	var pools []transfer.PoolDemand
+	for _, name := range regionNames {
+		d := transfer.PoolDemand{Pool: name}
+		for _, p := range w.regions[name].durable.Pools() {
+			if p.SKU == sku {
+				d.Available = p.Available
+			}
+		}
+		for _, h := range w.regions[name].durable.Holds() {
+			if h.SKU == sku && w.now.Sub(h.CreatedAt) <= policy.Window {
+				d.Recent += h.Quantity
+			}
+		}
+		pools = append(pools, d)
+	}
+	w.stats.Ops["rebalance"]++
+	for _, m := range policy.Plan(pools) {
+		w.createTransfer(fmt.Sprintf("rebalance/%d", w.nextID()), sku, m.From, m.To, m.Units)
+	}
+}
+
+// heal ends every fault, lets the coordinator finish every transfer and the buyers' holds
+// run out, then requires the final audit to be exact: nothing in flight, every transfer
+// posted or voided.
+func (w *world) heal() {
+	w.faults = false
+	w.net.cut = nil
+	for _, c := range w.coords {
+		if c != w.coords[w.leader] {
+			c.gen = 0
+		}
+	}
+	for i := 0; i < healSteps && w.fail == nil; i++ {
+		w.step++
+		w.tick(false)
+		if len(w.ledger.unfinished()) == 0 && len(w.net.flying) == 0 && w.allUp() {
+			break
+		}
+	}
+	if w.fail != nil {
+		return
+	}
+	for _, t := range w.ledger.unfinished() {
+		w.failf("heal", "transfer %s is still %s (settled %v, stranded %v) after healing", t.ID, t.State, t.Settled, t.Stranded)
+		return
+	}
+	w.check(true)
+}
+
+func (w *world) allUp() bool {
+	for _, r := range w.regions {
+		if !r.up {
+			return false
+		}
+	}
+	return true
+}

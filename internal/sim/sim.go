@@ -1,0 +1,207 @@
+// Package sim is quota's deterministic simulation (DESIGN.md §9; issue 5): one seeded,
+// single-threaded run of three regions, two coordinators, a ledger, storefronts and an
+// operator, on a simulated clock, over a message layer that drops, delays, duplicates and
+// reorders, with crashes that lose a process's memory and keep its durable state.
+//
+// What runs is the product's own logic: each region is a region.Core (the writer's
+// in-memory reserve, confirm, release and expiry ops, and the participant rules
+// transfer.Admit and transfer.Decide* that the region's SQL operations apply); the
+// coordinators read participants' answers with transfer.AfterDebit/AfterCredit and move
+// the ledger only through transfer.Next, fenced with transfer.Admit; rebalances are
+// planned by transfer.Policy.Plan; and after every step the run is judged by
+// coordinator.EvaluateSnapshot, the live auditor's rules (I1, I2, I3, I5), plus I4 and I6
+// checks of its own. What is simulated: SQL (a durable image per process, taken at each
+// commit), gRPC (messages), etcd (a leader and a generation) and time.
+//
+// Same seed, same run: any failure names its seed, and `go test ./internal/sim -run
+// TestSimulation -seed N -v` replays it.
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Config sizes one simulated run.
+type Config struct {
+	Seed uint64
+	// Steps is how many steps the faulty phase lasts; healing and the final audit follow.
+	Steps int
+	// Users is how many distinct buyers the storefronts draw from.
+	Users int
+	// Total is the units of each SKU.
+	Total transfer.Units
+	// Faults turns the nemesis and the lossy network on.
+	Faults bool
+}
+
+// Validate reports the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.Steps <= 0:
+		return fmt.Errorf("steps: must be positive, got %d", c.Steps)
+	case c.Users <= 0:
+		return fmt.Errorf("users: must be positive, got %d", c.Users)
+	case c.Total <= 0 || c.Total > transfer.MaxUnits:
+		return fmt.Errorf("total: must be 1..%d, got %d", transfer.MaxUnits, c.Total)
+	}
+	return nil
+}
+
+// DefaultConfig is the run `make test` does for each seed.
+func DefaultConfig(seed uint64) Config {
+	return Config{Seed: seed, Steps: 1500, Users: 40, Total: 300, Faults: true}
+}
+
+// Stats is what one run did.
+type Stats struct {
+	Seed    uint64
+	Steps   int
+	SimTime time.Duration
+	// Faults counts what the nemesis and the network did, by kind.
+	Faults map[string]int
+	// Ops counts what the storefronts, coordinators and operator did, by kind.
+	Ops map[string]int
+}
+
+// Failure is an invariant the run broke, with the seed that reproduces it.
+type Failure struct {
+	Seed      uint64
+	Step      int
+	At        time.Duration
+	Invariant string
+	Detail    string
+}
+
+// Error reports the failure and how to replay it.
+func (f *Failure) Error() string {
+	return fmt.Sprintf("seed %d, step %d (simulated %s): %s: %s\nreplay: go test ./internal/sim -run TestSimulation -seed %d -v",
+		f.Seed, f.Step, f.At, f.Invariant, f.Detail, f.Seed)
+}
+
+const (
+	sale        = "sim"
+	holdTTL     = 2 * time.Second
+	callTimeout = 250 * time.Millisecond
+	strandAfter = 5 * time.Second
+	sweepEvery  = 500 * time.Millisecond
+	healSteps   = 4000
+)
+
+var (
+	regionNames = []string{"us", "eu", "ap"}
+	skus        = []string{"phone", "case"}
+	epoch       = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// world is one run's whole state. Only Run's goroutine touches it.
+type world struct {
+	cfg     Config
+	rng     *rand.Rand
+	now     time.Time
+	step    int
+	faults  bool
+	net     network
+	regions map[string]*regionNode
+	coords  []*coordNode
+	leader  int   // the coordinator etcd says leads
+	gen     int64 // its generation
+	ledger  *ledger
+	store   *storefront
+	stats   Stats
+	seq     int
+	checked int // the ledger version the last check saw
+	fail    *Failure
+}
+
+// Run simulates one seed and returns what it did, or the first invariant it broke.
+func Run(cfg Config) (Stats, error) {
+	if err := cfg.Validate(); err != nil {
+		return Stats{}, err
+	}
+	w := newWorld(cfg)
+	w.setup()
+	for w.step = 1; w.step <= cfg.Steps && w.fail == nil; w.step++ {
+		w.tick(true)
+	}
+	if w.fail == nil {
+		w.heal()
+	}
+	w.stats.Steps, w.stats.SimTime = w.step, w.now.Sub(epoch)
+	if w.fail != nil {
+		return w.stats, w.fail
+	}
+	return w.stats, nil
+}
+
+func newWorld(cfg Config) *world {
+	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)), now: epoch, faults: cfg.Faults,
+		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(),
+		stats: Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
+	for _, r := range regionNames {
+		w.regions[r] = newRegionNode(r)
+	}
+	w.coords = []*coordNode{newCoordNode("c1"), newCoordNode("c2")}
+	w.gen = 1
+	w.coords[0].lead(1)
+	return w
+}
+
+// tick is one step: time moves on, due messages arrive, every process takes its turn, the
+// storefronts and (in the faulty phase) the nemesis and operator act, then every invariant
+// is checked.
+func (w *world) tick(traffic bool) {
+	w.now = w.now.Add(time.Duration(1+w.rng.IntN(20)) * time.Millisecond)
+	w.net.deliverDue(w)
+	for _, name := range regionNames {
+		w.regions[name].turn(w)
+	}
+	for _, c := range w.coords {
+		c.turn(w)
+	}
+	if traffic {
+		w.store.act(w)
+	}
+	if w.faults {
+		w.nemesis()
+	}
+	if traffic {
+		w.operator()
+	}
+	w.check(false)
+}
+
+func (w *world) nextID() int {
+	w.seq++
+	return w.seq
+}
+
+// failf records the first broken invariant; the run stops after this step.
+func (w *world) failf(inv, format string, args ...any) {
+	if w.fail != nil {
+		return
+	}
+	w.fail = &Failure{Seed: w.cfg.Seed, Step: w.step, At: w.now.Sub(epoch), Invariant: inv, Detail: fmt.Sprintf(format, args...)}
+}
+
+// chance is true with probability p.
+func (w *world) chance(p float64) bool { return w.rng.Float64() < p }
+
+func (w *world) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)+1))
+}
+
+func pick[T any](w *world, xs []T) T { return xs[w.rng.IntN(len(xs))] }
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

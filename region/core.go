@@ -1,0 +1,270 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Core is a region's decision logic without its database, network or clock: the in-memory
+// state and operations the leader's writer runs (reserve, confirm, release, expire: the
+// same op values and batch code) and the participant rules its SQL operations apply
+// (transfer.Admit, transfer.Decide*), over maps instead of tables. The deterministic
+// simulation (internal/sim) runs each region as a Core; a Clone taken after a commit is
+// what a crash leaves behind.
+//
+// A Core is not safe for concurrent use.
+type Core struct {
+	name  string
+	m     *memState
+	sales map[string]SaleTerms
+	fence map[string]int64
+	in    map[string]transfer.InRecord
+	out   map[string]transfer.OutRecord
+	moved map[poolKey]*corePoolBooks
+}
+
+// corePoolBooks is the part of a pool's books the writer's memory does not keep (I3).
+type corePoolBooks struct{ creditedIn, debitedOut transfer.Units }
+
+// NewCore returns an empty region named name.
+func NewCore(name string) *Core {
+	return &Core{name: name, m: &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{},
+		keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}},
+		sales: map[string]SaleTerms{}, fence: map[string]int64{}, in: map[string]transfer.InRecord{},
+		out: map[string]transfer.OutRecord{}, moved: map[poolKey]*corePoolBooks{}}
+}
+
+// Clone returns an independent copy: the durable image of the region at this moment.
+// Holds are shared, not copied: a memHold is replaced, never changed.
+func (c *Core) Clone() *Core {
+	n := &Core{name: c.name, sales: maps.Clone(c.sales), fence: maps.Clone(c.fence), in: maps.Clone(c.in),
+		out: maps.Clone(c.out), moved: make(map[poolKey]*corePoolBooks, len(c.moved))}
+	n.m = &memState{pools: make(map[poolKey]*memPool, len(c.m.pools)), users: make(map[userKey]*memUser, len(c.m.users)),
+		due: slices.Clone(c.m.due), keys: maps.Clone(c.m.keys), holds: maps.Clone(c.m.holds)}
+	for k, p := range c.m.pools {
+		cp := *p
+		n.m.pools[k] = &cp
+	}
+	for k, u := range c.m.users {
+		cu := *u
+		n.m.users[k] = &cu
+	}
+	for k, b := range c.moved {
+		cb := *b
+		n.moved[k] = &cb
+	}
+	return n
+}
+
+// run applies one writer op in a batch of its own at now and publishes its holds, as a
+// committed batch does.
+func (c *Core) run(now time.Time, o op) (any, error) {
+	b := &batch{now: now.Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
+		m: c.m, w: newWrites(), overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
+	res, outcome, fatal := o.apply(context.Background(), b)
+	if fatal != nil {
+		panic(fmt.Sprintf("region core: in-memory op failed: %v", fatal)) // memory ops have no fatal errors
+	}
+	c.m.publish(b.overlay)
+	return res, outcome
+}
+
+// PutSale records a sale's terms, fenced by the coordinator's generation (I4).
+func (c *Core) PutSale(gen int64, t SaleTerms) error {
+	if err := CheckTerms(t); err != nil {
+		return err
+	}
+	if err := c.admit(t.Sale, gen); err != nil {
+		return err
+	}
+	if have, ok := c.sales[t.Sale]; ok {
+		if !sameTerms(have, t) {
+			return fmt.Errorf("sale_id %q is already defined with other terms: %w", t.Sale, ErrAlreadyExists)
+		}
+		return nil
+	}
+	c.sales[t.Sale] = t
+	return nil
+}
+
+// Reserve is Region.Reserve decided by the writer's reserveOp (I1, I2, I3, I6 once the
+// caller commits the Core before replying).
+func (c *Core) Reserve(now time.Time, req ReserveRequest, holdID string) (ReserveResult, error) {
+	if err := CheckReserve(req); err != nil {
+		return ReserveResult{}, err
+	}
+	t, ok := c.sales[req.Sale]
+	if !ok {
+		return ReserveResult{}, fmt.Errorf("sale_id %q: %w", req.Sale, ErrNotFound)
+	}
+	if err := checkAgainstTerms(t, req, now); err != nil {
+		return ReserveResult{}, err
+	}
+	res, err := c.run(now, &reserveOp{req: req, terms: t, holdID: holdID, region: c.name, exhausted: c.exhausted})
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	return res.(ReserveResult), nil
+}
+
+func (c *Core) exhausted(req ReserveRequest, avail transfer.Units) error {
+	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", c.name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+}
+
+// Confirm is Region.Confirm decided by the writer's confirmOp (held → sold before the
+// deadline, else a refund; I5, I6).
+func (c *Core) Confirm(now time.Time, holdID, payment string) (ConfirmResult, error) {
+	res, err := c.run(now, &confirmOp{holdID: holdID, payment: payment, region: c.name})
+	if err != nil {
+		return ConfirmResult{}, err
+	}
+	return res.(ConfirmResult), nil
+}
+
+// Release is Region.Release decided by the writer's releaseOp (held → released, I5).
+func (c *Core) Release(now time.Time, holdID string) (Hold, error) {
+	res, err := c.run(now, &releaseOp{holdID: holdID, region: c.name})
+	if err != nil {
+		return Hold{}, err
+	}
+	return res.(Hold), nil
+}
+
+// Expire is the sweeper's expireOp: up to limit holds past their deadline at now expire.
+func (c *Core) Expire(now time.Time, limit int) int {
+	res, _ := c.run(now, &expireOp{limit: limit, region: c.name})
+	return res.(int)
+}
+
+// admit raises the sale's fence to gen, or refuses it (I4).
+func (c *Core) admit(sale string, gen int64) error {
+	next, err := transfer.Admit(c.fence[sale], gen)
+	if err != nil {
+		return fmt.Errorf("sale %s: %w: %w", sale, err, ErrFenced)
+	}
+	c.fence[sale] = next
+	return nil
+}
+
+// Fence is the highest coordinator generation this region has admitted for sale.
+func (c *Core) Fence(sale string) int64 { return c.fence[sale] }
+
+func (c *Core) pool(k poolKey) (*memPool, *corePoolBooks) {
+	p := c.m.pools[k]
+	if p == nil {
+		p = &memPool{}
+		c.m.pools[k] = p
+	}
+	b := c.moved[k]
+	if b == nil {
+		b = &corePoolBooks{}
+		c.moved[k] = b
+	}
+	return p, b
+}
+
+// Holds returns every hold, by id.
+func (c *Core) Holds() []Hold {
+	ids := slices.Sorted(maps.Keys(c.m.holds))
+	hs := make([]Hold, len(ids))
+	for i, id := range ids {
+		hs[i] = c.m.holds[id].Hold
+	}
+	return hs
+}
+
+// EachHold calls f with every hold, in no particular order.
+func (c *Core) EachHold(f func(Hold)) {
+	for _, h := range c.m.holds {
+		f(h.Hold)
+	}
+}
+
+// HoldByID returns one hold.
+func (c *Core) HoldByID(id string) (Hold, bool) {
+	h, ok := c.m.holds[id]
+	if !ok {
+		return Hold{}, false
+	}
+	return h.Hold, true
+}
+
+// Pools returns every pool's counters, ordered by sale then SKU.
+func (c *Core) Pools() []CorePool {
+	ks := slices.SortedFunc(maps.Keys(c.m.pools), func(a, b poolKey) int {
+		return strings.Compare(a.sale+"\x00"+a.sku, b.sale+"\x00"+b.sku)
+	})
+	ps := make([]CorePool, len(ks))
+	for i, k := range ks {
+		p, b := c.m.pools[k], c.moved[k]
+		ps[i] = CorePool{Sale: k.sale, PoolCounts: PoolCounts{SKU: k.sku, Available: p.available, Held: p.held, Sold: p.sold}}
+		if b != nil {
+			ps[i].CreditedIn, ps[i].DebitedOut = b.creditedIn, b.debitedOut
+		}
+	}
+	return ps
+}
+
+// CorePool is one pool of a Core.
+type CorePool struct {
+	Sale string
+	PoolCounts
+}
+
+// UserCount is what user holds now and has bought of sale's sku, as the writer counts it.
+func (c *Core) UserCount(sale, sku, user string) (held, bought transfer.Units) {
+	if u := c.m.users[userKey{sale, sku, user}]; u != nil {
+		return u.held, u.bought
+	}
+	return 0, 0
+}
+
+// InRecord and OutRecord return the region's records of a transfer.
+func (c *Core) InRecord(id string) (transfer.InRecord, bool) { r, ok := c.in[id]; return r, ok }
+
+// OutRecord returns the region's record of a transfer it is the source of.
+func (c *Core) OutRecord(id string) (transfer.OutRecord, bool) { r, ok := c.out[id]; return r, ok }
+
+// Books is the region's books of one sale as the auditor reads them from SQL: pool
+// counters, the sums over its hold rows, and its transfer records.
+func (c *Core) Books(sale string) transfer.RegionBooks {
+	rb := transfer.RegionBooks{Region: c.name, Inbound: map[string]transfer.InboundRecord{}, Outbound: map[string]transfer.OutboundRecord{}}
+	inHolds := map[string][2]transfer.Units{}
+	for _, h := range c.m.holds {
+		if h.Sale != sale {
+			continue
+		}
+		s := inHolds[h.SKU]
+		switch h.State {
+		case Held:
+			s[0] += h.Quantity
+		case Sold:
+			s[1] += h.Quantity
+		}
+		inHolds[h.SKU] = s
+	}
+	for _, p := range c.Pools() {
+		if p.Sale == sale {
+			s := inHolds[p.SKU]
+			rb.Pools = append(rb.Pools, transfer.PoolBooks{Sale: sale, SKU: p.SKU, Available: p.Available, Held: p.Held, Sold: p.Sold,
+				CreditedIn: p.CreditedIn, DebitedOut: p.DebitedOut, HeldInHolds: s[0], SoldInHolds: s[1]})
+		}
+	}
+	for id, r := range c.in {
+		if r.Sale == sale {
+			rb.Inbound[id] = transfer.InboundRecord{ID: id, Sale: sale, SKU: r.SKU, Units: r.Units, State: r.State}
+		}
+	}
+	for id, r := range c.out {
+		if r.Sale == sale {
+			rb.Outbound[id] = transfer.OutboundRecord{ID: id, Sale: sale, SKU: r.SKU, To: r.To, Units: r.Units, State: r.State}
+		}
+	}
+	return rb
+}
