@@ -12,7 +12,7 @@ import (
 // generation (I4), and a transfer moves only through transfer.Next.
 type ledger struct {
 	gen         int64
-	version     int // every write adds one: the checks skip a step that changed nothing
+	version     int                       // every write adds one: the checks skip a step that changed nothing
 	total       map[string]transfer.Units // sku → units
 	unallocated map[string]transfer.Units
 	transfers   map[string]*transfer.Transfer
