@@ -2,9 +2,11 @@ package fencing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -70,6 +72,27 @@ func CheckEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
 	}
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("writer epoch %d is no longer current: %w", epoch, ErrFenced)
+	}
+	return nil
+}
+
+// epochFencedCode is the SQLSTATE quota_check_epoch raises (region migration 00004).
+const epochFencedCode = "QE001"
+
+// QueueEpochCheck queues CheckEpoch's fence as the first statement of a batch sent in one
+// round trip: quota_check_epoch takes a share lock on the epoch row (a new leader's
+// RaiseEpoch waits for the batch) and fails the batch, and so its implicit transaction,
+// unless the region's epoch is still epoch. AsFenced recognizes that failure.
+func QueueEpochCheck(b *pgx.Batch, epoch int64) {
+	b.Queue(`SELECT quota_check_epoch($1)`, epoch)
+}
+
+// AsFenced returns ErrFenced, wrapped with the server's message, when err is the failure of a
+// QueueEpochCheck; otherwise nil.
+func AsFenced(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == epochFencedCode {
+		return fmt.Errorf("%s: %w", pe.Message, ErrFenced)
 	}
 	return nil
 }

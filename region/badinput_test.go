@@ -21,7 +21,7 @@ func snapshot(t *testing.T, e *env) string {
 		`SELECT coalesce(string_agg(sale_id||'/'||sku||':'||available||','||held||','||sold||','||credited_in||','||debited_out, ';' ORDER BY sale_id, sku), '') FROM pools`,
 		`SELECT count(*)::text FROM holds`,
 		`SELECT count(*)::text FROM late_payments`,
-		`SELECT coalesce(string_agg(user_id||':'||held_qty||','||bought_qty, ';' ORDER BY user_id), '') FROM user_counts`,
+		`SELECT coalesce(string_agg(hold_id||':'||state, ';' ORDER BY hold_id), '') FROM holds`,
 		`SELECT coalesce(string_agg(sale_id||':'||generation, ';' ORDER BY sale_id), '') FROM sale_fences`,
 		`SELECT count(*)::text FROM sales`,
 		`SELECT count(*)::text FROM transfers_in`,

@@ -118,9 +118,6 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, e
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
 	in := interner{}
-	if err := loadUsers(ctx, tx, m, in); err != nil {
-		return nil, fmt.Errorf("load user counts: %w", err)
-	}
 	if err := loadHolds(ctx, tx, m, region, in); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
@@ -145,20 +142,6 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	return err
 }
 
-func loadUsers(ctx context.Context, tx pgx.Tx, m *memState, in interner) error {
-	rows, err := tx.Query(ctx, `SELECT sale_id, sku, user_id, held_qty, bought_qty FROM user_counts`)
-	if err != nil {
-		return err
-	}
-	var k userKey
-	var h, b int64
-	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &k.user, &h, &b}, func() error {
-		m.users[userKey{in.of(k.sale), in.of(k.sku), in.of(k.user)}] = &memUser{held: transfer.Units(h), bought: transfer.Units(b)}
-		return nil
-	})
-	return err
-}
-
 func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in interner) error {
 	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash FROM holds`)
 	if err != nil {
@@ -171,18 +154,37 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 		if err != nil {
 			return err
 		}
-		// Holds share sales, SKUs, states, request keys and (with user_counts) users: keep one
-		// copy of each string.
+		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
 		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
 		mh := &memHold{Hold: h, hash: hashOf(hash)}
 		m.put(mh)
+		m.count(mh)
 		if mh.State == Held {
 			m.due = append(m.due, dueHold{mh.ExpiresAt, mh.ID})
 		}
 	}
 	heap.Init(&m.due)
 	return rows.Err()
+}
+
+// count adds a loaded hold to its user's counts: what a user holds and has bought are sums
+// over the user's holds (I2's per-user limit is checked against them).
+func (m *memState) count(h *memHold) {
+	if h.State != Held && h.State != Sold {
+		return
+	}
+	k := userKey{h.Sale, h.SKU, h.User}
+	u := m.users[k]
+	if u == nil {
+		u = &memUser{}
+		m.users[k] = u
+	}
+	if h.State == Held {
+		u.held += h.Quantity
+	} else {
+		u.bought += h.Quantity
+	}
 }
 
 type interner map[string]string

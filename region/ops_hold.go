@@ -27,7 +27,6 @@ func (b *batch) take(h *memHold) {
 	d := b.w.pool(pk)
 	d.available -= q
 	d.held += q
-	b.w.user(uk).held += q
 	b.w.newHolds = append(b.w.newHolds, h)
 	b.put(h)
 	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
@@ -50,14 +49,12 @@ func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
 	}
 	p.held -= q
 	u.held -= q
-	d, ud := b.w.pool(pk), b.w.user(uk)
+	d := b.w.pool(pk)
 	d.held -= q
-	ud.held -= q
 	if to == Sold {
 		p.sold += q
 		u.bought += q
 		d.sold += q
-		ud.bought += q
 	} else {
 		p.available += q
 		d.available += q

@@ -275,6 +275,9 @@ func (w *writer) commit(ps []*pending) {
 			}
 			results[i] = result{res, outcome}
 		}
+		if b.tx == nil {
+			return b.flushOnce(ctx) // the hot path: no op needed a transaction of its own
+		}
 		return b.flush(ctx)
 	}()
 	if err != nil && b.tx != nil {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,4 +173,32 @@ func TestWriterOutcomesDoNotFailTheBatch(t *testing.T) {
 	if got := checkCacheMatchesDB(t, r, ctx); got != 8 {
 		t.Errorf("available %d, want 8", got)
 	}
+}
+
+// TestWriterOneRoundTripGuard: a batch of in-memory ops goes out as one pipeline that
+// commits at its end, so its guards run in the server. A hold closed behind the writer's
+// back makes the release's guard change 0 rows instead of 1: the whole batch (a reserve
+// with it) must roll back, nobody is told it succeeded, and the leader reloads.
+func TestWriterOneRoundTripGuard(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "a", Quantity: 1, RequestKey: "k0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(ctx, `UPDATE holds SET state = 'released', closed_at = now() WHERE hold_id = $1`, res.Hold.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := holdRows(t, r, ctx)
+	ps := runBatch(r, r.reserveOpFor("b", "k1"), &releaseOp{holdID: res.Hold.ID, region: r.cfg.Name})
+	for i, p := range ps {
+		if p.err == nil {
+			t.Errorf("op %d answered success (%v) in a batch whose guard failed", i, p.res)
+		} else if !strings.Contains(p.err.Error(), "guard failed: hold closes changed 0 rows, want 1") {
+			t.Errorf("op %d: %v; want the server's guard failure", i, p.err)
+		}
+	}
+	if after := holdRows(t, r, ctx); after != before {
+		t.Errorf("hold rows %d → %d: the failed batch's reserve was stored", before, after)
+	}
+	checkCacheMatchesDB(t, r, ctx)
 }
