@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean fuzz
+.PHONY: pg build proto proto-check vet test demo clean fuzz chaos
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -49,13 +49,26 @@ test: pg
 	@declare -A res; fail=0; \
 	step() { local name=$$1; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \
-	step go-test env QUOTA_VERIFY=1 $(GO) test -race -count=1 -timeout 20m ./...; \
+	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
+	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
+	if [ -f .cache/chaos-report.txt ]; then cat .cache/chaos-report.txt; fi; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	summary="go test: $${res[go-test]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
+
+## chaos: only the chaos suite (deploy/local TestChaos), e.g. `make chaos DURATION=30m SEED=42`
+DURATION ?= 2m
+SEED ?=
+chaos: pg
+	@d='$(DURATION)'; case $$d in \
+		*h) m=$$(( $${d%h} * 60 ));; *m) m=$${d%m};; *s) m=$$(( $${d%s} / 60 ));; \
+		*) echo "make chaos: DURATION=$$d: want a whole number of h, m or s"; exit 2;; esac; \
+	echo "go test -run '^TestChaos$$' ./deploy/local/ (QUOTA_CHAOS_DURATION=$$d, timeout $$(( m + 15 ))m)"; \
+	QUOTA_VERIFY=1 QUOTA_CHAOS_DURATION=$$d QUOTA_CHAOS_SEED='$(SEED)' \
+		$(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout "$$(( m + 15 ))m" ./deploy/local/
 
 ## demo: run the end-to-end demo (scripts/demo.sh)
 demo: pg build
