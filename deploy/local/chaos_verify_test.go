@@ -103,7 +103,7 @@ func (r *chaosRun) checkLoadHolds() int {
 func (r *chaosRun) checkLinearizable() int {
 	h := r.rec.History()
 	r.ops.linOps, r.ops.linUnk = r.rec.Stats()
-	timeout := 2 * time.Minute
+	timeout := max(2*time.Minute, r.duration) // a long run records a longer history
 	start := time.Now()
 	res, info := linearize.Check(linearize.Pool{Units: linUnits, Limit: linLimit}, h, timeout)
 	r.t.Logf("porcupine: %s for %d operations (%d with an unknown outcome) in %s", res, len(h), r.ops.linUnk,
