@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean fuzz chaos
+.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -49,9 +49,10 @@ test: pg
 	@declare -A res; fail=0; \
 	step() { local name=$$1; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \
-	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
-	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
-	if [ -f .cache/chaos-report.txt ]; then cat .cache/chaos-report.txt; fi; \
+	mkdir -p .cache; rm -f .cache/chaos-report.txt .cache/sim-report.txt; \
+	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
+		QUOTA_SIM_REPORT=$(CURDIR)/.cache/sim-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
+	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
@@ -69,6 +70,14 @@ chaos: pg
 	echo "go test -run '^TestChaos$$' ./deploy/local/ (QUOTA_CHAOS_DURATION=$$d, timeout $$(( m + 15 ))m)"; \
 	QUOTA_VERIFY=1 QUOTA_CHAOS_DURATION=$$d QUOTA_CHAOS_SEED='$(SEED)' \
 		$(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout "$$(( m + 15 ))m" ./deploy/local/
+
+## sim: the deterministic simulation alone: `make sim SEEDS=100000 [FIRST=1]`, or one seed: `make sim SEED=1234`
+SEEDS ?= 1000
+FIRST ?= 1
+sim:
+	@if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / 500 + 5 )); fi; \
+	echo "go test -run 'TestSimulation$$' ./internal/sim/ $$* (timeout $${t}m)"; \
+	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./internal/sim/ -args "$$@" | grep -v '^=== RUN'
 
 ## demo: run the end-to-end demo (scripts/demo.sh)
 demo: pg build
