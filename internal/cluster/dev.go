@@ -128,33 +128,40 @@ func (c *DevConfig) listen(offset int) string {
 
 // StartDev starts the embedded etcd, creates the databases when missing, starts the regions,
 // then the coordinator, and waits until every one leads.
-func StartDev(ctx context.Context, cfg DevConfig) (d *Dev, err error) {
+func StartDev(ctx context.Context, cfg DevConfig) (*Dev, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d = &Dev{DBURLs: map[string]string{}}
-	defer func() {
-		if err != nil {
-			d.Close()
-		}
-	}()
+	d := &Dev{DBURLs: map[string]string{}}
+	if err := d.start(ctx, cfg); err != nil {
+		d.Close() // whatever started stops again
+		return nil, err
+	}
+	return d, nil
+}
+
+// etcdDialTimeout bounds the first request to the embedded etcd. After a crash it replays
+// its log before it answers, which on a loaded machine takes more than a few seconds.
+const etcdDialTimeout = 30 * time.Second
+
+func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	clientURL, peerURL, err := cfg.etcdURLs()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if d.Etcd, err = fencing.StartEmbedded(filepath.Join(cfg.DataDir, "etcd"), clientURL, peerURL); err != nil {
-		return nil, err
+		return err
 	}
-	if d.EtcdClient, err = fencing.Dial([]string{clientURL}, 5*time.Second); err != nil {
-		return nil, err
+	if d.EtcdClient, err = fencing.Dial([]string{clientURL}, etcdDialTimeout); err != nil {
+		return err
 	}
 	for _, role := range append([]string{"coordinator"}, cfg.Regions...) {
 		name := DBName(cfg.DBPrefix, role)
 		if err := pgutil.EnsureDatabase(ctx, cfg.PGURL, name); err != nil {
-			return nil, err
+			return err
 		}
 		if d.DBURLs[role], err = pgutil.WithDatabase(cfg.PGURL, name); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	var eps []RegionEndpoint
@@ -163,22 +170,22 @@ func StartDev(ctx context.Context, cfg DevConfig) (d *Dev, err error) {
 		rc.Name = name
 		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), DBURL: d.DBURLs[name], LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger}, d.EtcdClient)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		d.Regions = append(d.Regions, n)
 		eps = append(eps, RegionEndpoint{Name: name, Addr: n.Addr(), DBURL: d.DBURLs[name]})
 	}
 	for _, n := range d.Regions {
 		if err := n.WaitLeading(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
 		Regions: eps, LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return d, d.Coordinator.WaitLeading(ctx)
+	return d.Coordinator.WaitLeading(ctx)
 }
 
 // Close stops everything, coordinator first. Idempotent.
@@ -193,5 +200,7 @@ func (d *Dev) Close() {
 		d.EtcdClient.Close()
 		d.EtcdClient = nil
 	}
-	d.Etcd.Close()
+	if d.Etcd != nil {
+		d.Etcd.Close()
+	}
 }
