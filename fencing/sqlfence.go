@@ -25,8 +25,17 @@ func CheckSaleGeneration(ctx context.Context, tx pgx.Tx, sale string, gen int64)
 	if err != nil {
 		return fmt.Errorf("sale %s: %w: %w", sale, err, ErrFenced)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO sale_fences (sale_id, generation) VALUES ($1, $2)
-		ON CONFLICT (sale_id) DO UPDATE SET generation = excluded.generation`, sale, next); err != nil {
+	// Conditional as well: with no row yet, FOR UPDATE locked nothing, and a concurrent
+	// higher generation may have inserted one since; it must not be lowered.
+	var got int64
+	err = tx.QueryRow(ctx, `INSERT INTO sale_fences (sale_id, generation) VALUES ($1, $2)
+		ON CONFLICT (sale_id) DO UPDATE SET generation = excluded.generation
+		WHERE sale_fences.generation <= excluded.generation
+		RETURNING generation`, sale, next).Scan(&got)
+	if err == pgx.ErrNoRows {
+		return fmt.Errorf("sale %s: generation %d is below the highest seen: %w", sale, gen, ErrFenced)
+	}
+	if err != nil {
 		return fmt.Errorf("sale fence: %w", err)
 	}
 	return nil

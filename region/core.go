@@ -1,6 +1,7 @@
 package region
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"maps"
@@ -59,6 +60,20 @@ func (c *Core) Clone() *Core {
 		cb := *b
 		n.moved[k] = &cb
 	}
+	return n
+}
+
+// Restarted returns the region as a new leader loads it from its durable image: pools,
+// sales, fences and transfer records as stored, and per-user counts and deadlines rebuilt
+// from the holds by the same code as loadMem (addLoaded), not copied from memory.
+func (c *Core) Restarted() *Core {
+	n := c.Clone()
+	n.m.users, n.m.due = map[userKey]*memUser{}, nil
+	n.m.keys, n.m.holds = map[keyKey]*memHold{}, map[string]*memHold{}
+	for _, id := range slices.Sorted(maps.Keys(c.m.holds)) {
+		n.m.addLoaded(c.m.holds[id])
+	}
+	heap.Init(&n.m.due)
 	return n
 }
 

@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -100,8 +102,9 @@ func (w *writes) queue(b *pgx.Batch, now time.Time, serverGuards bool) []int64 {
 // flushOnce writes a batch that only in-memory ops decided in one round trip: the epoch
 // fence, the writes and their guards go out as one pipeline that PostgreSQL runs as one
 // implicit transaction, committed at the pipeline's end or not at all. An error the server
-// reports means nothing was committed; any other (a lost connection) leaves the outcome
-// unknown.
+// reports means nothing was committed, except the ones that say the outcome is unknown
+// (CockroachDB's 40003, a lost connection, ...): those, and any error that is not the
+// server's, return an orphanError naming the backend, which may still run the pipeline.
 func (b *batch) flushOnce(ctx context.Context) error {
 	if b.w.empty() {
 		return nil
@@ -109,7 +112,13 @@ func (b *batch) flushOnce(ctx context.Context) error {
 	pb := &pgx.Batch{}
 	fencing.QueueEpochCheck(pb, b.epoch)
 	b.w.queue(pb, b.now, true)
-	err := b.db.SendBatch(ctx, pb).Close()
+	conn, err := b.db.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("flush batch: %w", err) // nothing was sent
+	}
+	pid := conn.Conn().PgConn().PID()
+	err = conn.SendBatch(ctx, pb).Close()
+	conn.Release()
 	if err == nil {
 		*b.w = *newWrites()
 		return nil
@@ -118,10 +127,54 @@ func (b *batch) flushOnce(ctx context.Context) error {
 		return fe
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
+	if errors.As(err, &pe) && !outcomeUnknown(pe) {
 		return fmt.Errorf("flush batch: %w", err)
 	}
-	return fmt.Errorf("%w: flush batch: %v", ErrUnknownOutcome, err)
+	return &orphanError{pid: pid, err: err}
+}
+
+// outcomeUnknown tells the server errors after which a transaction may have committed.
+func outcomeUnknown(pe *pgconn.PgError) bool {
+	return pe.Code == "40003" || strings.HasPrefix(pe.Code, "08") || pe.Severity == "FATAL" || pe.Severity == "PANIC"
+}
+
+// orphanError is a one-round-trip batch whose outcome is unknown. Its pipeline may not have
+// reached its epoch check yet, so the same leader's reload would not wait for it: the
+// backend is ended first (endBackend), then the state is read.
+type orphanError struct {
+	pid uint32
+	err error
+}
+
+// Error says what happened.
+func (e *orphanError) Error() string {
+	return fmt.Sprintf("%v: flush batch on backend %d: %v", ErrUnknownOutcome, e.pid, e.err)
+}
+
+// Unwrap makes errors.Is(err, ErrUnknownOutcome) true.
+func (e *orphanError) Unwrap() error { return ErrUnknownOutcome }
+
+// endBackend terminates a backend that may still hold an orphaned pipeline and waits until
+// it is gone, so nothing of that pipeline can commit after the caller reads the state.
+func endBackend(ctx context.Context, db *pgxpool.Pool, pid uint32) error {
+	for {
+		var alive bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive)
+		if err != nil {
+			return fmt.Errorf("look for backend %d: %w", pid, err)
+		}
+		if !alive {
+			return nil
+		}
+		if _, err := db.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(pid)); err != nil {
+			return fmt.Errorf("end backend %d: %w", pid, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("backend %d still running: %w", pid, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)

@@ -157,15 +157,20 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
 		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
-		mh := &memHold{Hold: h, hash: hashOf(hash)}
-		m.put(mh)
-		m.count(mh)
-		if mh.State == Held {
-			m.due = append(m.due, dueHold{mh.ExpiresAt, mh.ID})
-		}
+		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
 	}
 	heap.Init(&m.due)
 	return rows.Err()
+}
+
+// addLoaded adds a stored hold to a state being loaded: the hold and its key, its user's
+// counts, and (while held) its deadline. The caller heap.Inits due once every hold is in.
+func (m *memState) addLoaded(h *memHold) {
+	m.put(h)
+	m.count(h)
+	if h.State == Held {
+		m.due = append(m.due, dueHold{h.ExpiresAt, h.ID})
+	}
 }
 
 // count adds a loaded hold to its user's counts: what a user holds and has bought are sums

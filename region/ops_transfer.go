@@ -102,11 +102,12 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 		return nil, nil, err
 	}
 	pk := poolKey{r.Sale, r.SKU}
-	var avail transfer.Units
-	if p := b.m.pools[pk]; p != nil {
-		avail = p.available // exact: the batch's earlier decisions are flushed, nothing else writes
+	var avail int64 // the stored count, locked: the batch's earlier decisions are flushed
+	err = tx.QueryRow(ctx, `SELECT available FROM pools WHERE sale_id = $1 AND sku = $2 FOR UPDATE`, r.Sale, r.SKU).Scan(&avail)
+	if err != nil && err != pgx.ErrNoRows {
+		return nil, nil, fmt.Errorf("read pool: %w", err)
 	}
-	state, take, err := transfer.DecideDebit(have, transfer.OutRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, avail)
+	state, take, err := transfer.DecideDebit(have, transfer.OutRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, transfer.Units(avail))
 	if err != nil {
 		return nil, transferErr(r.TransferID, err), nil
 	}
@@ -118,7 +119,7 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 		err = tx.QueryRow(ctx, `UPDATE pools SET available = available - $3, debited_out = debited_out + $3
 			WHERE sale_id = $1 AND sku = $2 AND available >= $3 RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&left)
 		if err != nil {
-			return nil, nil, fmt.Errorf("debit pool (guard: memory said %d available): %w", avail, err)
+			return nil, nil, fmt.Errorf("debit pool (guard: %d were available): %w", avail, err)
 		}
 		b.setAvailable(pk, transfer.Units(left))
 	}

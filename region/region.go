@@ -288,7 +288,16 @@ func (r *Region) onBatchFailure(w *writer, err error) *memState {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var m *memState
-	if !errors.Is(err, ErrFenced) {
+	var orphan *orphanError
+	switch {
+	case errors.Is(err, ErrFenced): // a newer leader took over: stop
+	case errors.As(err, &orphan):
+		// Its pipeline may not have reached the epoch row yet, so reload's CheckEpoch would
+		// not wait for it: end its backend first, or stop leading.
+		if err = endBackend(ctx, r.pool, orphan.pid); err == nil {
+			m, err = r.reload(ctx, w.epoch)
+		}
+	default:
 		m, err = r.reload(ctx, w.epoch)
 	}
 	if m == nil {

@@ -202,3 +202,41 @@ func TestWriterOneRoundTripGuard(t *testing.T) {
 	}
 	checkCacheMatchesDB(t, r, ctx)
 }
+
+// TestEndBackendStopsAnOrphanedPipeline: after a one-round-trip batch with an unknown
+// outcome, the leader ends the backend that ran it before reloading, so nothing of it can
+// commit after the reload's snapshot. A backend busy in a statement is ended, and
+// endBackend returns only once it is gone.
+func TestEndBackendStopsAnOrphanedPipeline(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := conn.Conn().PgConn().PID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, `SELECT pg_sleep(30)`)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // let it start
+	start := time.Now()
+	if err := endBackend(ctx, r.pool, pid); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the ended backend's statement succeeded")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the statement of the ended backend is still running")
+	}
+	conn.Release()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("endBackend took %s", took)
+	}
+	if err := endBackend(ctx, r.pool, pid); err != nil { // already gone: nothing to do
+		t.Errorf("endBackend of a gone backend: %v", err)
+	}
+}

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/quotaworks/quota/coordinator"
@@ -34,11 +36,12 @@ func (w *world) check(final bool) {
 	}
 	rep := coordinator.EvaluateSnapshot(w.ledger.skuLedgers(), w.ledger.snapshot(), books, final)
 	if !rep.OK {
-		var b strings.Builder
+		var lines []string // sorted: the auditor visits maps, and a replay must print the same
 		for _, v := range rep.Violations {
-			fmt.Fprintf(&b, "\n  %s %s/%s %s: %s", v.Invariant, v.Sale, v.SKU, v.Region, v.Detail)
+			lines = append(lines, fmt.Sprintf("\n  %s %s/%s %s: %s", v.Invariant, v.Sale, v.SKU, v.Region, v.Detail))
 		}
-		w.failf("audit", "the auditor's rules fail:%s", b.String())
+		slices.Sort(lines)
+		w.failf("audit", "the auditor's rules fail:%s", strings.Join(lines, ""))
 		return
 	}
 	if final {
@@ -77,7 +80,13 @@ func (w *world) checkHolds(r *regionNode) {
 	}
 	type uk struct{ sku, user string }
 	used := map[uk][2]transfer.Units{}
+	perKey := map[string]string{}
 	r.durable.EachHold(func(h region.Hold) {
+		if other, ok := perKey[h.User+"/"+h.RequestKey]; ok && w.fail == nil {
+			a, b := min(other, h.ID), max(other, h.ID)
+			w.failf("I6", "request key %s/%s has two holds in region %s: %s and %s", h.User, h.RequestKey, r.name, a, b)
+		}
+		perKey[h.User+"/"+h.RequestKey] = h.ID
 		u := used[uk{h.SKU, h.User}]
 		switch h.State {
 		case region.Held:
@@ -87,7 +96,9 @@ func (w *world) checkHolds(r *regionNode) {
 		}
 		used[uk{h.SKU, h.User}] = u
 	})
-	for k, u := range used {
+	keys := slices.SortedFunc(maps.Keys(used), func(a, b uk) int { return strings.Compare(a.sku+"/"+a.user, b.sku+"/"+b.user) })
+	for _, k := range keys {
+		u := used[k]
 		held, bought := r.durable.UserCount(sale, k.sku, k.user)
 		if held != u[0] || bought != u[1] {
 			w.failf("I3", "region %s user %s %s: counts held %d bought %d, holds say %d and %d", r.name, k.user, k.sku, held, bought, u[0], u[1])

@@ -79,7 +79,7 @@ func (r *regionNode) receive(m message) {
 func (r *regionNode) turn(w *world) {
 	if !r.up {
 		if !w.now.Before(r.downUntil) {
-			r.up, r.live = true, r.durable.Clone()
+			r.up, r.live = true, r.durable.Restarted()
 			w.stats.Ops["region restart"]++
 		}
 		return
