@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -19,13 +18,10 @@ type putSaleOp struct {
 // apply records the sale's terms, fenced by the coordinator's generation (I4). Terms never
 // change once recorded: a different definition under the same id is refused.
 func (o *putSaleOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
-	}
 	t := o.terms
-	if err := fencing.CheckSaleGeneration(ctx, tx, t.Sale, o.gen); err != nil {
-		return nil, err, nil
+	tx, outcome, fatal := b.fencedOp(ctx, t.Sale, o.gen)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	have, err := readTerms(ctx, tx, t.Sale)
 	if err == nil {
@@ -79,13 +75,10 @@ type creditResult struct{ state transfer.InState }
 // adding anything; a credit after a refusal answers "refused" (I5: never both). Preserves I3:
 // credited_in and available rise together.
 func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
-	}
 	r := o.req
-	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
-		return nil, err, nil
+	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	terms, err := readTerms(ctx, tx, r.Sale)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -89,13 +88,10 @@ type debitOp struct{ req DebitRequest }
 // as pending. When available is short it records a refused tombstone instead, so a late
 // retry cannot debit a transfer the coordinator has given up (I5). Fenced (I4).
 func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
-	}
 	r := o.req
-	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
-		return nil, err, nil
+	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	have, err := readOut(ctx, tx, r.TransferID)
 	if err != nil {
@@ -136,13 +132,10 @@ type refuseOp struct{ req CreditRequest }
 // writes a refused tombstone so any later Credit of it answers refused (I5: never both
 // credited and restored). It reports the destination's durable record either way.
 func (o *refuseOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
-	}
 	r := o.req
-	if err := fencing.CheckSaleGeneration(ctx, tx, r.Sale, r.Generation); err != nil {
-		return nil, err, nil
+	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	have, err := readIn(ctx, tx, r.TransferID)
 	if err != nil {
@@ -166,9 +159,9 @@ type restoreOp struct{ ref TransferRef }
 // coordinator calls it only after the destination's durable refusal. Idempotent; a settled
 // transfer cannot be restored (I5).
 func (o *restoreOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
+	tx, outcome, fatal := b.fencedOp(ctx, o.ref.Sale, o.ref.Generation)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutVoided)
 }
@@ -177,17 +170,14 @@ type settleOp struct{ ref TransferRef }
 
 // apply marks a credited transfer settled at its source: bookkeeping only, no count moves.
 func (o *settleOp) apply(ctx context.Context, b *batch) (any, error, error) {
-	tx, ferr := b.sqlOp(ctx)
-	if ferr != nil {
-		return nil, nil, ferr
+	tx, outcome, fatal := b.fencedOp(ctx, o.ref.Sale, o.ref.Generation)
+	if tx == nil {
+		return nil, outcome, fatal
 	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutSettled)
 }
 
 func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to transfer.OutState) (any, error, error) {
-	if err := fencing.CheckSaleGeneration(ctx, tx, ref.Sale, ref.Generation); err != nil {
-		return nil, err, nil
-	}
 	rec, err := readOut(ctx, tx, ref.TransferID)
 	if err != nil {
 		return nil, nil, err

@@ -76,6 +76,20 @@ func (b *batch) sqlOp(ctx context.Context) (pgx.Tx, error) {
 	return b.begin(ctx)
 }
 
+// fencedOp prepares a coordinator's op (sqlOp), then passes the sale's generation fence in
+// the batch's transaction (I4). A fenced request is an outcome (the batch goes on); failing
+// to reach the database is fatal to the batch.
+func (b *batch) fencedOp(ctx context.Context, sale string, gen int64) (tx pgx.Tx, outcome, fatal error) {
+	tx, fatal = b.sqlOp(ctx)
+	if fatal != nil {
+		return nil, nil, fatal
+	}
+	if err := fencing.CheckSaleGeneration(ctx, tx, sale, gen); err != nil {
+		return nil, err, nil
+	}
+	return tx, nil, nil
+}
+
 // hold returns a hold as this batch sees it: its own change, or the committed one.
 func (b *batch) hold(id string) *memHold {
 	if h, ok := b.overlay[id]; ok {
