@@ -103,23 +103,29 @@ func (rc *regionClient) call(ctx context.Context, within time.Duration, f func(c
 type linWorker struct {
 	id      int
 	rc      *regionClient
-	rec     *linearize.Recorder
-	sale    string
+	pool    *linPool // the episode's pool new operations go to
 	sku     string
 	rng     *mrand.Rand
 	seq     int
-	pending []linearize.Input            // operations to ask again
+	pending []linOp                      // operations to ask again, each on its own pool
 	expect  map[string]quotav1.HoldState // hold → its state as acknowledged
 	counts  map[linearize.Kind]int
 }
 
-func (w *linWorker) do(ctx context.Context, in linearize.Input) linearize.Output {
-	op := w.rec.Begin(w.id, in)
+// linOp is an operation and the pool it belongs to.
+type linOp struct {
+	in   linearize.Input
+	pool *linPool
+}
+
+func (w *linWorker) do(ctx context.Context, lo linOp) linearize.Output {
+	in := lo.in
+	op := lo.pool.rec.Begin(w.id, in)
 	w.counts[in.Kind]++
 	var out linearize.Output
 	err := w.rc.call(ctx, 6*time.Second, func(ctx context.Context, cl quotav1.RegionServiceClient) error {
 		var err error
-		out, err = w.once(ctx, cl, in)
+		out, err = w.once(ctx, cl, lo.pool.sale, in)
 		return err
 	})
 	if err != nil {
@@ -128,7 +134,7 @@ func (w *linWorker) do(ctx context.Context, in linearize.Input) linearize.Output
 	op.End(out)
 	switch {
 	case out.Result == linearize.Unknown:
-		w.pending = append(w.pending, in)
+		w.pending = append(w.pending, lo)
 		if in.Kind != linearize.Reserve {
 			w.expect[in.Hold] = quotav1.HoldState_HOLD_STATE_UNSPECIFIED // it must exist; its state is open
 		}
@@ -142,10 +148,10 @@ func (w *linWorker) do(ctx context.Context, in linearize.Input) linearize.Output
 	return out
 }
 
-func (w *linWorker) once(ctx context.Context, cl quotav1.RegionServiceClient, in linearize.Input) (linearize.Output, error) {
+func (w *linWorker) once(ctx context.Context, cl quotav1.RegionServiceClient, sale string, in linearize.Input) (linearize.Output, error) {
 	switch in.Kind {
 	case linearize.Reserve:
-		r, err := cl.Reserve(ctx, &quotav1.ReserveRequest{SaleId: w.sale, Sku: w.sku, UserId: in.User, Quantity: in.Qty, RequestKey: in.Key})
+		r, err := cl.Reserve(ctx, &quotav1.ReserveRequest{SaleId: sale, Sku: w.sku, UserId: in.User, Quantity: in.Qty, RequestKey: in.Key})
 		return linearize.Output{Result: linearize.Held, Hold: r.GetReservation().GetHoldId()}, err
 	case linearize.Confirm:
 		r, err := cl.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: in.Hold, PaymentId: in.Payment})
@@ -177,28 +183,29 @@ func classify(kind linearize.Kind, err error) linearize.Output {
 // (5%) or release (95%), and now and then pay after the release (it must be refunded).
 func (w *linWorker) step(ctx context.Context) {
 	if len(w.pending) > 0 {
-		in := w.pending[0]
+		lo := w.pending[0]
 		w.pending = w.pending[1:]
-		if out := w.do(ctx, in); out.Result == linearize.Held {
-			w.finish(ctx, out.Hold)
+		if out := w.do(ctx, lo); out.Result == linearize.Held {
+			w.finish(ctx, lo.pool, out.Hold)
 		}
 		return
 	}
 	w.seq++
 	in := linearize.Input{Kind: linearize.Reserve, User: fmt.Sprintf("lin-%d-%d", w.id, w.rng.IntN(100)),
 		Key: fmt.Sprintf("k-%d-%d", w.id, w.seq), Qty: 1}
-	if out := w.do(ctx, in); out.Result == linearize.Held {
-		w.finish(ctx, out.Hold)
+	pool := w.pool
+	if out := w.do(ctx, linOp{in, pool}); out.Result == linearize.Held {
+		w.finish(ctx, pool, out.Hold)
 	}
 }
 
-func (w *linWorker) finish(ctx context.Context, hold string) {
-	pay := linearize.Input{Kind: linearize.Confirm, Hold: hold, Payment: "pay-" + hold}
+func (w *linWorker) finish(ctx context.Context, pool *linPool, hold string) {
+	pay := linOp{linearize.Input{Kind: linearize.Confirm, Hold: hold, Payment: "pay-" + hold}, pool}
 	if w.rng.IntN(100) < 5 {
 		w.do(ctx, pay)
 		return
 	}
-	out := w.do(ctx, linearize.Input{Kind: linearize.Release, Hold: hold})
+	out := w.do(ctx, linOp{linearize.Input{Kind: linearize.Release, Hold: hold}, pool})
 	if out.Result == linearize.Released && w.rng.IntN(100) < 10 {
 		w.do(ctx, pay)
 	}

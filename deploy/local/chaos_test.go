@@ -21,11 +21,26 @@ import (
 // output of passing tests).
 const (
 	chaosSale = "chaos" // phone in us, eu and ap: load, transfers, rebalances
-	linSale   = "lin"   // item, all in eu: the pool whose history is checked; no transfers
+	linSale   = "lin"   // item, all in eu: the pools whose histories are checked; no transfers
 	linUnits  = 1000
 	linLimit  = 3
 	linHolds  = 4 // workers on the pool
+	// linEpisode is how long the workers use one pool before moving to a fresh one (sales
+	// lin, lin-1, lin-2, ...). Pools are independent objects and linearizability is local, so
+	// each pool's history is checked on its own: the checker's memory stays bounded however
+	// long the run. chaosUnitsPer is the load's stock per episode, so it does not sell out.
+	linEpisode    = 2 * time.Minute
+	chaosUnitsPer = 60000
 )
+
+// linPool is one episode's pool and the history recorded on it.
+type linPool struct {
+	sale string
+	rec  *linearize.Recorder
+}
+
+// episodes is how many pools a run of d uses.
+func episodes(d time.Duration) int { return int((d + linEpisode - 1) / linEpisode) }
 
 type chaosRun struct {
 	t         *testing.T
@@ -34,7 +49,7 @@ type chaosRun struct {
 	seed      uint64
 	duration  time.Duration
 	start     time.Time
-	rec       *linearize.Recorder
+	pools     []linPool
 	workers   []*linWorker
 	regions   map[string]*regionClient
 	load      loadgen.Stats
@@ -84,7 +99,14 @@ func TestChaos(t *testing.T) {
 	duration, seed := chaosSettings(t)
 	fmt.Printf("CHAOS: seed=%d duration=%s (reproduce: make chaos SEED=%d DURATION=%s)\n", seed, duration, seed, duration)
 	t.Logf("seed %d, duration %s", seed, duration)
-	r := &chaosRun{t: t, seed: seed, duration: duration, rec: linearize.NewRecorder(), regions: map[string]*regionClient{}}
+	r := &chaosRun{t: t, seed: seed, duration: duration, regions: map[string]*regionClient{}}
+	for i := range episodes(duration) {
+		p := linPool{sale: linSale, rec: linearize.NewRecorder()}
+		if i > 0 {
+			p.sale = fmt.Sprintf("%s-%d", linSale, i)
+		}
+		r.pools = append(r.pools, p)
+	}
 	r.c = newLocalCluster(t, "ch", "QUOTA_CLUSTER_LEASE_TTL=2s")
 	u, err := url.Parse(r.c.pgURL)
 	if err != nil {
@@ -114,11 +136,13 @@ func TestChaos(t *testing.T) {
 
 func (r *chaosRun) createSales() {
 	ttl := (r.duration + 20*time.Minute).String()
-	for _, args := range [][]string{
-		{"sale", "create", "--sale", chaosSale, "--sku", "phone=60000", "--per-user-limit", "2", "--hold-ttl", ttl, "--allocate", "us=1,eu=1,ap=1"},
-		{"sale", "create", "--sale", linSale, "--sku", "item=" + strconv.Itoa(linUnits), "--per-user-limit", strconv.Itoa(linLimit),
-			"--hold-ttl", ttl, "--allocate", "eu=1"},
-	} {
+	sales := [][]string{{"sale", "create", "--sale", chaosSale, "--sku", "phone=" + strconv.Itoa(chaosUnitsPer*len(r.pools)),
+		"--per-user-limit", "2", "--hold-ttl", ttl, "--allocate", "us=1,eu=1,ap=1"}}
+	for _, p := range r.pools {
+		sales = append(sales, []string{"sale", "create", "--sale", p.sale, "--sku", "item=" + strconv.Itoa(linUnits),
+			"--per-user-limit", strconv.Itoa(linLimit), "--hold-ttl", ttl, "--allocate", "eu=1"})
+	}
+	for _, args := range sales {
 		if out, err := r.c.quotactl(r.c.addr(0), args...); err != nil {
 			r.t.Fatalf("%v: %v\n%s", args, err, out)
 		}
@@ -142,11 +166,14 @@ func (r *chaosRun) chaos() {
 			Resolve: r.resolve})
 	})
 	for i := range linHolds {
-		w := &linWorker{id: i, rc: r.regions["eu"], rec: r.rec, sale: linSale, sku: "item",
+		w := &linWorker{id: i, rc: r.regions["eu"], pool: &r.pools[0], sku: "item",
 			rng: mrand.New(mrand.NewPCG(r.seed, uint64(i)+1)), expect: map[string]quotav1.HoldState{}, counts: map[linearize.Kind]int{}}
 		r.workers = append(r.workers, w)
 		wg.Go(func() {
 			for ctx.Err() == nil {
+				if e := min(int(time.Since(r.start)/linEpisode), len(r.pools)-1); w.pool != &r.pools[e] {
+					w.pool = &r.pools[e] // a fresh pool; what is pending stays with its own
+				}
 				w.step(ctx)
 				time.Sleep(time.Duration(10+w.rng.IntN(30)) * time.Millisecond)
 			}

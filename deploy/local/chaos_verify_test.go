@@ -98,30 +98,46 @@ func (r *chaosRun) checkLoadHolds() int {
 	return len(bad)
 }
 
-// checkLinearizable checks the pool's history with porcupine; Unknown (the checker ran out of
-// time) is reported, not passed.
+// checkLinearizable checks each pool's history with porcupine; Unknown (the checker ran out
+// of time) is reported, not passed.
 func (r *chaosRun) checkLinearizable() int {
-	h := r.rec.History()
-	r.ops.linOps, r.ops.linUnk = r.rec.Stats()
-	timeout := max(2*time.Minute, r.duration) // a long run records a longer history
-	start := time.Now()
-	res, info := linearize.Check(linearize.Pool{Units: linUnits, Limit: linLimit}, h, timeout)
-	r.t.Logf("porcupine: %s for %d operations (%d with an unknown outcome) in %s", res, len(h), r.ops.linUnk,
-		time.Since(start).Round(time.Millisecond))
-	r.linResult = string(res)
-	if res == porcupine.Ok {
-		return 0
+	violations, ok := 0, 0
+	for _, p := range r.pools {
+		res, bad := r.checkPool(p)
+		if res == string(porcupine.Ok) {
+			ok++
+		}
+		r.linResult = res
+		violations += bad
 	}
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-lin-%d.html", r.seed))
+	if len(r.pools) > 1 {
+		r.linResult = fmt.Sprintf("%d/%d pools Ok", ok, len(r.pools))
+	}
+	return violations
+}
+
+// checkPool checks one pool's history, within linEpisode (its history covers about that long).
+func (r *chaosRun) checkPool(p linPool) (string, int) {
+	h := p.rec.History()
+	ops, unk := p.rec.Stats()
+	r.ops.linOps, r.ops.linUnk = r.ops.linOps+ops, r.ops.linUnk+unk
+	start := time.Now()
+	res, info := linearize.Check(linearize.Pool{Units: linUnits, Limit: linLimit}, h, linEpisode)
+	r.t.Logf("porcupine, %s: %s for %d operations (%d with an unknown outcome) in %s", p.sale, res, len(h), unk,
+		time.Since(start).Round(time.Millisecond))
+	if res == porcupine.Ok {
+		return string(res), 0
+	}
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("chaos-lin-%d-%s.html", r.seed, p.sale))
 	if err := linearize.Visualize(linearize.Pool{Units: linUnits, Limit: linLimit}, info, path); err != nil {
 		r.t.Log(err)
 	}
 	if res == porcupine.Illegal {
-		r.t.Errorf("VIOLATION linearizability: the history of %s/item at eu is not linearizable (visualization %s)", linSale, path)
-		return 1
+		r.t.Errorf("VIOLATION linearizability: the history of %s/item at eu is not linearizable (visualization %s)", p.sale, path)
+		return string(res), 1
 	}
-	r.t.Errorf("linearizability: porcupine gave no answer within %s (visualization %s)", timeout, path)
-	return 0
+	r.t.Errorf("linearizability: porcupine gave no answer for %s within %s (visualization %s)", p.sale, linEpisode, path)
+	return string(res), 0
 }
 
 // report prints the figures with t.Log and on stdout, and to $QUOTA_CHAOS_REPORT when set.
