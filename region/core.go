@@ -25,8 +25,8 @@ type Core struct {
 	m     *memState
 	sales map[string]SaleTerms
 	fence map[string]int64
-	in    map[string]transfer.InRecord
-	out   map[string]transfer.OutRecord
+	in    map[string]transfer.InboundRecord
+	out   map[string]transfer.OutboundRecord
 	moved map[poolKey]*corePoolBooks
 }
 
@@ -37,8 +37,8 @@ type corePoolBooks struct{ creditedIn, debitedOut transfer.Units }
 func NewCore(name string) *Core {
 	return &Core{name: name, m: &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{},
 		keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}},
-		sales: map[string]SaleTerms{}, fence: map[string]int64{}, in: map[string]transfer.InRecord{},
-		out: map[string]transfer.OutRecord{}, moved: map[poolKey]*corePoolBooks{}}
+		sales: map[string]SaleTerms{}, fence: map[string]int64{}, in: map[string]transfer.InboundRecord{},
+		out: map[string]transfer.OutboundRecord{}, moved: map[poolKey]*corePoolBooks{}}
 }
 
 // Clone returns an independent copy: the durable image of the region at this moment.
@@ -240,11 +240,6 @@ func (c *Core) UserCount(sale, sku, user string) (held, bought transfer.Units) {
 	return 0, 0
 }
 
-// InRecord and OutRecord return the region's records of a transfer.
-func (c *Core) InRecord(id string) (transfer.InRecord, bool) { r, ok := c.in[id]; return r, ok }
-
-// OutRecord returns the region's record of a transfer it is the source of.
-func (c *Core) OutRecord(id string) (transfer.OutRecord, bool) { r, ok := c.out[id]; return r, ok }
 
 // Books is the region's books of one sale as the auditor reads them from SQL: pool
 // counters, the sums over its hold rows, and its transfer records.
@@ -273,12 +268,12 @@ func (c *Core) Books(sale string) transfer.RegionBooks {
 	}
 	for id, r := range c.in {
 		if r.Sale == sale {
-			rb.Inbound[id] = transfer.InboundRecord{ID: id, Sale: sale, SKU: r.SKU, Units: r.Units, State: r.State}
+			rb.Inbound[id] = r
 		}
 	}
 	for id, r := range c.out {
 		if r.Sale == sale {
-			rb.Outbound[id] = transfer.OutboundRecord{ID: id, Sale: sale, SKU: r.SKU, To: r.To, Units: r.Units, State: r.State}
+			rb.Outbound[id] = r
 		}
 	}
 	return rb

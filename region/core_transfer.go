@@ -32,7 +32,7 @@ func (c *Core) Credit(req CreditRequest) (transfer.InState, error) {
 	if !t.hasSKU(req.SKU) {
 		return "", fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
 	}
-	want := transfer.InRecord{Sale: req.Sale, SKU: req.SKU, Units: req.Units}
+	want := transfer.InboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, Units: req.Units}
 	st, add, err := transfer.DecideCredit(record(c.in, req.TransferID), want)
 	if err != nil {
 		return "", transferErr(req.TransferID, err)
@@ -54,7 +54,7 @@ func (c *Core) Refuse(req CreditRequest) (transfer.InState, error) {
 	}
 	st, tombstone := transfer.DecideRefuse(record(c.in, req.TransferID))
 	if tombstone {
-		c.in[req.TransferID] = transfer.InRecord{Sale: req.Sale, SKU: req.SKU, Units: req.Units, State: st}
+		c.in[req.TransferID] = transfer.InboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, Units: req.Units, State: st}
 	}
 	return st, nil
 }
@@ -71,7 +71,7 @@ func (c *Core) Debit(req DebitRequest) (transfer.OutState, error) {
 	if p := c.m.pools[pk]; p != nil {
 		avail = p.available
 	}
-	want := transfer.OutRecord{Sale: req.Sale, SKU: req.SKU, To: req.To, Units: req.Units}
+	want := transfer.OutboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, To: req.To, Units: req.Units}
 	st, take, err := transfer.DecideDebit(have, want, avail)
 	if err != nil {
 		return "", transferErr(req.TransferID, err)

@@ -94,7 +94,7 @@ func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, add, err := transfer.DecideCredit(have, transfer.InRecord{Sale: r.Sale, SKU: r.SKU, Units: r.Units})
+	st, add, err := transfer.DecideCredit(have, transfer.InboundRecord{Sale: r.Sale, SKU: r.SKU, Units: r.Units})
 	if err != nil {
 		return nil, transferErr(r.TransferID, err), nil
 	}

@@ -35,8 +35,8 @@ type TransferStatus struct {
 }
 
 // readOut reads a source's record of a transfer (nil: none).
-func readOut(ctx context.Context, tx pgx.Tx, id string) (*transfer.OutRecord, error) {
-	var r transfer.OutRecord
+func readOut(ctx context.Context, tx pgx.Tx, id string) (*transfer.OutboundRecord, error) {
+	r := transfer.OutboundRecord{ID: id}
 	var u int64
 	var st string
 	err := tx.QueryRow(ctx, `SELECT sale_id, sku, to_pool, units, state FROM transfers_out WHERE transfer_id = $1`, id).
@@ -52,8 +52,8 @@ func readOut(ctx context.Context, tx pgx.Tx, id string) (*transfer.OutRecord, er
 }
 
 // readIn reads a destination's record of a transfer (nil: none).
-func readIn(ctx context.Context, tx pgx.Tx, id string) (*transfer.InRecord, error) {
-	var r transfer.InRecord
+func readIn(ctx context.Context, tx pgx.Tx, id string) (*transfer.InboundRecord, error) {
+	r := transfer.InboundRecord{ID: id}
 	var u int64
 	var st string
 	err := tx.QueryRow(ctx, `SELECT sale_id, sku, units, state FROM transfers_in WHERE transfer_id = $1`, id).
@@ -103,7 +103,7 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err != nil && err != pgx.ErrNoRows {
 		return nil, nil, fmt.Errorf("read pool: %w", err)
 	}
-	state, take, err := transfer.DecideDebit(have, transfer.OutRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, transfer.Units(avail))
+	state, take, err := transfer.DecideDebit(have, transfer.OutboundRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, transfer.Units(avail))
 	if err != nil {
 		return nil, transferErr(r.TransferID, err), nil
 	}

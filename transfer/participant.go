@@ -21,20 +21,6 @@ var (
 	ErrFencedGeneration = errors.New("generation below the highest seen")
 )
 
-// InRecord is a destination's durable record of one inbound transfer.
-type InRecord struct {
-	Sale, SKU string
-	Units     Units
-	State     InState
-}
-
-// OutRecord is a source's durable record of one outbound transfer.
-type OutRecord struct {
-	Sale, SKU, To string
-	Units         Units
-	State         OutState
-}
-
 // Admit is the per-sale fence rule (I4: fences only rise): a request of generation gen is
 // admitted when gen is positive and at least the highest generation seen, which then
 // becomes gen.
@@ -45,11 +31,12 @@ func Admit(highest, gen int64) (int64, error) {
 	return gen, nil
 }
 
-// DecideCredit is step 3 at a destination. have is the existing record (nil: none). It
+// DecideCredit is step 3 at a destination. have is the existing record (nil: none); IDs are
+// the caller's key and not compared. It
 // returns the record's state after the step and whether the units must be added now, which
 // happens once per transfer id: a retry answers credited again, a credit after a refusal
 // answers refused (I5: never both).
-func DecideCredit(have *InRecord, req InRecord) (InState, bool, error) {
+func DecideCredit(have *InboundRecord, req InboundRecord) (InState, bool, error) {
 	if have == nil {
 		return InCredited, true, nil
 	}
@@ -61,7 +48,7 @@ func DecideCredit(have *InRecord, req InRecord) (InState, bool, error) {
 
 // DecideRefuse is the abort step at a destination: with no record it writes a refused
 // tombstone (record = true), so no later credit applies; otherwise it reports the record.
-func DecideRefuse(have *InRecord) (st InState, record bool) {
+func DecideRefuse(have *InboundRecord) (st InState, record bool) {
 	if have == nil {
 		return InRefused, true
 	}
@@ -73,7 +60,7 @@ func DecideRefuse(have *InRecord) (st InState, record bool) {
 // available covers the units, or records a refused tombstone (OutRefused) so a late retry
 // cannot debit a transfer the coordinator has given up (I5). Either way a record is written
 // when have is nil.
-func DecideDebit(have *OutRecord, req OutRecord, available Units) (st OutState, take bool, err error) {
+func DecideDebit(have *OutboundRecord, req OutboundRecord, available Units) (st OutState, take bool, err error) {
 	if have != nil {
 		if have.Sale != req.Sale || have.SKU != req.SKU || have.To != req.To || have.Units != req.Units {
 			return "", false, ErrOtherContent
@@ -90,7 +77,7 @@ func DecideDebit(have *OutRecord, req OutRecord, available Units) (st OutState, 
 // OutSettled: bookkeeping only). Only a pending record moves, once; asking again for the
 // state it is in answers it unchanged (change = false). A settled transfer cannot be
 // restored nor a voided one settled (I5).
-func DecideOut(have *OutRecord, to OutState) (st OutState, change bool, err error) {
+func DecideOut(have *OutboundRecord, to OutState) (st OutState, change bool, err error) {
 	switch {
 	case have == nil:
 		return "", false, ErrNotDebited
