@@ -240,7 +240,6 @@ func (c *Core) UserCount(sale, sku, user string) (held, bought transfer.Units) {
 	return 0, 0
 }
 
-
 // Books is the region's books of one sale as the auditor reads them from SQL: pool
 // counters, the sums over its hold rows, and its transfer records.
 func (c *Core) Books(sale string) transfer.RegionBooks {
