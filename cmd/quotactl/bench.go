@@ -5,11 +5,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/bench"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
@@ -51,6 +53,9 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")
 	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
 	f.Uint64("seed", 1, "random seed (users, start buckets)")
+	cliconf.AddGCFlags(f)
+	f.String("cpuprofile", "", "write a CPU profile of the whole run (every variant, load generator and servers) to this file")
+	f.String("memprofile", "", "write a heap profile (allocations over the whole run, and what is live at its end) to this file")
 	return cmd
 }
 
@@ -67,7 +72,17 @@ func runBench(e *env) error {
 	if err := cfg.Validate(); err != nil {
 		return usage("%v", err)
 	}
+	stopProfile, err := startCPUProfile(e.v.GetString("cpuprofile"))
+	if err != nil {
+		return err
+	}
 	rep, err := bench.Run(ctx, cfg)
+	if perr := stopProfile(); err == nil {
+		err = perr
+	}
+	if perr := writeHeapProfile(e.v.GetString("memprofile")); err == nil {
+		err = perr
+	}
 	if err != nil {
 		return err
 	}
@@ -79,6 +94,11 @@ func benchConfig(e *env) (bench.Config, error) {
 		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
 		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
 		Seed: e.v.GetUint64("seed")}
+	gc, err := cliconf.GC(e.v)
+	if err != nil {
+		return cfg, usage("%v", err)
+	}
+	cfg.GC = gc
 	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 {
 		return cfg, usage("--concurrency, --stock and --duration must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
 	}
@@ -96,6 +116,42 @@ func benchConfig(e *env) (bench.Config, error) {
 	return cfg, nil
 }
 
+// startCPUProfile profiles the process into path until the returned func is called; an empty
+// path profiles nothing.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
+// writeHeapProfile writes the process's heap profile to path; an empty path writes nothing.
+func writeHeapProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	return f.Close()
+}
+
 func splitList(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -110,8 +166,8 @@ func printBench(w io.Writer, rep *bench.Report) {
 	s := rep.Setup
 	fmt.Fprintf(w, "quotactl bench: concurrency %d, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
 		"warm-up %.1fs or %d ops, seed %d\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed)
-	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs; SQL pool %d connections\n",
-		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.SQLConns)
+	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %d connections\n",
+		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, s.SQLConns)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
 	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",

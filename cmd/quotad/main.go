@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
+	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
 )
@@ -34,12 +35,14 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	cliconf.AddGCFlags(root.PersistentFlags())
 	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd(), etcdCmd())
 	return root
 }
 
 // settings binds a command's flags, QUOTA_* environment variables and the --config file,
-// and builds the logger its --log-level asks for.
+// builds the logger its --log-level asks for and sets the Go collector (--gc-percent,
+// --memory-limit) for the process.
 func settings(cmd *cobra.Command) (*viper.Viper, *slog.Logger, error) {
 	v, err := cliconf.Bind(cmd)
 	if err != nil {
@@ -49,7 +52,14 @@ func settings(cmd *cobra.Command) (*viper.Viper, *slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
 		return nil, nil, fmt.Errorf("log-level %q: %w", v.GetString("log-level"), err)
 	}
-	return v, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+	gc, err := cliconf.GC(v)
+	if err != nil {
+		return nil, nil, err
+	}
+	gcconf.Apply(gc)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log.Debug("go collector", "setting", gc.String())
+	return v, log, nil
 }
 
 // signalContext ends on SIGINT or SIGTERM.

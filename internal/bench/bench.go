@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -84,6 +85,10 @@ type Config struct {
 	SQLConns int
 	// Seed makes users and bucket choices reproducible.
 	Seed uint64
+	// GC is the Go collector's setting for the run, applied to the whole process (every
+	// variant, clients and servers alike) and restored at the end; default the servers'
+	// (gcconf.Default), so the region runs as `quotad` runs it.
+	GC gcconf.Config
 	// Logger receives the in-process cluster's messages; default warnings to stderr.
 	Logger *slog.Logger
 	// Progress, when set, is told about each step as it happens.
@@ -115,6 +120,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := pgutil.WithDatabase(c.PGURL, "x"); err != nil {
 		return fmt.Errorf("pg-url: %w", err)
+	}
+	if err := c.GC.Validate(); err != nil {
+		return err
 	}
 	if err := c.checkVariants(); err != nil {
 		return err
@@ -152,6 +160,9 @@ func (c *Config) fillDefaults() {
 	}
 	if c.SQLConns == 0 {
 		c.SQLConns = min(c.Concurrency, 64)
+	}
+	if c.GC == (gcconf.Config{}) {
+		c.GC = gcconf.Default()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -218,6 +229,7 @@ type Setup struct {
 	SynchronousCommit string         `json:"synchronous_commit"`
 	GoVersion         string         `json:"go_version"`
 	GOMAXPROCS        int            `json:"gomaxprocs"`
+	GC                string         `json:"go_gc"`
 	NumCPU            int            `json:"num_cpu"`
 	Placement         string         `json:"placement"`
 	Started           time.Time      `json:"started"`
@@ -247,7 +259,7 @@ const Placement = "load generator, region, coordinator and etcd all in this one 
 func (c *Config) setup() Setup {
 	return Setup{Concurrency: c.Concurrency, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
 		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
-		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(),
+		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), NumCPU: runtime.NumCPU(),
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
 }
 
@@ -315,6 +327,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Setup: cfg.setup()}
+	defer gcconf.Apply(gcconf.Apply(cfg.GC))
 	if err := describeServer(ctx, cfg.PGURL, &rep.Setup); err != nil {
 		return nil, err
 	}

@@ -5,8 +5,11 @@ package cliconf
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
+	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -35,4 +38,53 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 		}
 	}
 	return v, nil
+}
+
+// AddGCFlags adds --gc-percent and --memory-limit, the Go collector's setting of a process
+// that runs a region (gcconf).
+func AddGCFlags(f *pflag.FlagSet) {
+	f.Int("gc-percent", gcconf.DefaultPercent, "Go GC target (GOGC): heap growth in percent before a collection; -1: only at --memory-limit")
+	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory (GOMEMLIMIT), e.g. 900MiB, 2GiB; 0: none")
+}
+
+// GC reads the flags AddGCFlags added.
+func GC(v *viper.Viper) (gcconf.Config, error) {
+	limit, err := ParseBytes(v.GetString("memory-limit"))
+	if err != nil {
+		return gcconf.Config{}, fmt.Errorf("memory-limit: %w", err)
+	}
+	c := gcconf.Config{Percent: v.GetInt("gc-percent"), MemoryLimit: limit}
+	return c, c.Validate()
+}
+
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}, {"", 0}}
+
+// ParseBytes reads a size: a whole number of bytes, or one with a KiB, MiB or GiB suffix.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	for _, u := range byteUnits {
+		num, ok := strings.CutSuffix(t, u.suffix)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+		if err != nil || n < 0 || n > math.MaxInt64>>u.shift {
+			return 0, fmt.Errorf("%q is not a size: want a whole number of bytes, optionally with KiB, MiB or GiB", s)
+		}
+		return n << u.shift, nil
+	}
+	return 0, fmt.Errorf("%q is not a size", s) // unreachable: "" matches every string
+}
+
+// FormatBytes is the inverse of ParseBytes for the largest unit that divides n.
+func FormatBytes(n int64) string {
+	for _, u := range byteUnits[:3] {
+		if n != 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
