@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/bench"
+	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
 )
@@ -54,6 +55,8 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
 	f.Uint64("seed", 1, "random seed (users, start buckets)")
 	cliconf.AddGCFlags(f)
+	f.Int("max-batch", 256, "(d)-(f): most operations one region transaction commits")
+	f.Duration("batch-window", 0, "(d)-(f): how long the region's writer waits for more operations after the first")
 	f.String("cpuprofile", "", "write a CPU profile of the whole run (every variant, load generator and servers) to this file")
 	f.String("memprofile", "", "write a heap profile (allocations over the whole run, and what is live at its end) to this file")
 	return cmd
@@ -99,6 +102,7 @@ func benchConfig(e *env) (bench.Config, error) {
 		return cfg, usage("%v", err)
 	}
 	cfg.GC = gc
+	cfg.Region = region.Config{MaxBatch: e.v.GetInt("max-batch"), BatchWindow: e.v.GetDuration("batch-window")}
 	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 {
 		return cfg, usage("--concurrency, --stock and --duration must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
 	}
@@ -168,6 +172,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 		"warm-up %.1fs or %d ops, seed %d\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed)
 	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %d connections\n",
 		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, s.SQLConns)
+	fmt.Fprintf(w, "region: %s\n", s.Region)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
 	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -89,6 +90,9 @@ type Config struct {
 	// variant, clients and servers alike) and restored at the end; default the servers'
 	// (gcconf.Default), so the region runs as `quotad` runs it.
 	GC gcconf.Config
+	// Region tunes the region of (d)–(f) (MaxBatch, BatchWindow); zero
+	// values take the region's defaults, as `quotad` does.
+	Region region.Config
 	// Logger receives the in-process cluster's messages; default warnings to stderr.
 	Logger *slog.Logger
 	// Progress, when set, is told about each step as it happens.
@@ -122,6 +126,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("pg-url: %w", err)
 	}
 	if err := c.GC.Validate(); err != nil {
+		return err
+	}
+	rc := c.Region
+	rc.Name = "x"
+	if err := rc.Validate(); err != nil {
 		return err
 	}
 	if err := c.checkVariants(); err != nil {
@@ -230,6 +239,7 @@ type Setup struct {
 	GoVersion         string         `json:"go_version"`
 	GOMAXPROCS        int            `json:"gomaxprocs"`
 	GC                string         `json:"go_gc"`
+	Region            string         `json:"region_tuning"`
 	NumCPU            int            `json:"num_cpu"`
 	Placement         string         `json:"placement"`
 	Started           time.Time      `json:"started"`
@@ -259,8 +269,18 @@ const Placement = "load generator, region, coordinator and etcd all in this one 
 func (c *Config) setup() Setup {
 	return Setup{Concurrency: c.Concurrency, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
 		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
-		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), NumCPU: runtime.NumCPU(),
+		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), Region: c.regionTuning(), NumCPU: runtime.NumCPU(),
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
+}
+
+// regionTuning describes the region's writer settings, defaults filled in.
+func (c *Config) regionTuning() string {
+	rc := c.Region
+	rc.Name = "x"
+	if err := rc.Validate(); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("max batch %d, batch window %s", rc.MaxBatch, rc.BatchWindow)
 }
 
 // describeServer reads the server's version and commit durability.

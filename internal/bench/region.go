@@ -12,7 +12,6 @@ import (
 	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
-	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -98,7 +97,7 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases) (g *rig, err err
 		}
 	}
 	g.dev, err = cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{benchRegion}, PGURL: cfg.PGURL, DBPrefix: prefix,
-		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: region.Config{}})
+		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region})
 	if err != nil {
 		return nil, fmt.Errorf("start cluster: %w", err)
 	}
