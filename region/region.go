@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -238,6 +241,7 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.warnNearMemoryLimit(len(m.holds))
 	fresh := make(map[poolKey]*atomic.Int64, len(m.pools))
 	for k, p := range m.pools {
 		v := &atomic.Int64{}
@@ -251,6 +255,29 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	r.sales.Clear()
 	return m, nil
 }
+
+// warnNearMemoryLimit logs when the heap right after a load (loadMem ends with a
+// collection, so it is what the leader keeps) comes near the process's Go memory limit
+// (quotad --memory-limit): past the limit the collector would run almost all the time.
+func (r *Region) warnNearMemoryLimit(holds int) {
+	limit := debug.SetMemoryLimit(-1) // -1 reads it
+	if limit == math.MaxInt64 {
+		return
+	}
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return
+	}
+	if live := s[0].Value.Uint64(); float64(live) > memoryLimitWarnShare*float64(limit) {
+		r.cfg.Logger.Warn("region state is near the process's memory limit: raise quotad --memory-limit",
+			"region", r.cfg.Name, "live_heap_mib", live>>20, "memory_limit_mib", limit>>20, "holds", holds)
+	}
+}
+
+// memoryLimitWarnShare is the share of the memory limit a loaded state may take before the
+// leader warns: the rest is room for the batches' garbage between collections.
+const memoryLimitWarnShare = 0.7
 
 // forget drops the caches that answer without the writer, so nothing is answered from a
 // state that may be wrong: requests fall through to the writer (and NOT_LEADER).
