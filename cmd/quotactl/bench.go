@@ -97,7 +97,7 @@ func benchConfig(e *env) (bench.Config, error) {
 		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
 		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
 		Seed: e.v.GetUint64("seed")}
-	gc, err := cliconf.GC(e.v)
+	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)
 	}

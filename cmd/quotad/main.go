@@ -52,7 +52,7 @@ func settings(cmd *cobra.Command) (*viper.Viper, *slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
 		return nil, nil, fmt.Errorf("log-level %q: %w", v.GetString("log-level"), err)
 	}
-	gc, err := cliconf.GC(v)
+	gc, err := cliconf.GC(cmd, v)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -64,6 +64,17 @@ func Apply(c Config) Config {
 	return Config{Percent: debug.SetGCPercent(c.Percent), MemoryLimit: prevLimit}
 }
 
+// Current reads the process's setting without changing it.
+func Current() Config {
+	percent := debug.SetGCPercent(100)
+	debug.SetGCPercent(percent)
+	limit := debug.SetMemoryLimit(-1) // a negative limit only reads
+	if limit == math.MaxInt64 {
+		limit = 0
+	}
+	return Config{Percent: percent, MemoryLimit: limit}
+}
+
 // String is the setting as the output of a command shows it.
 func (c Config) String() string {
 	limit := "no memory limit"

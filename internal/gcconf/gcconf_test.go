@@ -36,6 +36,9 @@ func TestApplySetsAndReturnsThePrevious(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != 123<<20 {
 		t.Errorf("memory limit = %d, want %d", got, 123<<20)
 	}
+	if got := Current(); got != (Config{Percent: 250, MemoryLimit: 123 << 20}) {
+		t.Errorf("Current() = %+v after Apply", got)
+	}
 	prev := Apply(Config{Percent: 100})
 	if prev != (Config{Percent: 250, MemoryLimit: 123 << 20}) {
 		t.Errorf("Apply returned %+v, want the previous setting", prev)

@@ -3,6 +3,9 @@ package cliconf
 import (
 	"strings"
 	"testing"
+
+	"github.com/quotaworks/quota/internal/gcconf"
+	"github.com/spf13/cobra"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -39,5 +42,44 @@ func TestFormatBytesRoundTrips(t *testing.T) {
 	}
 	if got := FormatBytes(900 << 20); got != "900MiB" {
 		t.Errorf("FormatBytes(900 MiB) = %q", got)
+	}
+}
+
+func gcCommand(t *testing.T, args ...string) (gcconf.Config, error) {
+	t.Helper()
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	cmd.Flags().String("config", "", "")
+	AddGCFlags(cmd.Flags())
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := Bind(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return GC(cmd, v)
+}
+
+// The defaults apply unless Go's own variables are set; a setting given explicitly wins
+// over those.
+func TestGCYieldsToGoEnvironmentUnlessExplicit(t *testing.T) {
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "")
+	if c, err := gcCommand(t); err != nil || c != gcconf.Default() {
+		t.Fatalf("no flags, no Go variables: %+v, %v; want the defaults", c, err)
+	}
+	t.Setenv("GOGC", "250")
+	t.Setenv("GOMEMLIMIT", "2GiB")
+	if c, err := gcCommand(t); err != nil || c != gcconf.Current() {
+		t.Fatalf("Go variables set: %+v, %v; want the runtime's own setting %+v", c, err, gcconf.Current())
+	}
+	c, err := gcCommand(t, "--gc-percent", "300", "--memory-limit", "1GiB")
+	if err != nil || c != (gcconf.Config{Percent: 300, MemoryLimit: 1 << 30}) {
+		t.Fatalf("explicit flags: %+v, %v", c, err)
+	}
+	t.Setenv("QUOTA_MEMORY_LIMIT", "512MiB")
+	if c, err := gcCommand(t); err != nil || c.MemoryLimit != 512<<20 {
+		t.Fatalf("QUOTA_MEMORY_LIMIT: %+v, %v; want 512 MiB", c, err)
 	}
 }

@@ -6,6 +6,7 @@ package cliconf
 import (
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 
@@ -43,18 +44,36 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 // AddGCFlags adds --gc-percent and --memory-limit, the Go collector's setting of a process
 // that runs a region (gcconf).
 func AddGCFlags(f *pflag.FlagSet) {
-	f.Int("gc-percent", gcconf.DefaultPercent, "Go GC target (GOGC): heap growth in percent before a collection; -1: only at --memory-limit")
-	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory (GOMEMLIMIT), e.g. 900MiB, 2GiB; 0: none")
+	f.Int("gc-percent", gcconf.DefaultPercent, "Go GC target: heap growth in percent before a collection; -1: only at --memory-limit (default yields to env GOGC)")
+	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory, e.g. 900MiB, 2GiB; 0: none (default yields to env GOMEMLIMIT)")
 }
 
-// GC reads the flags AddGCFlags added.
-func GC(v *viper.Viper) (gcconf.Config, error) {
+// GC reads the flags AddGCFlags added to cmd. A setting left at its default yields to Go's
+// own GOGC or GOMEMLIMIT environment variable when that is set (a container's memory limit,
+// say): the result then carries the value the runtime already runs with.
+func GC(cmd *cobra.Command, v *viper.Viper) (gcconf.Config, error) {
 	limit, err := ParseBytes(v.GetString("memory-limit"))
 	if err != nil {
 		return gcconf.Config{}, fmt.Errorf("memory-limit: %w", err)
 	}
 	c := gcconf.Config{Percent: v.GetInt("gc-percent"), MemoryLimit: limit}
+	fromEnv := false
+	if os.Getenv("GOGC") != "" && !explicit(cmd, v, "gc-percent") {
+		c.Percent, fromEnv = gcconf.Current().Percent, true
+	}
+	if os.Getenv("GOMEMLIMIT") != "" && !explicit(cmd, v, "memory-limit") {
+		c.MemoryLimit, fromEnv = gcconf.Current().MemoryLimit, true
+	}
+	if fromEnv {
+		return c, nil // what Go already accepted
+	}
 	return c, c.Validate()
+}
+
+// explicit tells whether a setting was given by flag, QUOTA_* variable or config file.
+func explicit(cmd *cobra.Command, v *viper.Viper, name string) bool {
+	env := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	return cmd.Flags().Changed(name) || v.InConfig(name) || os.Getenv(env) != ""
 }
 
 var byteUnits = []struct {
