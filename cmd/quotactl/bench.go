@@ -175,15 +175,15 @@ func printBench(w io.Writer, rep *bench.Report) {
 	fmt.Fprintf(w, "region: %s\n", s.Region)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
-	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
-		"p99.9 ms", "sold", "oversell", "errors", "secs", "check")
+	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
+		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "check")
 	for _, v := range rep.Variants {
 		if v.Skipped != "" {
 			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", v.Variant, v.Label, v.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-4s %-58s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f  %s\n", v.Variant, v.Label, v.ReservationsPerSec,
-			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.Check)
+		fmt.Fprintf(w, "%-4s %-58s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f  %s\n", v.Variant, v.Label, v.ReservationsPerSec,
+			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp, v.Check)
 		if v.FirstError != "" {
 			fmt.Fprintf(w, "     first error: %s\n", v.FirstError)
 		}

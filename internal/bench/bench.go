@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -328,7 +329,11 @@ type VariantResult struct {
 	ReservationsPerSec float64 `json:"reservations_per_sec"`
 	OpsPerSec          float64 `json:"ops_per_sec"`
 	Latency            Latency `json:"latency"`
-	Skipped            string  `json:"skipped,omitempty"`
+	// ProcessCPUPerOp is the CPU this process used during the variant (user and system, warm-up
+	// included) per operation, in µs: the clients' work, and for (d)–(f) the servers' too, but
+	// not PostgreSQL's. Less noisy than a rate when the machine's speed drifts.
+	ProcessCPUPerOp float64 `json:"process_cpu_us_per_op"`
+	Skipped         string  `json:"skipped,omitempty"`
 }
 
 // Report is a whole run: the setup, every variant, the best K of (c), and the ratios the
@@ -481,6 +486,7 @@ type loadRun struct {
 
 // run drives the load and returns its totals.
 func (l load) run(ctx context.Context) VariantResult {
+	cpu0 := processCPU()
 	r := &loadRun{load: l, start: time.Now(), workers: make([]workerStats, l.concurrency)}
 	if l.warmup <= 0 && l.warmupOps <= 0 {
 		r.warm.Store(true)
@@ -494,7 +500,20 @@ func (l load) run(ctx context.Context) VariantResult {
 		}()
 	}
 	wg.Wait()
-	return r.result()
+	v := r.result()
+	if v.Ops > 0 {
+		v.ProcessCPUPerOp = math.Round(float64(processCPU()-cpu0)/float64(time.Microsecond)/float64(v.Ops)*10) / 10
+	}
+	return v
+}
+
+// processCPU is the user and system CPU time this process has used (0 where unknown).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (r *loadRun) end(why string) {
