@@ -51,7 +51,7 @@ func checkVariant(t *testing.T, v VariantResult, stock transfer.Units) {
 	if v.Skipped != "" || v.Errors != 0 || v.Oversell != 0 || v.Check != "ok" {
 		t.Errorf("(%s): skipped %q, %d errors (first %q), oversell %d, check %s", v.Variant, v.Skipped, v.Errors, v.FirstError, v.Oversell, v.Check)
 	}
-	if v.MeasuredOps == 0 || v.OpsPerSec <= 0 || v.Latency.P99 <= 0 {
+	if v.MeasuredOps == 0 || v.OpsPerSec <= 0 || v.Latency.P99 <= 0 || v.ProcessCPUPerOp <= 0 {
 		t.Errorf("(%s): nothing measured: %+v", v.Variant, v)
 	}
 	switch v.Variant {
