@@ -78,6 +78,9 @@ func TestGCYieldsToGoEnvironmentUnlessExplicit(t *testing.T) {
 	if err != nil || c != (gcconf.Config{Percent: 300, MemoryLimit: 1 << 30}) {
 		t.Fatalf("explicit flags: %+v, %v", c, err)
 	}
+	if _, err := gcCommand(t, "--gc-percent", "0"); err == nil || !strings.Contains(err.Error(), "gc-percent 0") {
+		t.Fatalf("explicit --gc-percent 0 with GOGC set: %v; want it refused", err)
+	}
 	t.Setenv("QUOTA_MEMORY_LIMIT", "512MiB")
 	if c, err := gcCommand(t); err != nil || c.MemoryLimit != 512<<20 {
 		t.Fatalf("QUOTA_MEMORY_LIMIT: %+v, %v; want 512 MiB", c, err)

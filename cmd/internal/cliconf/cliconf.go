@@ -57,17 +57,17 @@ func GC(cmd *cobra.Command, v *viper.Viper) (gcconf.Config, error) {
 		return gcconf.Config{}, fmt.Errorf("memory-limit: %w", err)
 	}
 	c := gcconf.Config{Percent: v.GetInt("gc-percent"), MemoryLimit: limit}
-	fromEnv := false
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	// What Go already runs with is not validated again: the runtime accepted it.
 	if os.Getenv("GOGC") != "" && !explicit(cmd, v, "gc-percent") {
-		c.Percent, fromEnv = gcconf.Current().Percent, true
+		c.Percent = gcconf.Current().Percent
 	}
 	if os.Getenv("GOMEMLIMIT") != "" && !explicit(cmd, v, "memory-limit") {
-		c.MemoryLimit, fromEnv = gcconf.Current().MemoryLimit, true
+		c.MemoryLimit = gcconf.Current().MemoryLimit
 	}
-	if fromEnv {
-		return c, nil // what Go already accepted
-	}
-	return c, c.Validate()
+	return c, nil
 }
 
 // explicit tells whether a setting was given by flag, QUOTA_* variable or config file.
