@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"runtime/debug"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -19,6 +17,7 @@ import (
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -260,8 +259,8 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 // collection, so it is what the leader keeps) comes near the process's Go memory limit
 // (quotad --memory-limit): past the limit the collector would run almost all the time.
 func (r *Region) warnNearMemoryLimit(holds int) {
-	limit := debug.SetMemoryLimit(-1) // -1 reads it
-	if limit == math.MaxInt64 {
+	limit := gcconf.Current().MemoryLimit
+	if limit == 0 {
 		return
 	}
 	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"runtime/metrics"
 )
 
 // Defaults of the servers (`quotad`) and of `quotactl bench`, which runs a region in its own
@@ -66,13 +67,16 @@ func Apply(c Config) Config {
 
 // Current reads the process's setting without changing it.
 func Current() Config {
-	percent := debug.SetGCPercent(100)
-	debug.SetGCPercent(percent)
-	limit := debug.SetMemoryLimit(-1) // a negative limit only reads
-	if limit == math.MaxInt64 {
-		limit = 0
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s)
+	c := Config{Percent: -1} // off reads as the largest uint64
+	if p := s[0].Value.Uint64(); p <= math.MaxInt32 {
+		c.Percent = int(p)
 	}
-	return Config{Percent: percent, MemoryLimit: limit}
+	if limit := s[1].Value.Uint64(); limit < math.MaxInt64 {
+		c.MemoryLimit = int64(limit)
+	}
+	return c
 }
 
 // String is the setting as the output of a command shows it.

@@ -39,6 +39,11 @@ func TestApplySetsAndReturnsThePrevious(t *testing.T) {
 	if got := Current(); got != (Config{Percent: 250, MemoryLimit: 123 << 20}) {
 		t.Errorf("Current() = %+v after Apply", got)
 	}
+	Apply(Config{Percent: -1, MemoryLimit: 1 << 30})
+	if got := Current(); got != (Config{Percent: -1, MemoryLimit: 1 << 30}) {
+		t.Errorf("Current() = %+v with the collector off", got)
+	}
+	Apply(Config{Percent: 250, MemoryLimit: 123 << 20})
 	prev := Apply(Config{Percent: 100})
 	if prev != (Config{Percent: 250, MemoryLimit: 123 << 20}) {
 		t.Errorf("Apply returned %+v, want the previous setting", prev)
