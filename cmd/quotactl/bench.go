@@ -54,6 +54,7 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")
 	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
 	f.Uint64("seed", 1, "random seed (users, start buckets)")
+	f.Int("rounds", 1, "run every variant this many times, round after round; ratios over the medians")
 	cliconf.AddGCFlags(f)
 	f.Int("max-batch", 256, "(d)-(f): most operations one region transaction commits")
 	f.Duration("batch-window", 0, "(d)-(f): how long the region's writer waits for more operations after the first")
@@ -96,15 +97,15 @@ func benchConfig(e *env) (bench.Config, error) {
 	cfg := bench.Config{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Concurrency: e.v.GetInt("concurrency"),
 		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
 		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
-		Seed: e.v.GetUint64("seed")}
+		Seed: e.v.GetUint64("seed"), Rounds: e.v.GetInt("rounds")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)
 	}
 	cfg.GC = gc
 	cfg.Region = region.Config{MaxBatch: e.v.GetInt("max-batch"), BatchWindow: e.v.GetDuration("batch-window")}
-	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 {
-		return cfg, usage("--concurrency, --stock and --duration must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
+	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 || cfg.Rounds <= 0 {
+		return cfg, usage("--concurrency, --stock, --duration and --rounds must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
 	}
 	cfg.Variants = splitList(e.v.GetString("variants"))
 	if len(cfg.Variants) == 0 {
@@ -118,6 +119,13 @@ func benchConfig(e *env) (bench.Config, error) {
 		cfg.Buckets = append(cfg.Buckets, k)
 	}
 	return cfg, nil
+}
+
+func roundsNote(n int) string {
+	if n <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(", %d rounds", n)
 }
 
 // startCPUProfile profiles the process into path until the returned func is called; an empty
@@ -169,7 +177,8 @@ func splitList(s string) []string {
 func printBench(w io.Writer, rep *bench.Report) {
 	s := rep.Setup
 	fmt.Fprintf(w, "quotactl bench: concurrency %d, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
-		"warm-up %.1fs or %d ops, seed %d\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed)
+		"warm-up %.1fs or %d ops, seed %d%s\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed,
+		roundsNote(s.Rounds))
 	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %d connections\n",
 		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, s.SQLConns)
 	fmt.Fprintf(w, "region: %s\n", s.Region)
@@ -177,12 +186,19 @@ func printBench(w io.Writer, rep *bench.Report) {
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
 	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
 		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "check")
-	for _, v := range rep.Variants {
+	for i, v := range rep.Variants {
+		name := v.Variant
+		if s.Rounds > 1 {
+			if i > 0 && v.Round != rep.Variants[i-1].Round {
+				fmt.Fprintln(w)
+			}
+			name = fmt.Sprintf("%s/%d", v.Variant, v.Round)
+		}
 		if v.Skipped != "" {
-			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", v.Variant, v.Label, v.Skipped)
+			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", name, v.Label, v.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-4s %-58s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f  %s\n", v.Variant, v.Label, v.ReservationsPerSec,
+		fmt.Fprintf(w, "%-5s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f  %s\n", name, v.Label, v.ReservationsPerSec,
 			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp, v.Check)
 		if v.FirstError != "" {
 			fmt.Fprintf(w, "     first error: %s\n", v.FirstError)
@@ -193,6 +209,9 @@ func printBench(w io.Writer, rep *bench.Report) {
 	}
 	if len(rep.Ratios) > 0 {
 		fmt.Fprintln(w, "\nratios (issue 4 targets):")
+		if s.Rounds > 1 {
+			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
+		}
 	}
 	for _, r := range rep.Ratios {
 		cmp, verdict := "≥", "met"

@@ -87,6 +87,9 @@ type Config struct {
 	SQLConns int
 	// Seed makes users and bucket choices reproducible.
 	Seed uint64
+	// Rounds runs every variant this many times, one round after another, each in fresh
+	// databases; the ratios are taken over each variant's medians. Default 1.
+	Rounds int
 	// GC is the Go collector's setting for the run, applied to the whole process (every
 	// variant, clients and servers alike) and restored at the end; default the servers'
 	// (gcconf.Default), so the region runs as `quotad` runs it.
@@ -120,6 +123,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("duration %s: must be 100ms..1h", c.Duration)
 	case c.Warmup < 0 || c.Warmup >= c.Duration || c.WarmupOps < 0:
 		return fmt.Errorf("warmup %s / %d ops: must be non-negative and shorter than the duration %s", c.Warmup, c.WarmupOps, c.Duration)
+	case c.Rounds < 1 || c.Rounds > 20:
+		return fmt.Errorf("rounds %d: must be 1..20", c.Rounds)
 	case c.SQLConns < 1 || c.SQLConns > c.Concurrency:
 		return fmt.Errorf("sql conns %d: must be 1..concurrency (%d)", c.SQLConns, c.Concurrency)
 	}
@@ -170,6 +175,9 @@ func (c *Config) fillDefaults() {
 	}
 	if c.SQLConns == 0 {
 		c.SQLConns = min(c.Concurrency, 64)
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
 	}
 	if c.GC == (gcconf.Config{}) {
 		c.GC = gcconf.Default()
@@ -235,6 +243,7 @@ type Setup struct {
 	Buckets           []int          `json:"buckets"`
 	Variants          []string       `json:"variants"`
 	Seed              uint64         `json:"seed"`
+	Rounds            int            `json:"rounds"`
 	PostgreSQL        string         `json:"postgresql_version"`
 	SynchronousCommit string         `json:"synchronous_commit"`
 	GoVersion         string         `json:"go_version"`
@@ -270,7 +279,7 @@ const Placement = "load generator, region, coordinator and etcd all in this one 
 func (c *Config) setup() Setup {
 	return Setup{Concurrency: c.Concurrency, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
 		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
-		Seed: c.Seed, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), Region: c.regionTuning(), NumCPU: runtime.NumCPU(),
+		Seed: c.Seed, Rounds: c.Rounds, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), Region: c.regionTuning(), NumCPU: runtime.NumCPU(),
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
 }
 
@@ -302,6 +311,7 @@ func describeServer(ctx context.Context, url string, s *Setup) error {
 // only (after warm-up); counts of units and operations cover the whole run.
 type VariantResult struct {
 	Variant string `json:"variant"` // a, b, c<K>, d, e, f
+	Round   int    `json:"round"`   // 1..Config.Rounds
 	Label   string `json:"label"`
 	Buckets int    `json:"buckets,omitempty"`
 	// Stock is what the variant started with; for (f), what was left (0).
@@ -362,16 +372,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			cfg.progress("cleanup: %v", err)
 		}
 	}()
-	for _, v := range cfg.sqlVariants() {
-		res, err := runSQL(ctx, &cfg, dbs, v)
-		if err != nil {
-			return nil, fmt.Errorf("variant %s: %w", v.name, err)
-		}
-		cfg.progress("%s", res.oneLine())
-		rep.Variants = append(rep.Variants, res)
-	}
-	if cfg.wants(VariantRegion, VariantNoop, VariantSoldOut) {
-		res, err := runRegion(ctx, &cfg, dbs)
+	for round := 1; round <= cfg.Rounds; round++ {
+		res, err := runRound(ctx, cfg, dbs, round)
 		if err != nil {
 			return nil, err
 		}
@@ -380,6 +382,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.finish()
 	rep.Setup.LoadAvgEnd = loadAvg()
 	return rep, nil
+}
+
+// runRound runs every variant once; with more than one round, in databases of their own
+// (<db-prefix>_r<round>_...).
+func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]VariantResult, error) {
+	if cfg.Rounds > 1 {
+		cfg.DBPrefix = fmt.Sprintf("%s_r%d", cfg.DBPrefix, round)
+		cfg.progress("round %d of %d", round, cfg.Rounds)
+	}
+	var out []VariantResult
+	for _, v := range cfg.sqlVariants() {
+		res, err := runSQL(ctx, &cfg, dbs, v)
+		if err != nil {
+			return nil, fmt.Errorf("variant %s: %w", v.name, err)
+		}
+		cfg.progress("%s", res.oneLine())
+		out = append(out, res)
+	}
+	if cfg.wants(VariantRegion, VariantNoop, VariantSoldOut) {
+		res, err := runRegion(ctx, &cfg, dbs)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res...)
+	}
+	for i := range out {
+		out[i].Round = round
+	}
+	return out, nil
 }
 
 func (v VariantResult) oneLine() string {
@@ -411,14 +442,37 @@ func (v *VariantResult) checkUnits(remainingKnown bool) {
 	}
 }
 
-// Find returns the result of variant name (a, b, c16, d, ...), or nil.
-func (r *Report) Find(name string) *VariantResult {
-	for i := range r.Variants {
-		if r.Variants[i].Variant == name && r.Variants[i].Skipped == "" {
-			return &r.Variants[i]
+// median is a variant's figures over its rounds: the median of each rate and of the p99
+// (nil when the variant did not run).
+func (r *Report) median(name string) *VariantResult {
+	var rs []VariantResult
+	for _, v := range r.Variants {
+		if v.Variant == name && v.Skipped == "" {
+			rs = append(rs, v)
 		}
 	}
-	return nil
+	if len(rs) == 0 {
+		return nil
+	}
+	m := rs[0]
+	m.ReservationsPerSec = medianOf(rs, func(v VariantResult) float64 { return v.ReservationsPerSec })
+	m.OpsPerSec = medianOf(rs, func(v VariantResult) float64 { return v.OpsPerSec })
+	m.Latency.P99 = medianOf(rs, func(v VariantResult) float64 { return v.Latency.P99 })
+	return &m
+}
+
+// medianOf is the median of f over rs (the mean of the middle two for an even count).
+func medianOf(rs []VariantResult, f func(VariantResult) float64) float64 {
+	xs := make([]float64, len(rs))
+	for i, v := range rs {
+		xs[i] = f(v)
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // outcome is how one operation ended.
@@ -622,19 +676,20 @@ type Ratio struct {
 }
 
 // finish picks the best K of (c) by reservations/s and computes the ratios whose variants
-// all ran.
+// all ran, each over the variants' medians across the rounds.
 func (r *Report) finish() {
 	var best *VariantResult
-	for i := range r.Variants {
-		v := &r.Variants[i]
-		if v.Buckets > 0 && v.Skipped == "" && (best == nil || v.ReservationsPerSec > best.ReservationsPerSec) {
-			best = v
+	for _, v := range r.Variants {
+		if v.Buckets > 0 && v.Skipped == "" && v.Round == r.Variants[0].Round {
+			if m := r.median(v.Variant); best == nil || m.ReservationsPerSec > best.ReservationsPerSec {
+				best = m
+			}
 		}
 	}
 	if best != nil {
 		r.BestBuckets = best.Buckets
 	}
-	b, d, e, f := r.Find(VariantConditional), r.Find(VariantRegion), r.Find(VariantNoop), r.Find(VariantSoldOut)
+	b, d, e, f := r.median(VariantConditional), r.median(VariantRegion), r.median(VariantNoop), r.median(VariantSoldOut)
 	r.Ratios = []Ratio{}
 	add := func(name, meaning string, num, den, target float64, atMost bool) {
 		if den <= 0 {

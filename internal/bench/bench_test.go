@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"math"
 	"log/slog"
 	"testing"
 	"time"
@@ -87,5 +89,60 @@ func assertDropped(t *testing.T, prefix string) {
 	}
 	if left != 0 {
 		t.Fatalf("%d databases named %s* left behind", left, prefix)
+	}
+}
+
+// With rounds, every variant runs once per round, in databases of its own, and the ratios
+// come from each variant's medians.
+func TestRoundsRunEveryVariantEachRound(t *testing.T) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	prefix := "quota_t_rounds_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	const stock = transfer.Units(100)
+	rep, err := Run(ctx, Config{PGURL: testpg.AdminURL(), DBPrefix: prefix, Concurrency: 4, Stock: stock, Duration: 20 * time.Second,
+		Variants: []string{"b", "d", "e"}, Rounds: 2, Seed: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, v := range rep.Variants {
+		got = append(got, fmt.Sprintf("%s/%d", v.Variant, v.Round))
+		checkVariant(t, v, stock)
+	}
+	if want := "[b/1 d/1 e/1 b/2 d/2 e/2]"; fmt.Sprint(got) != want {
+		t.Fatalf("variants %v, want %s", got, want)
+	}
+	d := []float64{rep.Variants[1].ReservationsPerSec, rep.Variants[4].ReservationsPerSec}
+	e := []float64{rep.Variants[2].OpsPerSec, rep.Variants[5].OpsPerSec}
+	want := math.Round((d[0]+d[1])/(e[0]+e[1])*1000) / 1000 // the median of two is their mean
+	for _, r := range rep.Ratios {
+		if r.Name == "d/e" && r.Value != want {
+			t.Errorf("d/e = %v, want %v from the medians", r.Value, want)
+		}
+	}
+	if rep.Setup.Rounds != 2 || len(rep.Ratios) != 3 {
+		t.Errorf("setup rounds %d, ratios %+v; want 2 rounds and d/b, d/e, p99", rep.Setup.Rounds, rep.Ratios)
+	}
+	assertDropped(t, prefix)
+}
+
+func TestMedianOf(t *testing.T) {
+	rs := func(xs ...float64) []VariantResult {
+		var out []VariantResult
+		for _, x := range xs {
+			out = append(out, VariantResult{OpsPerSec: x})
+		}
+		return out
+	}
+	ops := func(v VariantResult) float64 { return v.OpsPerSec }
+	for _, tc := range []struct {
+		in   []VariantResult
+		want float64
+	}{{rs(5), 5}, {rs(3, 1, 2), 2}, {rs(4, 1, 3, 2), 2.5}} {
+		if got := medianOf(tc.in, ops); got != tc.want {
+			t.Errorf("medianOf(%v) = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }
