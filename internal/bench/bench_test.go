@@ -6,8 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"math"
 	"log/slog"
+	"math"
 	"testing"
 	"time"
 
