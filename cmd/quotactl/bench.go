@@ -35,8 +35,11 @@ func benchCmd() *cobra.Command {
 and (f) make --probe-ops calls (default 5 × --stock). Each variant's warm-up (--warmup or
 --warmup-ops, whichever ends first) is excluded from rates and latencies. (a)-(c) each get a
 fresh database named <db-prefix>_<variant>; every database is dropped at the end. The load
-generator and every server run in this one process; PostgreSQL is wherever --pg-url says.`,
+generator and every server run in this one process; PostgreSQL is wherever --pg-url says.
+Each variant also reports the CPU this process used per operation. --rounds N runs them all
+N times and takes the ratios over each variant's medians, for a machine whose speed drifts.`,
 		Example: `  quotactl bench
+  quotactl bench --rounds 5
   quotactl bench --variants b,d,e --stock 5000 -o json`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runBench),

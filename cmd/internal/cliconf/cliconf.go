@@ -44,8 +44,8 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 // AddGCFlags adds --gc-percent and --memory-limit, the Go collector's setting of a process
 // that runs a region (gcconf).
 func AddGCFlags(f *pflag.FlagSet) {
-	f.Int("gc-percent", gcconf.DefaultPercent, "Go GC target: heap growth in percent before a collection; -1: only at --memory-limit (default yields to env GOGC)")
-	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory, e.g. 900MiB, 2GiB; 0: none (default yields to env GOMEMLIMIT)")
+	f.Int("gc-percent", gcconf.DefaultPercent, "Go collector target (GOGC): heap growth in percent before a collection; -1: only at --memory-limit; if not given, a GOGC variable wins")
+	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory (GOMEMLIMIT), e.g. 900MiB, 2GiB; 0: none; if not given, a GOMEMLIMIT variable wins")
 }
 
 // GC reads the flags AddGCFlags added to cmd. A setting left at its default yields to Go's
