@@ -72,9 +72,23 @@ func DropDatabase(ctx context.Context, adminURL, name string) error {
 		return fmt.Errorf("connect %s: %w", redact(adminURL), err)
 	}
 	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	return err
+	for attempt := 1; ; attempt++ {
+		_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || pe.Code != "42501" || attempt == dropAttempts {
+			return err
+		}
+		// FORCE refuses to end a process of no role it may signal, such as an autovacuum
+		// worker that picked the database up; a plain DROP makes autovacuum let go of it
+		// (it fails instead if a session came back meanwhile: then FORCE again).
+		if _, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name); err == nil {
+			return nil
+		}
+	}
 }
+
+// dropAttempts bounds DropDatabase's rounds of FORCE then plain DROP.
+const dropAttempts = 5
 
 // Open connects a pool to url with at most maxConns connections.
 func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
