@@ -21,17 +21,8 @@ import (
 // and by the rows in its database), the sold-out region answers only REGION_EXHAUSTED, the
 // ratios are computed, and every database the run created is gone afterwards.
 func TestEveryVariantSellsExactlyTheStock(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "quota_t_bench_" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
 	const stock = transfer.Units(200)
-	rep, err := Run(ctx, Config{PGURL: testpg.AdminURL(), DBPrefix: prefix, Concurrency: 8, Stock: stock, Duration: 20 * time.Second,
-		Seed: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Progress: func(m string) { t.Log(m) }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, prefix := tinyRun(t, "quota_t_bench_", Config{Concurrency: 8, Stock: stock})
 	want := []string{"a", "b", "c4", "c16", "c64", "d", "e", "f"}
 	if len(rep.Variants) != len(want) {
 		t.Fatalf("got %d variants, want %v", len(rep.Variants), want)
@@ -46,6 +37,23 @@ func TestEveryVariantSellsExactlyTheStock(t *testing.T) {
 		t.Fatalf("best K %d, ratios %+v; want a best K and 5 ratios", rep.BestBuckets, rep.Ratios)
 	}
 	assertDropped(t, prefix)
+}
+
+// tinyRun runs the bench as cfg says against the test PostgreSQL, in databases named after
+// base and a random suffix (returned), with a 20 s cap per variant and seed 7.
+func tinyRun(t *testing.T, base string, cfg Config) (*Report, string) {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	cfg.PGURL, cfg.DBPrefix, cfg.Duration, cfg.Seed = testpg.AdminURL(), base+hex.EncodeToString(b[:]), 20*time.Second, 7
+	cfg.Logger, cfg.Progress = slog.New(slog.NewTextHandler(io.Discard, nil)), func(m string) { t.Log(m) }
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, cfg.DBPrefix
 }
 
 func checkVariant(t *testing.T, v VariantResult, stock transfer.Units) {
@@ -95,17 +103,8 @@ func assertDropped(t *testing.T, prefix string) {
 // With rounds, every variant runs once per round, in databases of its own, and the ratios
 // come from each variant's medians.
 func TestRoundsRunEveryVariantEachRound(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "quota_t_rounds_" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
 	const stock = transfer.Units(100)
-	rep, err := Run(ctx, Config{PGURL: testpg.AdminURL(), DBPrefix: prefix, Concurrency: 4, Stock: stock, Duration: 20 * time.Second,
-		Variants: []string{"b", "d", "e"}, Rounds: 2, Seed: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, prefix := tinyRun(t, "quota_t_rounds_", Config{Concurrency: 4, Stock: stock, Variants: []string{"b", "d", "e"}, Rounds: 2})
 	var got []string
 	for _, v := range rep.Variants {
 		got = append(got, fmt.Sprintf("%s/%d", v.Variant, v.Round))
