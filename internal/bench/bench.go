@@ -134,11 +134,13 @@ func (c *Config) Validate() error {
 	if err := c.GC.Validate(); err != nil {
 		return err
 	}
-	rc := c.Region
-	rc.Name = "x"
-	if err := rc.Validate(); err != nil {
+	// The region's Validate fills its defaults in and wants a name; the in-process cluster
+	// names its region itself.
+	c.Region.Name = "x"
+	if err := c.Region.Validate(); err != nil {
 		return err
 	}
+	c.Region.Name = ""
 	if err := c.checkVariants(); err != nil {
 		return err
 	}
@@ -283,14 +285,9 @@ func (c *Config) setup() Setup {
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
 }
 
-// regionTuning describes the region's writer settings, defaults filled in.
+// regionTuning describes the region's writer settings (Validate filled in the defaults).
 func (c *Config) regionTuning() string {
-	rc := c.Region
-	rc.Name = "x"
-	if err := rc.Validate(); err != nil {
-		return err.Error()
-	}
-	return fmt.Sprintf("max batch %d, batch window %s", rc.MaxBatch, rc.BatchWindow)
+	return fmt.Sprintf("max batch %d, batch window %s", c.Region.MaxBatch, c.Region.BatchWindow)
 }
 
 // describeServer reads the server's version and commit durability.
@@ -679,8 +676,10 @@ type Ratio struct {
 // all ran, each over the variants' medians across the rounds.
 func (r *Report) finish() {
 	var best *VariantResult
+	seen := map[string]bool{}
 	for _, v := range r.Variants {
-		if v.Buckets > 0 && v.Skipped == "" && v.Round == r.Variants[0].Round {
+		if v.Buckets > 0 && v.Skipped == "" && !seen[v.Variant] {
+			seen[v.Variant] = true
 			if m := r.median(v.Variant); best == nil || m.ReservationsPerSec > best.ReservationsPerSec {
 				best = m
 			}
