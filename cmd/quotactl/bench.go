@@ -36,7 +36,9 @@ and (f) make --probe-ops calls (default 5 × --stock). Each variant's warm-up (-
 --warmup-ops, whichever ends first) is excluded from rates and latencies. (a)-(c) each get a
 fresh database named <db-prefix>_<variant>; every database is dropped at the end. The load
 generator and every server run in this one process; PostgreSQL is wherever --pg-url says.
-Each variant also reports the CPU this process used per operation. --rounds N runs them all
+Each variant also reports the CPU this process used per operation, and on Linux how busy the
+whole machine was and its CPU per operation (PostgreSQL included), which take (d)/(e) apart
+into utilization × cost. --rounds N runs them all
 N times and takes the ratios over each variant's medians, for a machine whose speed drifts.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
@@ -187,8 +189,8 @@ func printBench(w io.Writer, rep *bench.Report) {
 	fmt.Fprintf(w, "region: %s\n", s.Region)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
-	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
-		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "check")
+	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
+		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "busy%", "mach µs/op", "check")
 	for i, v := range rep.Variants {
 		name := v.Variant
 		if s.Rounds > 1 {
@@ -201,8 +203,9 @@ func printBench(w io.Writer, rep *bench.Report) {
 			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", name, v.Label, v.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-5s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f  %s\n", name, v.Label, v.ReservationsPerSec,
-			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp, v.Check)
+		fmt.Fprintf(w, "%-5s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
+			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp,
+			v.MachineBusyPct, v.MachineCPUPerOp, v.Check)
 		if v.FirstError != "" {
 			fmt.Fprintf(w, "     first error: %s\n", v.FirstError)
 		}
@@ -225,5 +228,10 @@ func printBench(w io.Writer, rep *bench.Report) {
 			verdict = "NOT met"
 		}
 		fmt.Fprintf(w, "  %-12s %8.3f   target %s %-5g %-8s %s\n", r.Name, r.Value, cmp, r.Target, verdict, r.Meaning)
+	}
+	if b := rep.Budget; b != nil {
+		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+
+			"  a reservation cost it %.1f µs of CPU (this process %.1f, the rest PostgreSQL and the kernel), a no-op call %.1f (this process %.1f)\n",
+			b.Utilization, b.Cost, b.BusyPctD, b.BusyPctE, b.MachineCPUPerOpD, b.ProcessCPUPerOpD, b.MachineCPUPerOpE, b.ProcessCPUPerOpE)
 	}
 }

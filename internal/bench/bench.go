@@ -340,6 +340,14 @@ type VariantResult struct {
 	// included) per operation, in µs: the clients' work, and for (d)–(f) the servers' too, but
 	// not PostgreSQL's. Less noisy than a rate when the machine's speed drifts.
 	ProcessCPUPerOp float64 `json:"process_cpu_us_per_op"`
+	// MachineBusyPct is the share of the whole machine's CPU time that was busy during the
+	// variant (warm-up included), from /proc/stat: this process, PostgreSQL and anything else.
+	// A closed loop that waits (for a commit, say) leaves the machine partly idle. 0: unknown.
+	MachineBusyPct float64 `json:"machine_busy_pct,omitempty"`
+	// MachineCPUPerOp is the machine's busy CPU time during the variant per operation, in µs:
+	// ProcessCPUPerOp plus PostgreSQL's share (and the kernel's, and any other process's).
+	// Rate ≈ CPUs × MachineBusyPct/100 ÷ MachineCPUPerOp. 0: unknown.
+	MachineCPUPerOp float64 `json:"machine_cpu_us_per_op,omitempty"`
 	Skipped         string  `json:"skipped,omitempty"`
 }
 
@@ -350,6 +358,9 @@ type Report struct {
 	Variants    []VariantResult `json:"variants"`
 	BestBuckets int             `json:"best_buckets,omitempty"`
 	Ratios      []Ratio         `json:"ratios"`
+	// Budget splits (d)/(e) into how busy each kept the machine and what one operation cost
+	// it; nil without both variants' machine figures.
+	Budget *Budget `json:"d_over_e_budget,omitempty"`
 }
 
 // Run runs the configured variants one after another and reports them. Every database it
@@ -455,6 +466,9 @@ func (r *Report) median(name string) *VariantResult {
 	m.ReservationsPerSec = medianOf(rs, func(v VariantResult) float64 { return v.ReservationsPerSec })
 	m.OpsPerSec = medianOf(rs, func(v VariantResult) float64 { return v.OpsPerSec })
 	m.Latency.P99 = medianOf(rs, func(v VariantResult) float64 { return v.Latency.P99 })
+	m.ProcessCPUPerOp = medianOf(rs, func(v VariantResult) float64 { return v.ProcessCPUPerOp })
+	m.MachineBusyPct = medianOf(rs, func(v VariantResult) float64 { return v.MachineBusyPct })
+	m.MachineCPUPerOp = medianOf(rs, func(v VariantResult) float64 { return v.MachineCPUPerOp })
 	return &m
 }
 
@@ -537,7 +551,7 @@ type loadRun struct {
 
 // run drives the load and returns its totals.
 func (l load) run(ctx context.Context) VariantResult {
-	cpu0 := processCPU()
+	cpu0, mach0 := processCPU(), readMachineCPU()
 	r := &loadRun{load: l, start: time.Now(), workers: make([]workerStats, l.concurrency)}
 	if l.warmup <= 0 && l.warmupOps <= 0 {
 		r.warm.Store(true)
@@ -553,8 +567,9 @@ func (l load) run(ctx context.Context) VariantResult {
 	wg.Wait()
 	v := r.result()
 	if v.Ops > 0 {
-		v.ProcessCPUPerOp = math.Round(float64(processCPU()-cpu0)/float64(time.Microsecond)/float64(v.Ops)*10) / 10
+		v.ProcessCPUPerOp = round1(float64(processCPU()-cpu0) / float64(time.Microsecond) / float64(v.Ops))
 	}
+	readMachineCPU().since(mach0, &v)
 	return v
 }
 
@@ -712,6 +727,7 @@ func (r *Report) finish() {
 		add("d/e", "reservations/s of (d) region over calls/s of (e) health check", d.ReservationsPerSec, e.OpsPerSec, 0.5, false)
 		add("p99_d/p99_e", "p99 latency of (d) region over p99 of (e) health check", d.Latency.P99, e.Latency.P99, 2, true)
 	}
+	r.Budget = budgetOf(d, e)
 	if f != nil && e != nil {
 		add("f/e", "calls/s of (f) sold-out Reserve over calls/s of (e) health check", f.OpsPerSec, e.OpsPerSec, 0.8, false)
 	}

@@ -64,6 +64,9 @@ func checkVariant(t *testing.T, v VariantResult, stock transfer.Units) {
 	if v.MeasuredOps == 0 || v.OpsPerSec <= 0 || v.Latency.P99 <= 0 || v.ProcessCPUPerOp <= 0 {
 		t.Errorf("(%s): nothing measured: %+v", v.Variant, v)
 	}
+	if v.MachineBusyPct < 0 || v.MachineBusyPct > 100 || v.MachineCPUPerOp < 0 {
+		t.Errorf("(%s): machine %v %% busy, %v µs/op", v.Variant, v.MachineBusyPct, v.MachineCPUPerOp)
+	}
 	switch v.Variant {
 	case VariantNoop:
 		if v.Ops != 5*int64(stock) {
