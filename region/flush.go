@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -178,17 +179,16 @@ func endBackend(ctx context.Context, db *pgxpool.Pool, pid uint32) error {
 
 const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
 		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[], $8::timestamptz[], $9::timestamptz[])
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::timestamptz[], $9::timestamptz[])
 			AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires)`
 
 func holdColumnsOf(hs []*memHold) []any {
 	n := len(hs)
-	ids, sales, skus, users, keys := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	hashes := make([][]byte, n)
+	ids, sales, skus, users, keys, hashes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	qty := make([]int64, n)
 	created, expires := make([]time.Time, n), make([]time.Time, n)
 	for i, h := range hs {
-		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, h.hash[:]
+		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, hex.EncodeToString(h.hash[:])
 		qty[i], created[i], expires[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt
 	}
 	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires}

@@ -1,11 +1,10 @@
 package region
 
-// The holds table's storage (migration 00005): ids that follow the clock, and fingerprints
-// that survive the upgrade from their hex form.
+// The holds table's storage: ids that follow the clock, and keys in byte order (migration 5)
+// with the holds written before it intact.
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/quotaworks/quota/internal/clock"
@@ -50,10 +50,11 @@ func TestHoldIDsFollowTheClock(t *testing.T) {
 	}
 }
 
-// TestUpgradeKeepsFingerprints: a hold written before migration 00005 (fingerprint in hex,
-// default collation) is loaded after it with its fingerprint intact: the same request with
-// the same key replays the hold; another request with that key is refused.
-func TestUpgradeKeepsFingerprints(t *testing.T) {
+// TestUpgradeKeepsHolds: a hold written before migration 5 (keys in the database's default
+// collation) is loaded after it: the same request with the same key replays the hold, another
+// request with that key is refused; the keys are then in byte order, and migrating down
+// gives the default collation back.
+func TestUpgradeKeepsHolds(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := testpg.NewPool(t, "upgrade", 4)
 	sub, err := fs.Sub(migrations, "migrations")
@@ -62,7 +63,7 @@ func TestUpgradeKeepsFingerprints(t *testing.T) {
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithGoMigrations(holdKeysInByteOrder))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +71,13 @@ func TestUpgradeKeepsFingerprints(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
-	fp := requestHash("x", 2)
 	for _, q := range []string{
 		`INSERT INTO sales VALUES ('s', ARRAY['x'], 10, 3600000, '2030-01-01T00:00:00Z')`,
 		`INSERT INTO pools VALUES ('s', 'x', 8, 2, 0, 10, 0)`,
+		// The fingerprint of SKU x, quantity 2, as the code before the migration stored it.
 		`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
-			VALUES ('us.0123456789abcdef01234567', 's', 'x', 'ann', 2, 'k1', '` + hex.EncodeToString(fp[:]) + `', 'held', '2030-01-02T11:59:00Z', '2030-01-02T12:59:00Z')`,
+			VALUES ('us.0123456789abcdef01234567', 's', 'x', 'ann', 2, 'k1', '84a4bab7f4d481b33c346895b1fc3bbb', 'held',
+			'2030-01-02T11:59:00Z', '2030-01-02T12:59:00Z')`,
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -84,11 +86,14 @@ func TestUpgradeKeepsFingerprints(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
+	if got := holdKeyCollation(t, ctx, pool); got != "C" {
+		t.Fatalf("holds.user_id collation after the migration: %q, want C", got)
+	}
 	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(r.Close)
+	t.Cleanup(r.Close) // stepping down twice is a no-op
 	if err := r.Lead(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -99,4 +104,26 @@ func TestUpgradeKeepsFingerprints(t *testing.T) {
 	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "k1"}); !errors.Is(err, ErrAlreadyExists) {
 		t.Fatalf("key reused for another request after the upgrade: %v, want ErrAlreadyExists", err)
 	}
+	r.Close()
+	if _, err := p.DownTo(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	if got := holdKeyCollation(t, ctx, pool); got != "" {
+		t.Fatalf("holds.user_id collation after migrating down: %q, want the default", got)
+	}
+}
+
+// holdKeyCollation is holds.user_id's own collation ("" for the database's default).
+func holdKeyCollation(t *testing.T, ctx context.Context, pool *pgxpool.Pool) string {
+	t.Helper()
+	var c *string
+	err := pool.QueryRow(ctx, `SELECT collation_name FROM information_schema.columns
+		WHERE table_name = 'holds' AND column_name = 'user_id'`).Scan(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c == nil {
+		return ""
+	}
+	return *c
 }

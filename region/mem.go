@@ -3,6 +3,7 @@ package region
 import (
 	"container/heap"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -98,6 +99,13 @@ func (m *memState) publish(overlay map[string]*memHold) {
 	}
 }
 
+// hashOf is the 16-byte form of a request fingerprint kept in memory.
+func hashOf(hexHash string) [16]byte {
+	var h [16]byte
+	_, _ = hex.Decode(h[:], []byte(hexHash))
+	return h
+}
+
 // loadMem reads the region's state from SQL in one snapshot.
 func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, error) {
 	m := &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}}
@@ -141,18 +149,15 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var hash []byte
+		var hash string
 		h, err := scanHold(rows, region, &hash)
 		if err != nil {
 			return err
 		}
-		if len(hash) != 16 {
-			return fmt.Errorf("hold %s: request_hash is %d bytes, want 16", h.ID, len(hash))
-		}
 		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
 		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
-		m.addLoaded(&memHold{Hold: h, hash: [16]byte(hash)})
+		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
 	}
 	heap.Init(&m.due)
 	return rows.Err()

@@ -45,7 +45,7 @@ func BenchmarkLeaderMemory(b *testing.B) {
 		`INSERT INTO sales VALUES ('m', ARRAY['p'], 2, 3600000, now())`,
 		`INSERT INTO pools VALUES ('m', 'p', $2::bigint, $1::bigint, 0, $1::bigint + $2::bigint, 0)`,
 		`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
-			SELECT 'us.' || lpad(g::text, 24, '0'), 'm', 'p', 'buyer-' || g, 1, 'checkout-1', decode(left(md5(g::text), 32), 'hex'), 'held', now(), now() + interval '1 hour'
+			SELECT 'us.' || lpad(g::text, 24, '0'), 'm', 'p', 'buyer-' || g, 1, 'checkout-1', md5(g::text), 'held', now(), now() + interval '1 hour'
 			FROM generate_series(1, $1) g`,
 	} {
 		args := []any{}

@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -12,9 +13,9 @@ import (
 
 // requestHash fingerprints what a request key stands for, so a retry is told apart from a
 // reuse of the key for a different request.
-func requestHash(sku string, q transfer.Units) [16]byte {
+func requestHash(sku string, q transfer.Units) string {
 	h := sha256.Sum256([]byte(sku + "\x00" + strconv.FormatInt(int64(q), 10)))
-	return [16]byte(h[:16])
+	return hex.EncodeToString(h[:16])
 }
 
 const holdColumns = `hold_id, sale_id, sku, user_id, quantity, request_key, state, created_at, expires_at, coalesce(payment_id, '')`
@@ -45,7 +46,7 @@ type reserveOp struct {
 // debited_out unchanged).
 func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
-	hash := requestHash(req.SKU, req.Quantity)
+	hash := hashOf(requestHash(req.SKU, req.Quantity))
 	if prior, ok := b.key(keyKey{req.Sale, req.User, req.RequestKey}); ok {
 		if prior.hash != hash {
 			return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",

@@ -346,7 +346,8 @@ type VariantResult struct {
 	MachineBusyPct float64 `json:"machine_busy_pct,omitempty"`
 	// MachineCPUPerOp is the machine's busy CPU time during the variant per operation, in µs:
 	// ProcessCPUPerOp plus PostgreSQL's share (and the kernel's, and any other process's).
-	// Rate ≈ CPUs × MachineBusyPct/100 ÷ MachineCPUPerOp. 0: unknown.
+	// Rate ≈ CPUs × MachineBusyPct/100 ÷ MachineCPUPerOp. The kernel counts it in 10 ms
+	// ticks, so it agrees with ProcessCPUPerOp (exact) to a few percent. 0: unknown.
 	MachineCPUPerOp float64 `json:"machine_cpu_us_per_op,omitempty"`
 	Skipped         string  `json:"skipped,omitempty"`
 }

@@ -110,11 +110,12 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	return pool, nil
 }
 
-// Migrate applies every migration in fsys (goose SQL files) that pool has not applied yet.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) error {
+// Migrate applies every migration in fsys (goose SQL files) and in gos (Go migrations, for a
+// step that must differ between PostgreSQL and CockroachDB) that pool has not applied yet.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithGoMigrations(gos...))
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
