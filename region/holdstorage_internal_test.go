@@ -6,15 +6,12 @@ package region
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/transfer"
@@ -57,16 +54,11 @@ func TestHoldIDsFollowTheClock(t *testing.T) {
 func TestUpgradeKeepsHolds(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := testpg.NewPool(t, "upgrade", 4)
-	sub, err := fs.Sub(migrations, "migrations")
+	p, done, err := migrator(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithGoMigrations(holdKeysInByteOrder))
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer done()
 	if _, err := p.UpTo(ctx, 4); err != nil {
 		t.Fatal(err)
 	}

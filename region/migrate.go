@@ -18,11 +18,24 @@ var migrations embed.FS
 
 // Migrate applies the region schema's pending migrations to pool.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	sub, err := fs.Sub(migrations, "migrations")
+	p, done, err := migrator(pool)
 	if err != nil {
 		return err
 	}
-	return pgutil.Migrate(ctx, pool, sub, holdKeysInByteOrder)
+	defer done()
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// migrator is the region schema's goose provider on pool: the SQL files and the Go steps.
+func migrator(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, nil, err
+	}
+	return pgutil.Migrator(pool, sub, holdKeysInByteOrder)
 }
 
 // holdKeysInByteOrder is migration 5. Every hold insert is on a batch's critical path, and a

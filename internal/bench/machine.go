@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -66,8 +65,6 @@ func (m machineCPU) since(before machineCPU, v *VariantResult) {
 	v.MachineBusyPct = round1(100 * float64(busy) / float64(total))
 	v.MachineCPUPerOp = round1(float64(busy) / float64(time.Microsecond) / float64(v.Ops))
 }
-
-func round1(x float64) float64 { return math.Round(x*10) / 10 }
 
 // Budget is (d)/(e) taken apart, over each variant's median: a rate is the machine's CPUs
 // × the share of them busy ÷ the machine's CPU per operation, so

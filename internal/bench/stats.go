@@ -71,6 +71,9 @@ func summarize(sorted []time.Duration) Latency {
 	}
 }
 
+// round1 keeps one decimal.
+func round1(x float64) float64 { return math.Round(x*10) / 10 }
+
 // round3 keeps three decimals (microseconds when the unit is milliseconds).
 func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 

@@ -110,15 +110,26 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	return pool, nil
 }
 
-// Migrate applies every migration in fsys (goose SQL files) and in gos (Go migrations, for a
-// step that must differ between PostgreSQL and CockroachDB) that pool has not applied yet.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) error {
+// Migrator is the goose provider of the migrations in fsys (goose SQL files) and gos (Go
+// migrations, for a step that must differ between PostgreSQL and CockroachDB) on pool; the
+// caller calls done when finished with it.
+func Migrator(pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) (p *goose.Provider, done func(), err error) {
 	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithGoMigrations(gos...))
+	p, err = goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithGoMigrations(gos...))
 	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
+		db.Close()
+		return nil, nil, fmt.Errorf("migrations: %w", err)
 	}
+	return p, func() { _ = db.Close() }, nil
+}
+
+// Migrate applies every migration of Migrator(pool, fsys, gos...) that pool has not applied yet.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) error {
+	p, done, err := Migrator(pool, fsys, gos...)
+	if err != nil {
+		return err
+	}
+	defer done()
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
