@@ -141,7 +141,7 @@ func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.U
 	if !ok {
 		return ReserveResult{}, r.exhausted(req, avail)
 	}
-	if prior.hash != hashOf(requestHash(req.SKU, req.Quantity)) {
+	if prior.hash != requestHash(req.SKU, req.Quantity) {
 		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)
 	}
 	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil

@@ -3,7 +3,6 @@ package region
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -12,10 +11,11 @@ import (
 )
 
 // requestHash fingerprints what a request key stands for, so a retry is told apart from a
-// reuse of the key for a different request.
-func requestHash(sku string, q transfer.Units) string {
-	h := sha256.Sum256([]byte(sku + "\x00" + strconv.FormatInt(int64(q), 10)))
-	return hex.EncodeToString(h[:16])
+// reuse of the key for a different request: the first 16 bytes of a SHA-256, stored as hex.
+func requestHash(sku string, q transfer.Units) [16]byte {
+	var buf [64]byte
+	h := sha256.Sum256(strconv.AppendInt(append(append(buf[:0], sku...), 0), int64(q), 10))
+	return [16]byte(h[:16])
 }
 
 const holdColumns = `hold_id, sale_id, sku, user_id, quantity, request_key, state, created_at, expires_at, coalesce(payment_id, '')`
@@ -46,7 +46,7 @@ type reserveOp struct {
 // debited_out unchanged).
 func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
-	hash := hashOf(requestHash(req.SKU, req.Quantity))
+	hash := requestHash(req.SKU, req.Quantity)
 	if prior, ok := b.key(keyKey{req.Sale, req.User, req.RequestKey}); ok {
 		if prior.hash != hash {
 			return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
