@@ -47,6 +47,7 @@ type loadJSON struct {
 	SoldOut      int64            `json:"sold_out"`
 	Limited      int64            `json:"limit_exceeded"`
 	Failed       int64            `json:"failed"`
+	FirstError   string           `json:"first_error,omitempty"`
 	Retries      int64            `json:"retries"`
 	Confirmed    int64            `json:"confirmed"`
 	Refunded     int64            `json:"refunded"`
@@ -109,11 +110,19 @@ func runLoad(e *env) error {
 	}
 	out := loadJSON{Buyers: s.Buyers, Granted: s.Granted, UnitsGranted: s.UnitsGranted, PerRegion: s.PerRegion, Exhausted: s.Exhausted,
 		SoldOut: s.SoldOut, Limited: s.Limited, Failed: s.Failed, Retries: s.Retries, Confirmed: s.Confirmed, Refunded: s.Refunded,
-		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds()}
-	return e.print(out, func(w io.Writer) {
+		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds(),
+		FirstError: s.FirstError}
+	err = e.print(out, func(w io.Writer) {
 		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %v), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
 			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, out.PerRegion, out.Exhausted, out.SoldOut, out.Limited, out.Failed)
 		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
 			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
+		if out.FirstError != "" {
+			fmt.Fprintf(w, "first failure: %s\n", out.FirstError)
+		}
 	})
+	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited == 0 {
+		return fmt.Errorf("every reserve failed; the first: %s", out.FirstError)
+	}
+	return err
 }

@@ -90,6 +90,20 @@ Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --
 	return root
 }
 
+// group is a command that only holds subcommands: bare, it shows its help; followed by an
+// unknown word, it is a usage error (exit 2), as an unknown command is at the top.
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usage("unknown command %q for %q", args[0], cmd.CommandPath())
+			}
+			return cmd.Help()
+		}}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
 // env is what every command gets: its settings and a connection to the coordinator.
 type env struct {
 	v     *viper.Viper
@@ -162,26 +176,35 @@ func (e *env) regions() ([]*quotav1.RegionInfo, error) {
 	return resp.GetRegions(), nil
 }
 
-func (e *env) region(name string) (quotav1.RegionServiceClient, error) {
-	if name == "" {
-		return nil, usage("--region: name the region (us, eu, ...)")
-	}
+// onlyRegion is every region, or with a name only that one (a usage error if unknown).
+func (e *env) onlyRegion(name string) ([]*quotav1.RegionInfo, error) {
 	rs, err := e.regions()
-	if err != nil {
-		return nil, err
+	if err != nil || name == "" {
+		return rs, err
 	}
 	var names []string
 	for _, r := range rs {
 		if r.GetName() == name {
-			conn, err := e.dial(r.GetAddress())
-			if err != nil {
-				return nil, err
-			}
-			return quotav1.NewRegionServiceClient(conn), nil
+			return []*quotav1.RegionInfo{r}, nil
 		}
 		names = append(names, r.GetName())
 	}
 	return nil, usage("--region %q: unknown; the coordinator knows %s", name, strings.Join(names, ", "))
+}
+
+func (e *env) region(name string) (quotav1.RegionServiceClient, error) {
+	if name == "" {
+		return nil, usage("--region: name the region (us, eu, ...)")
+	}
+	rs, err := e.onlyRegion(name)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := e.dial(rs[0].GetAddress())
+	if err != nil {
+		return nil, err
+	}
+	return quotav1.NewRegionServiceClient(conn), nil
 }
 
 func (e *env) json() bool { return e.v.GetString("output") == "json" }

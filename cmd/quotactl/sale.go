@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,7 +15,6 @@ import (
 )
 
 func saleCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "sale", Short: "Create and inspect sales"}
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sale and (with --allocate) split its stock over regions",
@@ -33,8 +33,7 @@ func saleCmd() *cobra.Command {
 	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
 	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow)}
 	show.Flags().String("sale", "", "sale id (required)")
-	cmd.AddCommand(create, show)
-	return cmd
+	return group("sale", "Create and inspect sales", create, show)
 }
 
 // parsePairs parses "a=1,b=2" (or repeated "a=1") into ordered pairs.
@@ -126,6 +125,12 @@ func runSaleCreate(e *env) error {
 	if err != nil {
 		return err
 	}
+	// --allocate is checked before the sale exists: a typo must not leave a created sale
+	// behind whose terms can no longer change.
+	areq, err := allocateRequest(e, req.GetSaleId())
+	if err != nil {
+		return err
+	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err
@@ -136,21 +141,11 @@ func runSaleCreate(e *env) error {
 	}
 	out := toSaleJSON(resp.GetSale())
 	out.Replayed = resp.GetReplayed()
-	if alloc := e.v.GetString("allocate"); alloc != "" {
-		names, weights, err := parsePairs("allocate", []string{alloc})
-		if err != nil {
-			return err
-		}
-		areq := &quotav1.AllocateRequest{SaleId: req.GetSaleId(), RequestId: e.v.GetString("request-id")}
-		if areq.RequestId == "" {
-			areq.RequestId = "alloc-" + req.GetSaleId()
-		}
-		for i, n := range names {
-			areq.Weights = append(areq.Weights, &quotav1.RegionWeight{Region: n, Weight: weights[i]})
-		}
+	if areq != nil {
 		aresp, err := c.Allocate(e.ctx, areq)
 		if err != nil {
-			return fmt.Errorf("allocate: %w", err)
+			return fmt.Errorf("sale %q was created with its stock unallocated, but allocating failed: %w "+
+				"(run the same command again with the same terms and a corrected --allocate)", req.GetSaleId(), err)
 		}
 		for _, t := range aresp.GetTransfers() {
 			out.Transfers = append(out.Transfers, toXferJSON(t))
@@ -162,6 +157,44 @@ func runSaleCreate(e *env) error {
 		out.SKUs = toSaleJSON(g.GetSale()).SKUs
 	}
 	return printSale(e, out)
+}
+
+// allocateRequest builds the Allocate call of --allocate (nil without it), after checking
+// every region name against the coordinator's list.
+func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
+	alloc := e.v.GetString("allocate")
+	if alloc == "" {
+		return nil, nil
+	}
+	names, weights, err := parsePairs("allocate", []string{alloc})
+	if err != nil {
+		return nil, err
+	}
+	rs, err := e.regions()
+	if err != nil {
+		return nil, err
+	}
+	known := make([]string, 0, len(rs))
+	for _, r := range rs {
+		known = append(known, r.GetName())
+	}
+	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: e.v.GetString("request-id")}
+	if areq.RequestId == "" {
+		areq.RequestId = "alloc-" + sale
+	}
+	for i, n := range names {
+		if !slices.Contains(known, n) {
+			return nil, usage("--allocate %q: unknown region; the coordinator knows %s", n, strings.Join(known, ", "))
+		}
+		if weights[i] < 0 || weights[i] > 1_000_000 {
+			return nil, usage("--allocate %s=%d: a weight must be 0..1000000", n, weights[i])
+		}
+		areq.Weights = append(areq.Weights, &quotav1.RegionWeight{Region: n, Weight: weights[i]})
+	}
+	if slices.Max(weights) == 0 {
+		return nil, usage("--allocate: the weights sum to zero")
+	}
+	return areq, nil
 }
 
 func toXferJSON(t *quotav1.TransferInfo) xferJSON {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"io"
 
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
@@ -39,20 +41,22 @@ func runStock(e *env) error {
 	if sale == "" {
 		return usage("--sale: required")
 	}
-	rs, err := e.regions()
+	rs, err := e.onlyRegion(e.v.GetString("region"))
 	if err != nil {
 		return err
 	}
 	out := stockJSON{Sale: sale, Pools: []poolJSON{}}
+	missing := 0
 	for _, r := range rs {
-		if only := e.v.GetString("region"); only != "" && r.GetName() != only {
-			continue
-		}
 		conn, err := e.dial(r.GetAddress())
 		if err != nil {
 			return err
 		}
 		resp, err := quotav1.NewRegionServiceClient(conn).GetStock(e.ctx, &quotav1.GetStockRequest{SaleId: sale})
+		if status.Code(err) == codes.NotFound {
+			missing++ // a region the sale never gave units to has no pools of it
+			continue
+		}
 		if err != nil {
 			out.Errors = append(out.Errors, fmt.Sprintf("region %s: %s", r.GetName(), describe(err)))
 			continue
@@ -61,13 +65,16 @@ func runStock(e *env) error {
 			out.Pools = append(out.Pools, poolJSON{Region: p.GetRegion(), SKU: p.GetSku(), Available: p.GetAvailable(), Held: p.GetHeld(), Sold: p.GetSold()})
 		}
 	}
+	if missing == len(rs) {
+		return fmt.Errorf("sale %q: no region has pools of it (unknown sale, or its stock is not allocated yet)", sale)
+	}
 	if err := e.print(out, func(w io.Writer) {
 		fmt.Fprintf(w, "%-8s %-16s %10s %10s %10s\n", "REGION", "SKU", "AVAILABLE", "HELD", "SOLD")
 		for _, p := range out.Pools {
 			fmt.Fprintf(w, "%-8s %-16s %10d %10d %10d\n", p.Region, p.SKU, p.Available, p.Held, p.Sold)
 		}
 		for _, m := range out.Errors {
-			fmt.Fprintln(w, "error:", m)
+			fmt.Fprintln(e.cmd.ErrOrStderr(), "error:", m)
 		}
 	}); err != nil {
 		return err

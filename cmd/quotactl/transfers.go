@@ -91,9 +91,7 @@ func randomID() string {
 func final(state string) bool { return state == "posted" || state == "voided" }
 
 func transfersCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "transfers", Short: "List and resolve transfers"}
-	cmd.AddCommand(transfersListCmd(), transfersResolveCmd())
-	return cmd
+	return group("transfers", "List and resolve transfers", transfersListCmd(), transfersResolveCmd())
 }
 
 func transfersListCmd() *cobra.Command {

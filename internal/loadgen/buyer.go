@@ -79,7 +79,7 @@ func (b buyer) run(ctx context.Context) {
 			_, err := b.rc.get().Release(ctx, &quotav1.ReleaseRequest{HoldId: h.GetHoldId()})
 			return err
 		}); err != nil {
-			b.c.failed.Add(1)
+			b.c.fail(err)
 			return
 		}
 		b.c.released.Add(1)
@@ -96,7 +96,7 @@ func (b buyer) pay(ctx context.Context, hold, payment string) {
 	})
 	switch {
 	case err != nil:
-		b.c.failed.Add(1)
+		b.c.fail(err)
 	case res.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD:
 		b.c.confirmed.Add(1)
 	default:
@@ -113,6 +113,6 @@ func (b buyer) countRefusal(err error) {
 	case "LIMIT_EXCEEDED":
 		b.c.limited.Add(1)
 	default:
-		b.c.failed.Add(1)
+		b.c.fail(err)
 	}
 }

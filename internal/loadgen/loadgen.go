@@ -65,6 +65,8 @@ type Stats struct {
 	Elapsed                                                                     time.Duration
 	// Holds are the granted holds (id → region), for checks after the run.
 	Holds map[string]string
+	// FirstError is the first failed call's error, so a run that fails says why; "" if none.
+	FirstError string
 }
 
 type counters struct {
@@ -73,6 +75,17 @@ type counters struct {
 	mu                                                                   sync.Mutex
 	perRegion                                                            map[string]int64
 	holds                                                                map[string]string
+	firstErr                                                             string
+}
+
+// fail counts a failed call and keeps the first one's error.
+func (c *counters) fail(err error) {
+	c.failed.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.firstErr == "" && err != nil {
+		c.firstErr = err.Error()
+	}
 }
 
 func (c *counters) snapshot(start time.Time) Stats {
@@ -89,7 +102,7 @@ func (c *counters) snapshot(start time.Time) Stats {
 	return Stats{Buyers: c.buyers.Load(), Granted: c.granted.Load(), UnitsGranted: c.units.Load(), Exhausted: c.exhausted.Load(),
 		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(),
 		Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
-		PerRegion: pr, Elapsed: time.Since(start), Holds: holds}
+		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
 }
 
 // Validate checks the run's configuration.

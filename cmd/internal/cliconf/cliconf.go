@@ -38,7 +38,47 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 			return nil, fmt.Errorf("config %s: %w", file, err)
 		}
 	}
+	if err := parseSettings(cmd.Flags(), v); err != nil {
+		return nil, err
+	}
 	return v, nil
+}
+
+// parseSettings gives every flag not set on the command line its QUOTA_* variable's or its
+// config file's value, parsed as the flag parses it. viper alone would read "abc" as a zero
+// duration and "maybe" as false; parsed here, a bad value is an error that names its source.
+func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
+	var first error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || first != nil {
+			return
+		}
+		source := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		raw := os.Getenv(source)
+		switch {
+		case raw != "": // the environment wins over the file; empty counts as unset, as for viper
+		case v.InConfig(f.Name):
+			raw, source = configString(v.Get(f.Name)), "config key "+f.Name
+		default:
+			return
+		}
+		if err := fs.Set(f.Name, raw); err != nil {
+			first = fmt.Errorf("%s=%q: not a valid --%s: %v", source, raw, f.Name, err)
+		}
+	})
+	return first
+}
+
+// configString is a config file's value as a flag would be given it: lists comma-joined.
+func configString(x any) string {
+	if xs, ok := x.([]any); ok {
+		parts := make([]string, len(xs))
+		for i, e := range xs {
+			parts[i] = fmt.Sprint(e)
+		}
+		return strings.Join(parts, ",")
+	}
+	return fmt.Sprint(x)
 }
 
 // AddGCFlags adds --gc-percent and --memory-limit, the Go collector's setting of a process

@@ -1,0 +1,77 @@
+package cliconf
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+)
+
+// bindCommand parses args for a command with a few typed flags and binds its settings.
+func bindCommand(t *testing.T, args ...string) (*viper.Viper, error) {
+	t.Helper()
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	f := cmd.Flags()
+	f.String("config", "", "")
+	f.Duration("timeout", 30*time.Second, "")
+	f.Bool("dry-run", false, "")
+	f.Int64("quantity", 1, "")
+	f.StringSlice("regions", []string{"us"}, "")
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	return Bind(cmd)
+}
+
+// A setting from a QUOTA_* variable or a config file is parsed as its flag would be: a bad
+// value is an error naming where it came from and which flag, never a silent zero or false.
+func TestSettingsParseLikeTheirFlags(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("timeout: 5\nquantity: 3\nregions: [eu, ap]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := []struct {
+		env, value, want string
+		args             []string
+	}{
+		{"QUOTA_TIMEOUT", "abc", `QUOTA_TIMEOUT="abc": not a valid --timeout`, nil},
+		{"QUOTA_DRY_RUN", "maybe", `QUOTA_DRY_RUN="maybe": not a valid --dry-run`, nil},
+		{"QUOTA_QUANTITY", "abc", `QUOTA_QUANTITY="abc": not a valid --quantity`, nil},
+		{"", "", `config key timeout="5": not a valid --timeout`, []string{"--config", cfg}},
+	}
+	for _, c := range bad {
+		if c.env != "" {
+			t.Setenv(c.env, c.value)
+		}
+		_, err := bindCommand(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s=%q %v: %v; want an error containing %q", c.env, c.value, c.args, err, c.want)
+		}
+		if c.env != "" {
+			t.Setenv(c.env, "") // empty: unset, for viper and here
+		}
+	}
+	// Good values, and the order: flag over variable over file.
+	t.Setenv("QUOTA_TIMEOUT", "7s")
+	t.Setenv("QUOTA_DRY_RUN", "true")
+	v, err := bindCommand(t, "--config", cfg, "--quantity", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.GetDuration("timeout"); got != 7*time.Second {
+		t.Errorf("timeout %v, want 7s from QUOTA_TIMEOUT over the file's bad 5", got)
+	}
+	if !v.GetBool("dry-run") || v.GetInt64("quantity") != 4 || strings.Join(v.GetStringSlice("regions"), ",") != "eu,ap" {
+		t.Errorf("dry-run %v quantity %d regions %v; want true, 4 (flag over file), [eu ap] (file)",
+			v.GetBool("dry-run"), v.GetInt64("quantity"), v.GetStringSlice("regions"))
+	}
+	t.Setenv("QUOTA_QUANTITY", "abc")
+	if _, err := bindCommand(t, "--quantity", "2"); err != nil {
+		t.Errorf("a bad QUOTA_QUANTITY under an explicit --quantity: %v; the flag wins, nothing to parse", err)
+	}
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// exitCode is the status quotactl would exit with for err (0 for nil).
+func exitCode(err error) int {
+	var ee *exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	}
+	return 1
+}
+
+// TestBadInputChangesNothing: a mistyped --allocate is refused before the sale exists (a
+// created sale's terms can no longer change); unknown regions and subcommands are usage
+// errors; a region without the sale's stock is left out of stock, not an error; a load whose
+// every reserve fails says why and fails.
+func TestBadInputChangesNothing(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	coord := "--coordinator=" + d.Coordinator.Addr()
+	for _, alloc := range []string{"us", "us=1,xx=1", "us=-1", "us=0,eu=0", "us=1,us=2"} {
+		out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", alloc)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--allocate") {
+			t.Errorf("--allocate %q: exit %d, %v\n%s; want a usage error naming --allocate", alloc, exitCode(err), err, out)
+		}
+	}
+	if out, err := run(t, coord, "sale", "show", "--sale", "typo"); err == nil {
+		t.Fatalf("sale typo exists after refused creates:\n%s", out)
+	}
+	// Same terms, corrected --allocate: the sale is created and allocated to us alone.
+	if out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1"); err != nil {
+		t.Fatalf("corrected create: %v\n%s", err, out)
+	}
+	out, err := run(t, coord, "stock", "--sale", "typo", "-o", "json")
+	if err != nil || !strings.Contains(out, `"region": "us"`) || strings.Contains(out, `"region": "eu"`) {
+		t.Errorf("stock of a sale only us holds: %v\n%s; want us's pool, eu left out, exit 0", err, out)
+	}
+	if _, err := run(t, coord, "stock", "--sale", "typo", "--region", "zz"); exitCode(err) != 2 {
+		t.Errorf("stock --region zz: exit %d (%v), want 2", exitCode(err), err)
+	}
+	if _, err := run(t, coord, "stock", "--sale", "nosuch"); exitCode(err) != 1 || !strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("stock of an unknown sale: exit %d (%v), want 1 naming the sale", exitCode(err), err)
+	}
+	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}} {
+		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
+			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
+		}
+	}
+	out, err = run(t, coord, "load", "--sale", "nosuch", "--sku", "phone", "--buyers", "5", "--concurrency", "5", "--skew", "us=1")
+	if err == nil || !strings.Contains(err.Error(), "every reserve failed") || !strings.Contains(out, "first failure:") {
+		t.Errorf("load of an unknown sale: %v\n%s; want it to fail with the first failure's reason", err, out)
+	}
+}
