@@ -12,7 +12,7 @@ import (
 func auditCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "audit",
-		Short: "Check conservation (I1) per SKU and every region's books (I3); exit 1 on a violation",
+		Short: "Check conservation: I1 per SKU, I2/I3 per pool, I5 per transfer; exit 1 on a violation",
 		Long: `audit asks the coordinator to read its ledger and every region's database (read-only,
 so a stopped region process does not block it) and check, per SKU:
 

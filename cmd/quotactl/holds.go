@@ -78,7 +78,7 @@ func reserveCmd() *cobra.Command {
 	f.String("sku", "", "SKU")
 	f.String("user", "", "user id")
 	f.Int64("quantity", 1, "units")
-	f.String("key", "", "idempotency key: retrying with the same key returns the same hold")
+	f.String("key", "", "idempotency key (required): retrying with the same key at the same region returns the same hold")
 	return cmd
 }
 

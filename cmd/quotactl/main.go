@@ -83,7 +83,7 @@ Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --
 	pf := root.PersistentFlags()
 	pf.String("coordinator", "127.0.0.1:7400", "coordinator gRPC address")
 	pf.StringP("output", "o", "text", "output format: text or json")
-	pf.Duration("timeout", 30*time.Second, "deadline of each call")
+	pf.Duration("timeout", 30*time.Second, "deadline of all of the command's calls together")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
 		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd())
