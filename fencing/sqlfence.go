@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,8 +43,12 @@ func CheckSaleGeneration(ctx context.Context, tx pgx.Tx, sale string, gen int64)
 }
 
 // CheckLedgerGeneration raises the coordinator ledger's fence to gen in the caller's
-// transaction, or returns ErrFenced when a newer coordinator has written (I4).
+// transaction, or returns ErrFenced when a newer coordinator has written (I4). The
+// transaction may then idle at most MaxIdleHoldingFence.
 func CheckLedgerGeneration(ctx context.Context, tx pgx.Tx, gen int64) error {
+	if err := boundIdle(ctx, tx); err != nil {
+		return fmt.Errorf("ledger fence: %w", err)
+	}
 	tag, err := tx.Exec(ctx, `UPDATE ledger_fence SET generation = $1 WHERE id = 1 AND generation <= $1`, gen)
 	if err != nil {
 		return fmt.Errorf("ledger fence: %w", err)
@@ -71,10 +76,29 @@ func RaiseEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
 	return nil
 }
 
+// MaxIdleHoldingFence is how long PostgreSQL lets a transaction that holds a fence's row lock
+// (CheckEpoch, CheckLedgerGeneration) sit idle before it ends the session. A leader that is
+// paused (SIGSTOP, a long stall) or cut off in the middle of such a transaction would
+// otherwise keep the lock, and its successor's RaiseEpoch would wait for it until TCP gives
+// up, hours later. Ending it rolls the transaction back: the paused leader's batch fails
+// (it was not acknowledged), and the successor goes on. The writers' transactions send their
+// statements back to back, so no healthy one is idle for anything like this long.
+const MaxIdleHoldingFence = 2 * time.Second
+
+// boundIdle sets MaxIdleHoldingFence for the rest of the caller's transaction.
+func boundIdle(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", MaxIdleHoldingFence.Milliseconds()))
+	return err
+}
+
 // CheckEpoch locks the region's epoch row for the caller's transaction and returns
 // ErrFenced unless it still equals epoch. Every writer batch calls it first: while the
-// batch runs, a new leader's RaiseEpoch waits, and once it has committed, this fails.
+// batch runs, a new leader's RaiseEpoch waits, and once it has committed, this fails. The
+// transaction may then idle at most MaxIdleHoldingFence.
 func CheckEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
+	if err := boundIdle(ctx, tx); err != nil {
+		return fmt.Errorf("epoch fence: %w", err)
+	}
 	tag, err := tx.Exec(ctx, `UPDATE leader_epoch SET epoch = epoch WHERE id = 1 AND epoch = $1`, epoch)
 	if err != nil {
 		return fmt.Errorf("epoch fence: %w", err)

@@ -98,7 +98,7 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	res, err := w.submitThen(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted},
 		func() { r.track(k, -1) })
 	if err != nil {
-		return ReserveResult{}, err
+		return ReserveResult{}, r.unlessDeposed(err)
 	}
 	return res.(ReserveResult), nil
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // TestNewLeaderFencesOldOne: A leads with epoch 1, B takes over with epoch 2 on the same
-// database. A's next write fails (fenced or not leader) and writes nothing; A stops leading;
+// database. A's next write fails (NOT_LEADER: its batch met the epoch fence) and writes nothing; A stops leading;
 // B serves from the stored state, including what A committed before.
 func TestNewLeaderFencesOldOne(t *testing.T) {
 	e := newEnv(t)
@@ -25,16 +25,16 @@ func TestNewLeaderFencesOldOne(t *testing.T) {
 	before := snapshot(t, e)
 
 	_, err := a.Reserve(e.ctx, region.ReserveRequest{Sale: testSale, SKU: testSKU, User: "bob", Quantity: 1, RequestKey: "k"})
-	if !errors.Is(err, region.ErrFenced) && !errors.Is(err, region.ErrNotLeader) {
-		t.Fatalf("old leader's reserve: %v, want ErrFenced or ErrNotLeader", err)
+	if !errors.Is(err, region.ErrNotLeader) || errors.Is(err, region.ErrFenced) {
+		t.Fatalf("old leader's reserve: %v, want ErrNotLeader (a client goes to the new leader), not ErrFenced", err)
 	}
 	_, err = a.Confirm(e.ctx, ha.ID, "pay")
-	if !errors.Is(err, region.ErrFenced) && !errors.Is(err, region.ErrNotLeader) {
-		t.Fatalf("old leader's confirm: %v, want ErrFenced or ErrNotLeader", err)
+	if !errors.Is(err, region.ErrNotLeader) || errors.Is(err, region.ErrFenced) {
+		t.Fatalf("old leader's confirm: %v, want ErrNotLeader (a client goes to the new leader), not ErrFenced", err)
 	}
 	_, err = a.Credit(e.ctx, region.CreditRequest{Generation: 1, TransferID: "late", Sale: testSale, SKU: testSKU, Units: 5})
-	if !errors.Is(err, region.ErrFenced) && !errors.Is(err, region.ErrNotLeader) {
-		t.Fatalf("old leader's credit: %v, want ErrFenced or ErrNotLeader", err)
+	if !errors.Is(err, region.ErrNotLeader) || errors.Is(err, region.ErrFenced) {
+		t.Fatalf("old leader's credit: %v, want ErrNotLeader (a client goes to the new leader), not ErrFenced", err)
 	}
 	if after := snapshot(t, e); after != before {
 		t.Errorf("the fenced leader changed the database:\nbefore:\n%s\nafter:\n%s", before, after)

@@ -92,11 +92,17 @@ type Region struct {
 	cfg  Config
 	pool *pgxpool.Pool
 
+	// leadMu orders changes of leadership (Lead, StepDown, a failed writer stepping down);
+	// mu guards only the fields below, so a request during a slow Lead answers NOT_LEADER at
+	// once instead of waiting for it.
+	leadMu  sync.Mutex
 	mu      sync.Mutex
 	w       *writer
 	cancel  context.CancelFunc
 	stopped chan struct{}
 	wg      sync.WaitGroup
+	// selfStops counts failed writers stepping themselves down, so Close can wait for them.
+	selfStops sync.WaitGroup
 
 	sales   sync.Map // sale id → SaleTerms
 	availMu sync.RWMutex
@@ -125,9 +131,9 @@ func (r *Region) Name() string { return r.cfg.Name }
 // (so a previous leader's batches commit nothing from then on: I4), then loads the pools'
 // counters, then serves. epoch must come from the region's election.
 func (r *Region) Lead(ctx context.Context, epoch int64) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.w != nil {
+	r.leadMu.Lock()
+	defer r.leadMu.Unlock()
+	if r.Leading() {
 		return errors.New("region: already leading")
 	}
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(ctx, tx, epoch) }); err != nil {
@@ -144,7 +150,9 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	w.onFail = func(err error) *memState { return r.onBatchFailure(w, err) }
 	w.start()
 	sctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
 	r.w, r.cancel, r.stopped = w, cancel, make(chan struct{})
+	r.mu.Unlock()
 	r.wg.Add(1)
 	go r.sweep(sctx, w)
 	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
@@ -157,6 +165,8 @@ func (r *Region) StepDown() { r.stepDownFrom(nil) }
 // stepDownFrom stops the writer w (any writer when w is nil): a failed writer steps itself
 // down without touching a newer term that has started since.
 func (r *Region) stepDownFrom(only *writer) {
+	r.leadMu.Lock()
+	defer r.leadMu.Unlock()
 	r.mu.Lock()
 	w, cancel, stopped := r.w, r.cancel, r.stopped
 	if w == nil || (only != nil && only != w) {
@@ -186,8 +196,12 @@ func (r *Region) Stopped() <-chan struct{} {
 	return r.stopped
 }
 
-// Close stops the region. It does not close the database pool, which the caller owns.
-func (r *Region) Close() { r.StepDown() }
+// Close stops the region, and waits for a failed writer that is stepping itself down. It
+// does not close the database pool, which the caller owns.
+func (r *Region) Close() {
+	r.StepDown()
+	r.selfStops.Wait()
+}
 
 // Leading reports whether this process is the region's writer right now.
 func (r *Region) Leading() bool {
@@ -203,11 +217,16 @@ func (r *Region) writer() (*writer, error) {
 	if w != nil {
 		return w, nil
 	}
+	return nil, r.notLeader()
+}
+
+// notLeader is ErrNotLeader with the leader's address when the election knows it.
+func (r *Region) notLeader() error {
 	nl := &apierr.NotLeaderError{Role: "region " + r.cfg.Name}
 	if r.cfg.LeaderHint != nil {
 		nl.Leader = r.cfg.LeaderHint()
 	}
-	return nil, nl
+	return nl
 }
 
 func (r *Region) submit(ctx context.Context, o op) (any, error) {
@@ -215,7 +234,19 @@ func (r *Region) submit(ctx context.Context, o op) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return w.submit(ctx, o)
+	res, err := w.submit(ctx, o)
+	return res, r.unlessDeposed(err)
+}
+
+// unlessDeposed turns the failure of a batch that met the epoch fence into NOT_LEADER with
+// where to go: a newer leader raised the epoch under it, and every request from now on gets
+// the same answer. Any other error is returned as is.
+func (r *Region) unlessDeposed(err error) error {
+	if !errors.Is(err, errDeposed) {
+		return err
+	}
+	r.cfg.Logger.Info("region batch fenced by a newer leader", "region", r.cfg.Name, "err", err)
+	return r.notLeader()
 }
 
 // submitAs submits o and returns its result as T (the type every op of its kind returns).
@@ -281,10 +312,12 @@ const memoryLimitWarnShare = 0.7
 // forget drops the caches that answer without the writer, so nothing is answered from a
 // state that may be wrong: requests fall through to the writer (and NOT_LEADER).
 func (r *Region) forget() {
-	r.state.Store(nil)
+	// Availability first: with the state gone but a count left, a retry of a reserve whose
+	// hold exists would be told the pool is empty (the reverse of reload's order).
 	r.availMu.Lock()
 	r.avail = map[poolKey]*atomic.Int64{}
 	r.availMu.Unlock()
+	r.state.Store(nil)
 }
 
 // applyCommitted runs on the writer after a commit: the cache learns what is now durable.
@@ -329,7 +362,11 @@ func (r *Region) onBatchFailure(w *writer, err error) *memState {
 	if m == nil {
 		r.cfg.Logger.Error("region cannot go on leading; stepping down", "region", r.cfg.Name, "err", err)
 		r.forget()
-		go r.stepDownFrom(w) // it waits for this writer goroutine, so not inline
+		r.selfStops.Add(1)
+		go func() { // it waits for this writer goroutine, so not inline
+			defer r.selfStops.Done()
+			r.stepDownFrom(w)
+		}()
 		return nil
 	}
 	return m

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -123,6 +124,10 @@ func (b *batch) setAvailable(k poolKey, a transfer.Units) {
 	p.available = a
 	b.touched[k] = a
 }
+
+// errDeposed marks the failure of a batch that the epoch fence refused: a newer leader
+// has taken over (Region.submit answers NOT_LEADER for it).
+var errDeposed = errors.New("deposed by a newer leader")
 
 type pending struct {
 	op   op
@@ -306,6 +311,9 @@ func (w *writer) commit(ps []*pending) {
 		// Reload first: a client retrying at once must meet the state the database holds,
 		// not the one this batch left in memory.
 		w.m = w.onFail(err)
+		if errors.Is(err, ErrFenced) { // only the epoch fence fails a whole batch
+			err = fmt.Errorf("%w: %w", errDeposed, err)
+		}
 		w.failAll(ps, err)
 		return
 	}
