@@ -32,7 +32,7 @@ away and lets the hold expire. Progress is printed every second to stderr.`,
 	f.String("skew", "us=60,eu=25,ap=15", "share of buyers nearest to each region")
 	f.Float64("confirm", 0.85, "fraction of holds paid for")
 	f.Float64("release", 0.05, "fraction of holds cancelled; the rest are abandoned and expire")
-	f.Duration("max-duration", 5*time.Minute, "stop after this long")
+	f.Duration("max-duration", 5*time.Minute, "stop after this long (0: 10m)")
 	f.Uint64("seed", 1, "random seed")
 	f.String("user-prefix", "", "prefix of buyer ids; default <sale>-s<seed>- (the same seed replays the same buyers)")
 	return cmd

@@ -120,6 +120,9 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	if o := v.GetString("output"); o != "text" && o != "json" {
 		return nil, nil, usage("--output %q: must be text or json", o)
 	}
+	if t := v.GetDuration("timeout"); t <= 0 {
+		return nil, nil, usage("--timeout %s: must be positive", t)
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), v.GetDuration("timeout"))
 	e := &env{v: v, cmd: cmd, ctx: ctx}
 	return e, func() {

@@ -54,6 +54,9 @@ func runTransfer(e *env) error {
 	if req.SaleId == "" || req.Sku == "" || req.From == "" || req.To == "" {
 		return usage("--sale, --sku, --from and --to: required")
 	}
+	if w := e.v.GetDuration("wait"); w < 0 {
+		return usage("--wait %s: must not be negative (0: do not wait)", w)
+	}
 	if req.RequestId == "" {
 		req.RequestId = "manual-" + randomID()
 		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)

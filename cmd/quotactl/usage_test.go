@@ -48,7 +48,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := run(t, coord, "stock", "--sale", "nosuch"); exitCode(err) != 1 || !strings.Contains(err.Error(), "nosuch") {
 		t.Errorf("stock of an unknown sale: exit %d (%v), want 1 naming the sale", exitCode(err), err)
 	}
-	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}} {
+	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}, {"stock", "--sale", "typo", "--timeout", "0"},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"}} {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}

@@ -116,6 +116,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("concurrency %d: must be 1..10000", c.Concurrency)
 	case c.ConfirmRatio < 0 || c.ReleaseRatio < 0 || c.ConfirmRatio+c.ReleaseRatio > 1:
 		return fmt.Errorf("confirm ratio %.2f + release ratio %.2f: each ≥ 0, sum ≤ 1", c.ConfirmRatio, c.ReleaseRatio)
+	case c.MaxDuration < 0:
+		return fmt.Errorf("max duration %s: must not be negative (0: the default, 10m)", c.MaxDuration)
 	}
 	if c.Quantity == 0 {
 		c.Quantity = 1
