@@ -281,9 +281,8 @@ func TestLocalRegionFailover(t *testing.T) {
 		t.Errorf("audit held %d + sold %d against %d acknowledged holds (with the probes), sold %d against %d confirmed",
 			s.Held, s.Sold, len(holds), s.Sold, ls.Confirmed)
 	}
-	if s.Held+s.Sold > total {
-		t.Errorf("oversold: held %d + sold %d > %d", s.Held, s.Sold, total)
-	}
+	// No separate oversell check: with every acknowledged hold found above, held + sold ≤
+	// total is what the audit's conservation (I1, checked above) and the pools' CHECKs say.
 	st = c.status()
 	if !strings.Contains(st["region-us-2"], "leader") || !strings.HasPrefix(st["region-us"], "stopped") {
 		t.Errorf("after the failover: region-us %q, region-us-2 %q; want stopped and leader", st["region-us"], st["region-us-2"])
