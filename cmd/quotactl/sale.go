@@ -108,9 +108,15 @@ func printSale(e *env, s saleJSON) error {
 				regions = append(regions, r)
 			}
 			sort.Strings(regions)
+			// Allocated is what the unallocated pool has sent each region, not what the region
+			// has now (sales and transfers between regions change that: quotactl stock).
 			fmt.Fprintf(w, "  %s: total %d, unallocated %d", k.SKU, k.Total, k.Unallocated)
-			for _, r := range regions {
-				fmt.Fprintf(w, ", %s %d", r, k.Allocated[r])
+			for i, r := range regions {
+				sep := ", "
+				if i == 0 {
+					sep = "; sent from the unallocated pool: "
+				}
+				fmt.Fprintf(w, "%s%s %d", sep, r, k.Allocated[r])
 			}
 			fmt.Fprintln(w)
 		}
