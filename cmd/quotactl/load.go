@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotaworks/quota/internal/loadgen"
@@ -101,8 +104,8 @@ func runLoad(e *env) error {
 		return ""
 	}
 	cfg.Progress = func(s loadgen.Stats) {
-		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %v\n",
-			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, s.PerRegion)
+		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %s\n",
+			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, perRegion(s.PerRegion))
 	}
 	s, err := loadgen.Run(e.cmd.Context(), cfg)
 	if err != nil {
@@ -113,8 +116,8 @@ func runLoad(e *env) error {
 		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds(),
 		FirstError: s.FirstError}
 	err = e.print(out, func(w io.Writer) {
-		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %v), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
-			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, out.PerRegion, out.Exhausted, out.SoldOut, out.Limited, out.Failed)
+		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
+			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
 		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
 			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
 		if out.FirstError != "" {
@@ -125,4 +128,13 @@ func runLoad(e *env) error {
 		return fmt.Errorf("every reserve failed; the first: %s", out.FirstError)
 	}
 	return err
+}
+
+// perRegion renders units per region as "ap 75, eu 109, us 124", by region name.
+func perRegion(m map[string]int64) string {
+	parts := make([]string, 0, len(m))
+	for _, r := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", r, m[r]))
+	}
+	return strings.Join(parts, ", ")
 }
