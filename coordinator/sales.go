@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -139,7 +140,31 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		return Sale{}, false, err
 	}
 	s, err := c.GetSale(ctx, spec.Sale)
+	if err == nil {
+		c.announce(ctx, gen, s.Terms)
+	}
 	return s, replayed, err
+}
+
+// announce tells every region the sale's terms, fenced by gen like any participant write
+// (I4), so a region that gets none of the stock answers a reserve REGION_EXHAUSTED (stock
+// may be elsewhere) rather than NOT_FOUND. Best effort: a region that does not answer now
+// learns the terms with its first credit, which sends them first.
+func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
+	var wg sync.WaitGroup
+	for _, r := range c.cfg.Regions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+			defer cancel()
+			if err := r.Participant.PutSale(cctx, gen, t); err != nil {
+				c.cfg.Logger.Warn("sale terms not delivered; the region learns them with its first credit",
+					"sale", t.Sale, "region", r.Name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func isUniqueViolation(err error) bool {

@@ -42,6 +42,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"region": "us"`) || strings.Contains(out, `"region": "eu"`) {
 		t.Errorf("stock of a sale only us holds: %v\n%s; want us's pool, eu left out, exit 0", err, out)
 	}
+	// eu got none of the stock but knows the sale: a buyer there is told to look elsewhere.
+	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "u", "--key", "k"); err == nil ||
+		!strings.Contains(describe(err), "REGION_EXHAUSTED") {
+		t.Errorf("reserve at a region without stock of the sale: %v\n%s; want REGION_EXHAUSTED", describe(err), out)
+	}
 	if _, err := run(t, coord, "stock", "--sale", "typo", "--region", "zz"); exitCode(err) != 2 {
 		t.Errorf("stock --region zz: exit %d (%v), want 2", exitCode(err), err)
 	}
