@@ -101,7 +101,11 @@ func toSaleJSON(s *quotav1.Sale) saleJSON {
 
 func printSale(e *env, s saleJSON) error {
 	return e.print(s, func(w io.Writer) {
-		fmt.Fprintf(w, "sale %s: per-user limit %d, hold ttl %s, opens %s\n", s.Sale, s.PerUserLimit, s.HoldTTL, s.OpensAt.Format(time.RFC3339))
+		replayed := ""
+		if s.Replayed {
+			replayed = " (replayed)"
+		}
+		fmt.Fprintf(w, "sale %s: per-user limit %d, hold ttl %s, opens %s%s\n", s.Sale, s.PerUserLimit, s.HoldTTL, s.OpensAt.Format(time.RFC3339), replayed)
 		for _, k := range s.SKUs {
 			regions := make([]string, 0, len(k.Allocated))
 			for r := range k.Allocated {

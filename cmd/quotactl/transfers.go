@@ -41,6 +41,9 @@ func printTransfer(e *env, t xferJSON) error {
 		if t.Stranded {
 			fmt.Fprint(w, " STRANDED")
 		}
+		if t.Replayed {
+			fmt.Fprint(w, " (replayed)")
+		}
 		if t.Reason != "" {
 			fmt.Fprintf(w, "\n  %s", t.Reason)
 		}
