@@ -82,7 +82,9 @@ func RaiseEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
 // otherwise keep the lock, and its successor's RaiseEpoch would wait for it until TCP gives
 // up, hours later. Ending it rolls the transaction back: the paused leader's batch fails
 // (it was not acknowledged), and the successor goes on. The writers' transactions send their
-// statements back to back, so no healthy one is idle for anything like this long.
+// statements back to back, so no healthy one is idle for anything like this long. The
+// server's idle timer runs only between queries, not in the middle of a pipeline that has
+// not been sent whole: a region's successor ends such a holder itself (region.raiseEpoch).
 const MaxIdleHoldingFence = 2 * time.Second
 
 // boundIdle sets MaxIdleHoldingFence for the rest of the caller's transaction.

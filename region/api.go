@@ -133,11 +133,13 @@ func (r *Region) inWriter(k keyKey) bool {
 // ever got (the writer publishes a hold before it answers): a retry of a granted request gets
 // its hold back, a new one is told the region is exhausted.
 func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
-	var prior *memHold
-	ok := false
-	if m := r.state.Load(); m != nil {
-		prior, ok = m.committedKey(k)
+	m := r.state.Load()
+	if m == nil {
+		// The state was dropped (forget) after the count was read: nothing can be said
+		// without it, and the writer is stopping.
+		return ReserveResult{}, r.notLeader()
 	}
+	prior, ok := m.committedKey(k)
 	if !ok {
 		return ReserveResult{}, r.exhausted(req, avail)
 	}

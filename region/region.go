@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -136,7 +137,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	if r.Leading() {
 		return errors.New("region: already leading")
 	}
-	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(ctx, tx, epoch) }); err != nil {
+	if err := r.raiseEpoch(ctx, epoch); err != nil {
 		return err
 	}
 	m, err := r.reload(ctx, epoch)
@@ -147,7 +148,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow,
 		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, m: m,
 	}
-	w.onFail = func(err error) *memState { return r.onBatchFailure(w, err) }
+	w.onFail = func(err error) (*memState, bool) { return r.onBatchFailure(w, err) }
 	w.start()
 	sctx, cancel := context.WithCancel(context.Background())
 	r.mu.Lock()
@@ -156,6 +157,57 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	r.wg.Add(1)
 	go r.sweep(sctx, w)
 	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
+	return nil
+}
+
+// epochWait is how long a new leader waits for the epoch row before it ends the
+// transactions that hold it (raiseEpoch). A healthy batch holds it for milliseconds.
+const epochWait = 2 * time.Second
+
+// raiseEpoch raises the region's epoch (fencing.RaiseEpoch, I4). Whatever holds the epoch row
+// past epochWait is a stalled transaction of an older leader: one paused or cut off in the
+// middle of sending a pipelined batch, where the server's idle timer
+// (fencing.MaxIdleHoldingFence) does not run. Its backend is ended, which rolls it back
+// (nothing of it was acknowledged), and the raise is tried again, so a successor never waits
+// for TCP to give up on a stalled predecessor.
+func (r *Region) raiseEpoch(ctx context.Context, epoch int64) error {
+	for {
+		err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", epochWait.Milliseconds())); err != nil {
+				return err
+			}
+			return fencing.RaiseEpoch(ctx, tx, epoch)
+		})
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55P03" { // lock_not_available: lock_timeout
+			return err
+		}
+		if err := r.endEpochHolders(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// endEpochHolders ends every other backend whose transaction has locked the epoch row to
+// write or to share it (the writers' fences; plain reads do not count).
+func (r *Region) endEpochHolders(ctx context.Context) error {
+	rows, err := r.pool.Query(ctx, `SELECT DISTINCT pid FROM pg_locks
+		WHERE locktype = 'relation' AND relation = 'leader_epoch'::regclass AND granted
+			AND mode IN ('RowShareLock', 'RowExclusiveLock') AND pid <> pg_backend_pid()`)
+	if err != nil {
+		return fmt.Errorf("look for the epoch row's holders: %w", err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("look for the epoch row's holders: %w", err)
+	}
+	for _, pid := range pids {
+		r.cfg.Logger.Warn("ending a stalled transaction of an older leader that holds the epoch row",
+			"region", r.cfg.Name, "backend", pid, "waited", epochWait)
+		if err := endBackend(ctx, r.pool, uint32(pid)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -341,8 +393,10 @@ func (r *Region) applyCommitted(b *batch) {
 }
 
 // onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
-// of the database) and reload it; a fenced writer stops serving.
-func (r *Region) onBatchFailure(w *writer, err error) *memState {
+// of the database) and reload it; a fenced writer stops serving. It also says whether a newer
+// leader has taken over: the batch met the epoch fence (only that fence fails a whole
+// batch), or the reload did (a batch whose session the server ended, say).
+func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -367,9 +421,9 @@ func (r *Region) onBatchFailure(w *writer, err error) *memState {
 			defer r.selfStops.Done()
 			r.stepDownFrom(w)
 		}()
-		return nil
+		return nil, errors.Is(err, ErrFenced)
 	}
-	return m
+	return m, false
 }
 
 // cachedAvailable returns the committed available count of a pool, and whether it is known.

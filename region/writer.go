@@ -149,8 +149,9 @@ type writer struct {
 	in       chan *pending
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
-	// region stops leading), since memory may be ahead of the database.
-	onFail func(err error) *memState
+	// region stops leading), since memory may be ahead of the database, and whether a newer
+	// leader has taken over (seen in the batch's error or while reloading).
+	onFail func(err error) (m *memState, deposed bool)
 	m      *memState
 
 	stop     chan struct{}
@@ -310,8 +311,9 @@ func (w *writer) commit(ps []*pending) {
 	if err != nil {
 		// Reload first: a client retrying at once must meet the state the database holds,
 		// not the one this batch left in memory.
-		w.m = w.onFail(err)
-		if errors.Is(err, ErrFenced) { // only the epoch fence fails a whole batch
+		var deposed bool
+		w.m, deposed = w.onFail(err)
+		if deposed {
 			err = fmt.Errorf("%w: %w", errDeposed, err)
 		}
 		w.failAll(ps, err)

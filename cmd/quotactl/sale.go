@@ -10,6 +10,7 @@ import (
 	"time"
 
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -191,6 +192,9 @@ func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: e.v.GetString("request-id")}
 	if areq.RequestId == "" {
 		areq.RequestId = "alloc-" + sale
+	}
+	if why := transfer.CheckID(areq.RequestId); why != "" {
+		return nil, usage("--request-id %q (the allocation's; default alloc-<sale>): %s", areq.RequestId, why)
 	}
 	for i, n := range names {
 		if !slices.Contains(known, n) {

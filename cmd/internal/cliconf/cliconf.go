@@ -47,6 +47,8 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 // parseSettings gives every flag not set on the command line its QUOTA_* variable's or its
 // config file's value, parsed as the flag parses it. viper alone would read "abc" as a zero
 // duration and "maybe" as false; parsed here, a bad value is an error that names its source.
+// A list flag takes a variable's words (split on spaces, as viper does) or a file's list, one
+// element each.
 func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 	var first error
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -55,30 +57,55 @@ func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 		}
 		source := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		raw := os.Getenv(source)
+		var list []string
 		switch {
 		case raw != "": // the environment wins over the file; empty counts as unset, as for viper
+			list = strings.Fields(raw)
 		case v.InConfig(f.Name):
-			raw, source = configString(v.Get(f.Name)), "config key "+f.Name
+			source = "config key " + f.Name
+			raw, list = configValue(v.Get(f.Name))
 		default:
 			return
 		}
-		if err := fs.Set(f.Name, raw); err != nil {
+		if err := setFlag(fs, f, raw, list); err != nil {
 			first = fmt.Errorf("%s=%q: not a valid --%s: %v", source, raw, f.Name, err)
 		}
 	})
 	return first
 }
 
-// configString is a config file's value as a flag would be given it: lists comma-joined.
-func configString(x any) string {
-	if xs, ok := x.([]any); ok {
-		parts := make([]string, len(xs))
-		for i, e := range xs {
-			parts[i] = fmt.Sprint(e)
-		}
-		return strings.Join(parts, ",")
+// setFlag sets f from raw, or a list flag from list, and marks it set.
+func setFlag(fs *pflag.FlagSet, f *pflag.Flag, raw string, list []string) error {
+	sv, ok := f.Value.(pflag.SliceValue)
+	if !ok {
+		return fs.Set(f.Name, raw)
 	}
-	return fmt.Sprint(x)
+	if err := sv.Replace(list); err != nil {
+		return err
+	}
+	f.Changed = true
+	return nil
+}
+
+// configValue is a config file's value as a flag's text and as a list's elements. Numbers
+// are written out in full (JSON gives 2000000 as a float, which %v would print as 2e+06).
+func configValue(x any) (string, []string) {
+	str := func(e any) string {
+		if f, ok := e.(float64); ok {
+			return strconv.FormatFloat(f, 'f', -1, 64)
+		}
+		return fmt.Sprint(e)
+	}
+	xs, ok := x.([]any)
+	if !ok {
+		s := str(x)
+		return s, strings.Fields(s)
+	}
+	list := make([]string, len(xs))
+	for i, e := range xs {
+		list[i] = str(e)
+	}
+	return strings.Join(list, ","), list
 }
 
 // AddGCFlags adds --gc-percent and --memory-limit, the Go collector's setting of a process

@@ -21,6 +21,7 @@ func bindCommand(t *testing.T, args ...string) (*viper.Viper, error) {
 	f.Bool("dry-run", false, "")
 	f.Int64("quantity", 1, "")
 	f.StringSlice("regions", []string{"us"}, "")
+	f.Int("max-batch", 256, "")
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
@@ -73,5 +74,30 @@ func TestSettingsParseLikeTheirFlags(t *testing.T) {
 	t.Setenv("QUOTA_QUANTITY", "abc")
 	if _, err := bindCommand(t, "--quantity", "2"); err != nil {
 		t.Errorf("a bad QUOTA_QUANTITY under an explicit --quantity: %v; the flag wins, nothing to parse", err)
+	}
+}
+
+// Lists keep viper's forms: a variable's words split on spaces, a file's list element by
+// element (an element may hold a comma); a JSON number of a million or more is a number.
+func TestSettingsListsAndNumbers(t *testing.T) {
+	t.Setenv("QUOTA_REGIONS", "eu ap")
+	v, err := bindCommand(t)
+	if err != nil || strings.Join(v.GetStringSlice("regions"), "|") != "eu|ap" {
+		t.Fatalf("QUOTA_REGIONS=\"eu ap\": %v, %v; want [eu ap]", v.GetStringSlice("regions"), err)
+	}
+	t.Setenv("QUOTA_REGIONS", "")
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte(`{"regions": ["a,b", "c"], "max-batch": 2000000, "quantity": 3}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err = bindCommand(t, "--config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.GetStringSlice("regions"); len(got) != 2 || got[0] != "a,b" || got[1] != "c" {
+		t.Errorf("config regions [\"a,b\", \"c\"]: %q", got)
+	}
+	if v.GetInt("max-batch") != 2000000 || v.GetInt64("quantity") != 3 {
+		t.Errorf("max-batch %d, quantity %d; want 2000000 and 3", v.GetInt("max-batch"), v.GetInt64("quantity"))
 	}
 }
