@@ -146,17 +146,21 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 	return s, replayed, err
 }
 
+// announceTimeout bounds announce's wait for each region.
+const announceTimeout = time.Second
+
 // announce tells every region the sale's terms, fenced by gen like any participant write
 // (I4), so a region that gets none of the stock answers a reserve REGION_EXHAUSTED (stock
-// may be elsewhere) rather than NOT_FOUND. Best effort: a region that does not answer now
-// learns the terms with its first credit, which sends them first.
+// may be elsewhere) rather than NOT_FOUND. Best effort, and briefly (announceTimeout), so a
+// region that is down slows CreateSale little: it learns the terms with its first credit,
+// which sends them first.
 func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
 	var wg sync.WaitGroup
 	for _, r := range c.cfg.Regions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+			cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, announceTimeout))
 			defer cancel()
 			if err := r.Participant.PutSale(cctx, gen, t); err != nil {
 				c.cfg.Logger.Warn("sale terms not delivered; the region learns them with its first credit",

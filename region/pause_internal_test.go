@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -153,5 +154,36 @@ func TestSuccessorEndsAStalledHolderOfTheEpochRow(t *testing.T) {
 	}
 	if _, err := next.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "u", Quantity: 1, RequestKey: "k"}); err != nil {
 		t.Errorf("the successor does not serve: %v", err)
+	}
+}
+
+// lostReplyOp fails its batch as a COMMIT whose reply was lost does: the outcome is unknown.
+type lostReplyOp struct{}
+
+func (lostReplyOp) apply(context.Context, *batch) (any, error, error) {
+	return nil, nil, fmt.Errorf("%w: commit: connection reset (simulated)", ErrUnknownOutcome)
+}
+
+// TestUnknownOutcomeStaysUnknownWhenDeposed: a batch whose outcome is unknown fails after a
+// newer leader took over. Its caller is told the outcome is unknown (ask again, with the same
+// key), not NOT_LEADER, which would say that nothing was done.
+func TestUnknownOutcomeStaysUnknownWhenDeposed(t *testing.T) {
+	old, ctx := newInternalRegion(t)
+	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(next.Close)
+	if err := next.Lead(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	_, err = old.submit(ctx, lostReplyOp{})
+	if !errors.Is(err, ErrUnknownOutcome) || errors.Is(err, ErrNotLeader) {
+		t.Fatalf("a batch of unknown outcome at a deposed leader: %v; want outcome unknown, not NOT_LEADER", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); old.Leading(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the deposed leader still leads")
+		}
 	}
 }

@@ -193,6 +193,7 @@ func (r *Region) raiseEpoch(ctx context.Context, epoch int64) error {
 func (r *Region) endEpochHolders(ctx context.Context) error {
 	rows, err := r.pool.Query(ctx, `SELECT DISTINCT pid FROM pg_locks
 		WHERE locktype = 'relation' AND relation = 'leader_epoch'::regclass AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND mode IN ('RowShareLock', 'RowExclusiveLock') AND pid <> pg_backend_pid()`)
 	if err != nil {
 		return fmt.Errorf("look for the epoch row's holders: %w", err)
@@ -393,10 +394,13 @@ func (r *Region) applyCommitted(b *batch) {
 }
 
 // onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
-// of the database) and reload it; a fenced writer stops serving. It also says whether a newer
-// leader has taken over: the batch met the epoch fence (only that fence fails a whole
-// batch), or the reload did (a batch whose session the server ended, say).
+// of the database) and reload it; a fenced writer stops serving. It also says whether the
+// batch's callers should be told NOT_LEADER: a newer leader has taken over, and the batch
+// surely committed nothing (it met the epoch fence itself, as only that fence fails a whole
+// batch, or it failed before its commit and the reload met the fence). A batch whose outcome
+// is unknown keeps that answer: its callers must ask again with the same key.
 func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
+	batchErr := err
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -421,7 +425,7 @@ func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
 			defer r.selfStops.Done()
 			r.stepDownFrom(w)
 		}()
-		return nil, errors.Is(err, ErrFenced)
+		return nil, errors.Is(err, ErrFenced) && !errors.Is(batchErr, ErrUnknownOutcome)
 	}
 	return m, false
 }

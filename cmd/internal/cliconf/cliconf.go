@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/spf13/cobra"
@@ -47,8 +48,8 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 // parseSettings gives every flag not set on the command line its QUOTA_* variable's or its
 // config file's value, parsed as the flag parses it. viper alone would read "abc" as a zero
 // duration and "maybe" as false; parsed here, a bad value is an error that names its source.
-// A list flag takes a variable's words (split on spaces, as viper does) or a file's list, one
-// element each.
+// A list flag takes a variable's words (split on spaces, as viper does, and on commas, as the
+// flag does) or a file's list, one element each.
 func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 	var first error
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -60,7 +61,8 @@ func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 		var list []string
 		switch {
 		case raw != "": // the environment wins over the file; empty counts as unset, as for viper
-			list = strings.Fields(raw)
+			// Words, as viper splits them; commas too, as the flag splits them.
+			list = strings.FieldsFunc(raw, func(c rune) bool { return unicode.IsSpace(c) || c == ',' })
 		case v.InConfig(f.Name):
 			source = "config key " + f.Name
 			raw, list = configValue(v.Get(f.Name))

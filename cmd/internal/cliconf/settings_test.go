@@ -77,13 +77,17 @@ func TestSettingsParseLikeTheirFlags(t *testing.T) {
 	}
 }
 
-// Lists keep viper's forms: a variable's words split on spaces, a file's list element by
+// Lists keep viper's forms: a variable's words split on spaces (and commas), a file's list element by
 // element (an element may hold a comma); a JSON number of a million or more is a number.
 func TestSettingsListsAndNumbers(t *testing.T) {
 	t.Setenv("QUOTA_REGIONS", "eu ap")
 	v, err := bindCommand(t)
 	if err != nil || strings.Join(v.GetStringSlice("regions"), "|") != "eu|ap" {
 		t.Fatalf("QUOTA_REGIONS=\"eu ap\": %v, %v; want [eu ap]", v.GetStringSlice("regions"), err)
+	}
+	t.Setenv("QUOTA_REGIONS", "eu,ap")
+	if v, err := bindCommand(t); err != nil || strings.Join(v.GetStringSlice("regions"), "|") != "eu|ap" {
+		t.Fatalf("QUOTA_REGIONS=eu,ap: %v, %v; want [eu ap], as --regions eu,ap", v.GetStringSlice("regions"), err)
 	}
 	t.Setenv("QUOTA_REGIONS", "")
 	cfg := filepath.Join(t.TempDir(), "c.json")
