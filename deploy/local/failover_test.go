@@ -199,8 +199,8 @@ func TestLocalRegionFailover(t *testing.T) {
 	sort.Strings(holds)
 	var (
 		mu                          sync.Mutex
-		lost                        []string
-		held, sold, after, inFlight int
+		tally                       holdTally
+		after, inFlight             int
 		ids                         = make(chan string)
 		wg                          sync.WaitGroup
 		createdAfter, createdAround = dead.Add(holdTTL), killed.Add(holdTTL - 2*time.Second)
@@ -215,16 +215,7 @@ func TestLocalRegionFailover(t *testing.T) {
 				res, err := rs.GetReservation(cctx, &quotav1.GetReservationRequest{HoldId: id})
 				ccancel()
 				mu.Lock()
-				switch s := res.GetReservation().GetState(); {
-				case err != nil:
-					lost = append(lost, id+": "+err.Error())
-				case s == quotav1.HoldState_HOLD_STATE_HELD:
-					held++
-				case s == quotav1.HoldState_HOLD_STATE_SOLD:
-					sold++
-				default:
-					lost = append(lost, id+": state "+s.String())
-				}
+				tally.add(id, res, err)
 				// expires_at = creation + hold TTL, both by this machine's clock
 				if exp := res.GetReservation().GetExpiresAt().AsTime(); err == nil && exp.After(createdAfter) {
 					after++
@@ -241,16 +232,8 @@ func TestLocalRegionFailover(t *testing.T) {
 	close(ids)
 	wg.Wait()
 	t.Logf("%d holds checked at the new leader in %s: %d held, %d sold, %d lost; %d created in the 2 s before the leader died, %d after",
-		len(holds), time.Since(checkStart).Round(time.Millisecond), held, sold, len(lost), inFlight, after)
-	if len(lost) > 0 {
-		if len(lost) > 10 {
-			lost = lost[:10]
-		}
-		t.Errorf("acknowledged holds missing or not held/sold at the new leader, for instance:\n%s", strings.Join(lost, "\n"))
-	}
-	if int64(sold) < ls.Confirmed {
-		t.Errorf("%d of the acknowledged holds are sold, but %d confirms were acknowledged", sold, ls.Confirmed)
-	}
+		len(holds), time.Since(checkStart).Round(time.Millisecond), tally.held, tally.sold, len(tally.lost), inFlight, after)
+	tally.check(t, ls.Confirmed)
 	// Buyers whose leader died ask the coordinator where region us answers now and carry on
 	// there: the load must have been served by the new leader.
 	byLoad := after - countProbes(probe, viaCoordinator.HoldID)
@@ -320,4 +303,36 @@ func currentRegionAddr(ctx context.Context, coord, region string) string {
 		}
 	}
 	return ""
+}
+
+// holdTally counts acknowledged holds as a leader reports them: held, sold, or lost (missing,
+// or in another state).
+type holdTally struct {
+	held, sold int
+	lost       []string
+}
+
+func (h *holdTally) add(id string, res *quotav1.GetReservationResponse, err error) {
+	switch s := res.GetReservation().GetState(); {
+	case err != nil:
+		h.lost = append(h.lost, id+": "+err.Error())
+	case s == quotav1.HoldState_HOLD_STATE_HELD:
+		h.held++
+	case s == quotav1.HoldState_HOLD_STATE_SOLD:
+		h.sold++
+	default:
+		h.lost = append(h.lost, id+": state "+s.String())
+	}
+}
+
+// check fails the test on any lost hold, or fewer sold than the confirms acknowledged.
+func (h *holdTally) check(t *testing.T, confirmed int64) {
+	t.Helper()
+	if len(h.lost) > 0 {
+		t.Errorf("acknowledged holds missing or not held/sold at the new leader, for instance:\n%s",
+			strings.Join(h.lost[:min(len(h.lost), 10)], "\n"))
+	}
+	if int64(h.sold) < confirmed {
+		t.Errorf("%d of the acknowledged holds are sold, but %d confirms were acknowledged", h.sold, confirmed)
+	}
 }
