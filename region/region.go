@@ -291,9 +291,9 @@ func (r *Region) submit(ctx context.Context, o op) (any, error) {
 	return res, r.unlessDeposed(err)
 }
 
-// unlessDeposed turns the failure of a batch that met the epoch fence into NOT_LEADER with
-// where to go: a newer leader raised the epoch under it, and every request from now on gets
-// the same answer. Any other error is returned as is.
+// unlessDeposed turns the failure of a batch that committed nothing because a newer leader
+// took over (errDeposed) into NOT_LEADER with where to go, the answer every request gets from
+// now on. Any other error is returned as is.
 func (r *Region) unlessDeposed(err error) error {
 	if !errors.Is(err, errDeposed) {
 		return err

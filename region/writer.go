@@ -125,8 +125,8 @@ func (b *batch) setAvailable(k poolKey, a transfer.Units) {
 	b.touched[k] = a
 }
 
-// errDeposed marks the failure of a batch that the epoch fence refused: a newer leader
-// has taken over (Region.submit answers NOT_LEADER for it).
+// errDeposed marks the failure of a batch that surely committed nothing while a newer leader
+// took over (Region.onBatchFailure decides; Region.submit answers NOT_LEADER for it).
 var errDeposed = errors.New("deposed by a newer leader")
 
 type pending struct {
