@@ -51,6 +51,7 @@ type loadJSON struct {
 	Limited      int64            `json:"limit_exceeded"`
 	Failed       int64            `json:"failed"`
 	FirstError   string           `json:"first_error,omitempty"`
+	Earlier      int64            `json:"replayed_from_earlier_run,omitempty"`
 	Retries      int64            `json:"retries"`
 	Confirmed    int64            `json:"confirmed"`
 	Refunded     int64            `json:"refunded"`
@@ -114,17 +115,20 @@ func runLoad(e *env) error {
 	out := loadJSON{Buyers: s.Buyers, Granted: s.Granted, UnitsGranted: s.UnitsGranted, PerRegion: s.PerRegion, Exhausted: s.Exhausted,
 		SoldOut: s.SoldOut, Limited: s.Limited, Failed: s.Failed, Retries: s.Retries, Confirmed: s.Confirmed, Refunded: s.Refunded,
 		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds(),
-		FirstError: s.FirstError}
+		FirstError: s.FirstError, Earlier: s.Earlier}
 	err = e.print(out, func(w io.Writer) {
 		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
 			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
 		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
 			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
+		if out.Earlier > 0 {
+			fmt.Fprintf(w, "%d buyers already had a hold from an earlier run with the same buyer ids (replayed, not counted above)\n", out.Earlier)
+		}
 		if out.FirstError != "" {
 			fmt.Fprintf(w, "first failure: %s\n", out.FirstError)
 		}
 	})
-	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited == 0 {
+	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited+out.Earlier == 0 {
 		return fmt.Errorf("every reserve failed; the first: %s", out.FirstError)
 	}
 	return err

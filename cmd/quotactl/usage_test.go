@@ -59,6 +59,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
 	}
+	// The same buyers twice: the second run's holds are the first run's, replayed, not new.
+	for i, want := range []string{`"granted": 3`, `"replayed_from_earlier_run": 3`} {
+		out, err := run(t, coord, "load", "--sale", "typo", "--sku", "phone", "--buyers", "3", "--concurrency", "3", "--skew", "us=1",
+			"--seed", "9", "-o", "json")
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("load run %d of the same 3 buyers: %v\n%s; want %s", i+1, err, out, want)
+		}
+	}
 	out, err = run(t, coord, "load", "--sale", "nosuch", "--sku", "phone", "--buyers", "5", "--concurrency", "5", "--skew", "us=1")
 	if err == nil || !strings.Contains(err.Error(), "every reserve failed") || !strings.Contains(out, "first failure:") {
 		t.Errorf("load of an unknown sale: %v\n%s; want it to fail with the first failure's reason", err, out)

@@ -55,7 +55,9 @@ func (b buyer) run(ctx context.Context) {
 	b.c.buyers.Add(1)
 	user := fmt.Sprintf("%sbuyer-%d", b.cfg.UserPrefix, b.id)
 	var res *quotav1.ReserveResponse
+	tries := 0
 	err := b.call(ctx, func(ctx context.Context) (err error) {
+		tries++
 		res, err = b.rc.get().Reserve(ctx, &quotav1.ReserveRequest{SaleId: b.cfg.Sale, Sku: b.cfg.SKU, UserId: user,
 			Quantity: int64(b.cfg.Quantity), RequestKey: "checkout-1"})
 		return err
@@ -65,6 +67,12 @@ func (b buyer) run(ctx context.Context) {
 		return
 	}
 	h := res.GetReservation()
+	if res.GetReplayed() && tries == 1 {
+		// Replayed at the first try: an earlier run with the same buyers got this hold (and
+		// decided its fate). A replay after a retry is this run's own hold, counted below.
+		b.c.earlier.Add(1)
+		return
+	}
 	b.c.granted.Add(1)
 	b.c.units.Add(h.GetQuantity())
 	b.c.mu.Lock()

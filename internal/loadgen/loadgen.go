@@ -60,9 +60,12 @@ type Config struct {
 // Stats are a run's totals.
 type Stats struct {
 	Buyers, Granted, UnitsGranted, Exhausted, SoldOut, Limited, Failed, Retries int64
-	Confirmed, Refunded, Released, Abandoned                                    int64
-	PerRegion                                                                   map[string]int64 // units granted per region
-	Elapsed                                                                     time.Duration
+	// Earlier counts buyers whose first reserve replayed a hold an earlier run with the same
+	// buyer ids got: not granted by this run, and not paid or released again.
+	Earlier                                  int64
+	Confirmed, Refunded, Released, Abandoned int64
+	PerRegion                                map[string]int64 // units granted per region
+	Elapsed                                  time.Duration
 	// Holds are the granted holds (id → region), for checks after the run.
 	Holds map[string]string
 	// FirstError is the first failed call's error, so a run that fails says why; "" if none.
@@ -71,6 +74,7 @@ type Stats struct {
 
 type counters struct {
 	buyers, granted, units, exhausted, soldOut, limited, failed, retries atomic.Int64
+	earlier                                                              atomic.Int64
 	confirmed, refunded, released, abandoned                             atomic.Int64
 	mu                                                                   sync.Mutex
 	perRegion                                                            map[string]int64
@@ -100,7 +104,7 @@ func (c *counters) snapshot(start time.Time) Stats {
 		holds[k] = v
 	}
 	return Stats{Buyers: c.buyers.Load(), Granted: c.granted.Load(), UnitsGranted: c.units.Load(), Exhausted: c.exhausted.Load(),
-		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(),
+		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), Earlier: c.earlier.Load(),
 		Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
 		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
 }
