@@ -73,10 +73,6 @@ func runLoad(e *env) error {
 	if err != nil {
 		return err
 	}
-	addr := map[string]string{}
-	for _, r := range rs {
-		addr[r.GetName()] = r.GetAddress()
-	}
 	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
 		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
 		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
@@ -84,10 +80,11 @@ func runLoad(e *env) error {
 		cfg.UserPrefix = fmt.Sprintf("%s-s%d-", cfg.Sale, cfg.Seed)
 	}
 	for i, n := range names {
-		if addr[n] == "" {
-			return usage("--skew: unknown region %q", n)
+		r, err := findRegion(rs, "skew", n)
+		if err != nil {
+			return err
 		}
-		cfg.Regions = append(cfg.Regions, loadgen.Region{Name: n, Addr: addr[n], Weight: weights[i]})
+		cfg.Regions = append(cfg.Regions, loadgen.Region{Name: n, Addr: r.GetAddress(), Weight: weights[i]})
 	}
 	coord, err := e.coordinator()
 	if err != nil {

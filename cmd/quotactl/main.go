@@ -120,10 +120,11 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	if o := v.GetString("output"); o != "text" && o != "json" {
 		return nil, nil, usage("--output %q: must be text or json", o)
 	}
-	if t := v.GetDuration("timeout"); t <= 0 {
-		return nil, nil, usage("--timeout %s: must be positive", t)
+	timeout := v.GetDuration("timeout")
+	if timeout <= 0 {
+		return nil, nil, usage("--timeout %s: must be positive", timeout)
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), v.GetDuration("timeout"))
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	e := &env{v: v, cmd: cmd, ctx: ctx}
 	return e, func() {
 		cancel()
@@ -185,14 +186,23 @@ func (e *env) onlyRegion(name string) ([]*quotav1.RegionInfo, error) {
 	if err != nil || name == "" {
 		return rs, err
 	}
-	var names []string
+	r, err := findRegion(rs, "region", name)
+	if err != nil {
+		return nil, err
+	}
+	return []*quotav1.RegionInfo{r}, nil
+}
+
+// findRegion is the region named name in rs, or a usage error of flag that lists the known ones.
+func findRegion(rs []*quotav1.RegionInfo, flag, name string) (*quotav1.RegionInfo, error) {
+	names := make([]string, 0, len(rs))
 	for _, r := range rs {
 		if r.GetName() == name {
-			return []*quotav1.RegionInfo{r}, nil
+			return r, nil
 		}
 		names = append(names, r.GetName())
 	}
-	return nil, usage("--region %q: unknown; the coordinator knows %s", name, strings.Join(names, ", "))
+	return nil, usage("--%s %q: unknown region; the coordinator knows %s", flag, name, strings.Join(names, ", "))
 }
 
 func (e *env) region(name string) (quotav1.RegionServiceClient, error) {

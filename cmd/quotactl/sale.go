@@ -185,10 +185,6 @@ func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	known := make([]string, 0, len(rs))
-	for _, r := range rs {
-		known = append(known, r.GetName())
-	}
 	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: e.v.GetString("request-id")}
 	if areq.RequestId == "" {
 		areq.RequestId = "alloc-" + sale
@@ -197,8 +193,8 @@ func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 		return nil, usage("--request-id %q (the allocation's; default alloc-<sale>): %s", areq.RequestId, why)
 	}
 	for i, n := range names {
-		if !slices.Contains(known, n) {
-			return nil, usage("--allocate %q: unknown region; the coordinator knows %s", n, strings.Join(known, ", "))
+		if _, err := findRegion(rs, "allocate", n); err != nil {
+			return nil, err
 		}
 		if weights[i] < 0 || weights[i] > 1_000_000 {
 			return nil, usage("--allocate %s=%d: a weight must be 0..1000000", n, weights[i])

@@ -2,12 +2,12 @@ package main
 
 import (
 	"fmt"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"io"
 
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func stockCmd() *cobra.Command {

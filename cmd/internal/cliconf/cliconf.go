@@ -117,7 +117,7 @@ func AddGCFlags(f *pflag.FlagSet) {
 	f.String("memory-limit", FormatBytes(gcconf.DefaultMemoryLimit), "soft limit of the process's Go memory (GOMEMLIMIT), e.g. 900MiB, 2GiB; 0: none; if not given, a GOMEMLIMIT variable wins")
 }
 
-// GC reads the flags AddGCFlags added to cmd. A setting left at its default yields to Go's
+// GC reads the flags AddGCFlags added to cmd, bound by Bind. A setting left at its default yields to Go's
 // own GOGC or GOMEMLIMIT environment variable when that is set (a container's memory limit,
 // say): the result then carries the value the runtime already runs with.
 func GC(cmd *cobra.Command, v *viper.Viper) (gcconf.Config, error) {
@@ -130,19 +130,14 @@ func GC(cmd *cobra.Command, v *viper.Viper) (gcconf.Config, error) {
 		return c, err
 	}
 	// What Go already runs with is not validated again: the runtime accepted it.
-	if os.Getenv("GOGC") != "" && !explicit(cmd, v, "gc-percent") {
+	// Bind marked a setting given by QUOTA_* variable or config file as changed, as a flag.
+	if os.Getenv("GOGC") != "" && !cmd.Flags().Changed("gc-percent") {
 		c.Percent = gcconf.Current().Percent
 	}
-	if os.Getenv("GOMEMLIMIT") != "" && !explicit(cmd, v, "memory-limit") {
+	if os.Getenv("GOMEMLIMIT") != "" && !cmd.Flags().Changed("memory-limit") {
 		c.MemoryLimit = gcconf.Current().MemoryLimit
 	}
 	return c, nil
-}
-
-// explicit tells whether a setting was given by flag, QUOTA_* variable or config file.
-func explicit(cmd *cobra.Command, v *viper.Viper, name string) bool {
-	env := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-	return cmd.Flags().Changed(name) || v.InConfig(name) || os.Getenv(env) != ""
 }
 
 var byteUnits = []struct {
