@@ -3,6 +3,8 @@ package apierr
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -47,15 +49,46 @@ func ToStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	code, reason := codes.Internal, "INTERNAL"
-	for _, m := range table {
-		if errors.Is(err, m.err) {
-			code, reason = m.code, m.reason
+	m := mapping{code: codes.Internal, reason: "INTERNAL"}
+	for _, t := range table {
+		if errors.Is(err, t.err) {
+			m = t
 			break
 		}
 	}
-	st := status.New(code, err.Error())
-	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain}
+	if m.err != ErrRegionExhausted && m.err != ErrSoldOut {
+		return build(err, m)
+	}
+	return soldOutStatus(err, m)
+}
+
+// soldOutCache holds the finished status errors of the two sold-out answers by message. Once
+// a pool is empty, nearly every call of a flash sale gets one of a handful of them, and
+// building one costs a proto marshal of its details each time. The answers carry only a
+// message, a code and a reason, so one value serves every call. Bounded, since messages name
+// sales and SKUs: past soldOutCacheMax entries, statuses are built per call.
+var soldOutCache struct {
+	sync.Map
+	n atomic.Int64
+}
+
+const soldOutCacheMax = 4096
+
+func soldOutStatus(err error, m mapping) error {
+	msg := err.Error()
+	if st, ok := soldOutCache.Load(msg); ok {
+		return st.(error)
+	}
+	st := build(err, m)
+	if soldOutCache.n.Add(1) <= soldOutCacheMax {
+		soldOutCache.Store(msg, st)
+	}
+	return st
+}
+
+func build(err error, m mapping) error {
+	st := status.New(m.code, err.Error())
+	info := &errdetails.ErrorInfo{Reason: m.reason, Domain: Domain}
 	var nl *NotLeaderError
 	if errors.As(err, &nl) && nl.Leader != "" {
 		info.Metadata = map[string]string{"leader": nl.Leader}

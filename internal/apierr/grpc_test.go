@@ -1,0 +1,84 @@
+package apierr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestToStatusTable checks every row of the one error table: wrapped sentinels keep their
+// message and get their code and reason; NOT_LEADER carries the leader; invalid input carries
+// its field.
+func TestToStatusTable(t *testing.T) {
+	tests := []struct {
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{Invalid("quantity", "must be positive"), codes.InvalidArgument, "INVALID_ARGUMENT"},
+		{fmt.Errorf("sale s: %w", ErrSoldOut), codes.FailedPrecondition, "SOLD_OUT"},
+		{fmt.Errorf("region us: %w", ErrRegionExhausted), codes.ResourceExhausted, "REGION_EXHAUSTED"},
+		{fmt.Errorf("user u: %w", ErrLimitExceeded), codes.ResourceExhausted, "LIMIT_EXCEEDED"},
+		{ErrHoldExpired, codes.FailedPrecondition, "HOLD_EXPIRED"},
+		{ErrFenced, codes.FailedPrecondition, "FENCED"},
+		{&NotLeaderError{Role: "region us", Leader: "127.0.0.1:1"}, codes.Unavailable, "NOT_LEADER"},
+		{ErrAlreadyExists, codes.AlreadyExists, "ALREADY_EXISTS"},
+		{NotFound("sale", "s"), codes.NotFound, "NOT_FOUND"},
+		{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN"},
+		{ErrConflict, codes.FailedPrecondition, "CONFLICT"},
+		{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME"},
+		{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
+		{context.Canceled, codes.Canceled, "CANCELED"},
+		{errors.New("disk on fire"), codes.Internal, "INTERNAL"},
+	}
+	for _, tt := range tests {
+		got := ToStatus(tt.err)
+		st, _ := status.FromError(got)
+		if st.Code() != tt.code || Reason(got) != tt.reason || st.Message() != tt.err.Error() {
+			t.Errorf("ToStatus(%v) = %v %q %q, want %v %q %q", tt.err, st.Code(), Reason(got), st.Message(), tt.code, tt.reason, tt.err.Error())
+		}
+	}
+	if h := LeaderHint(ToStatus(&NotLeaderError{Role: "r", Leader: "127.0.0.1:1"})); h != "127.0.0.1:1" {
+		t.Errorf("leader hint %q", h)
+	}
+	if f := Field(ToStatus(Invalid("quantity", "must be positive"))); f != "quantity" {
+		t.Errorf("field %q", f)
+	}
+	if ToStatus(nil) != nil {
+		t.Error("ToStatus(nil) is not nil")
+	}
+}
+
+// TestSoldOutStatusesAreShared checks the cache of the sold-out answers: one message gives one
+// shared status, another message its own, other errors are built per call, and the cache
+// stops growing at its bound while still answering right.
+func TestSoldOutStatusesAreShared(t *testing.T) {
+	a := fmt.Errorf("region us: 0 of sku-a left, 1 asked: %w", ErrRegionExhausted)
+	if ToStatus(a) != ToStatus(fmt.Errorf("region us: 0 of sku-a left, 1 asked: %w", ErrRegionExhausted)) {
+		t.Error("the same REGION_EXHAUSTED message built two statuses")
+	}
+	b := fmt.Errorf("sale s: sku-a is sold out in every region: %w", ErrSoldOut)
+	if ToStatus(a) == ToStatus(b) || Reason(ToStatus(b)) != "SOLD_OUT" {
+		t.Error("two different sold-out answers share a status")
+	}
+	limit := fmt.Errorf("user u: %w", ErrLimitExceeded)
+	if ToStatus(limit) == ToStatus(limit) {
+		t.Error("a LIMIT_EXCEEDED status was cached")
+	}
+	for i := 0; i < soldOutCacheMax+10; i++ {
+		err := fmt.Errorf("region us: 0 of sku-%d left, 1 asked: %w", i, ErrRegionExhausted)
+		st, _ := status.FromError(ToStatus(err))
+		if st.Message() != err.Error() || st.Code() != codes.ResourceExhausted {
+			t.Fatalf("answer %d: %v", i, st)
+		}
+	}
+	n := 0
+	soldOutCache.Range(func(any, any) bool { n++; return true })
+	if n > soldOutCacheMax {
+		t.Errorf("cache holds %d entries, bound %d", n, soldOutCacheMax)
+	}
+}
