@@ -35,8 +35,7 @@ type corePoolBooks struct{ creditedIn, debitedOut transfer.Units }
 
 // NewCore returns an empty region named name.
 func NewCore(name string) *Core {
-	return &Core{name: name, m: &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{},
-		keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}},
+	return &Core{name: name, m: newMemState(),
 		sales: map[string]SaleTerms{}, fence: map[string]int64{}, in: map[string]transfer.InboundRecord{},
 		out: map[string]transfer.OutboundRecord{}, moved: map[poolKey]*corePoolBooks{}}
 }

@@ -106,9 +106,14 @@ func hashOf(hexHash string) [16]byte {
 	return h
 }
 
+// newMemState returns an empty state: no pools, users or holds.
+func newMemState() *memState {
+	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}}
+}
+
 // loadMem reads the region's state from SQL in one snapshot.
 func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, error) {
-	m := &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}}
+	m := newMemState()
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err

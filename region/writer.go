@@ -157,6 +157,8 @@ type writer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+	gate     sync.RWMutex // held shared while queuing an op, exclusively by close
+	shut     bool         // under gate: the queue takes no more ops
 }
 
 func (w *writer) start() {
@@ -169,6 +171,12 @@ func (w *writer) start() {
 func (w *writer) close() {
 	w.stopOnce.Do(func() { close(w.stop) })
 	w.wg.Wait()
+	// An op may have entered the queue after the writer's own last drain; none can once the
+	// gate is shut, so this drain is the last.
+	w.gate.Lock()
+	w.shut = true
+	w.gate.Unlock()
+	w.failQueued()
 }
 
 // submit queues o and waits for its batch to commit. A canceled ctx after queuing leaves
@@ -180,42 +188,50 @@ func (w *writer) submit(ctx context.Context, o op) (any, error) {
 // submitThen is submit with finished called exactly once when the op can no longer take
 // effect: answered, or never applied. When ctx ends first, the caller is answered at once
 // (outcome unknown) and finished runs later, once the op is done.
+//
+// Every op that enqueue accepted is answered: by its batch, or by failQueued once the writer
+// stopped (close runs it after shutting the gate). So the wait needs no stop case, and the
+// hot path selects over two channels, not three.
 func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, error) {
 	p := &pending{op: o, done: make(chan struct{})}
-	select {
-	case w.in <- p:
-	case <-w.stop:
+	if err := w.enqueue(ctx, p); err != nil {
 		finished()
-		return nil, fmt.Errorf("region writer stopped: %w", ErrNotLeader)
-	case <-ctx.Done():
-		finished()
-		return nil, ctx.Err()
+		return nil, err
 	}
 	select {
 	case <-p.done:
 		finished()
 		return p.res, p.err
-	case <-w.stop:
-		// Queued after the writer drained its queue? Once it has exited, an unanswered op
-		// was never applied.
-		w.wg.Wait()
-		finished()
-		select {
-		case <-p.done:
-			return p.res, p.err
-		default:
-			return nil, fmt.Errorf("region writer stopped: %w", ErrNotLeader)
-		}
 	case <-ctx.Done():
 		go func() {
-			select {
-			case <-p.done:
-			case <-w.stop:
-				w.wg.Wait()
-			}
+			<-p.done
 			finished()
 		}()
 		return nil, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
+	}
+}
+
+// enqueue queues p unless the writer is stopped or ctx ends first. The gate is held shared
+// while sending, so that once close holds it exclusively no op can enter the queue after its
+// last drain.
+func (w *writer) enqueue(ctx context.Context, p *pending) error {
+	w.gate.RLock()
+	defer w.gate.RUnlock()
+	if w.shut {
+		return fmt.Errorf("region writer stopped: %w", ErrNotLeader)
+	}
+	select {
+	case w.in <- p: // the common case: room in the queue, one channel locked
+		return nil
+	default:
+	}
+	select {
+	case w.in <- p:
+		return nil
+	case <-w.stop:
+		return fmt.Errorf("region writer stopped: %w", ErrNotLeader)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
