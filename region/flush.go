@@ -158,20 +158,35 @@ func (e *orphanError) Error() string {
 // Unwrap makes errors.Is(err, ErrUnknownOutcome) true.
 func (e *orphanError) Unwrap() error { return ErrUnknownOutcome }
 
-// endBackend terminates a backend that may still hold an orphaned pipeline and waits until
-// it is gone, so nothing of that pipeline can commit after the caller reads the state.
+// endBackend terminates the backend that has pid now, which may still hold an orphaned
+// pipeline, and waits until it is gone, so nothing of that pipeline can commit after the
+// caller reads the state. A pid with no backend is already gone.
 func endBackend(ctx context.Context, db *pgxpool.Pool, pid uint32) error {
+	var started time.Time
+	err := db.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = $1 AND backend_start IS NOT NULL`,
+		int64(pid)).Scan(&started)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look for backend %d: %w", pid, err)
+	}
+	return endBackendStarted(ctx, db, pid, started)
+}
+
+// endBackendStarted ends the backend with pid that started at started, and waits until it is
+// gone. Naming it by its start time too leaves alone a new backend that the server gave the
+// same pid once this one exited.
+func endBackendStarted(ctx context.Context, db *pgxpool.Pool, pid uint32, started time.Time) error {
 	for {
-		var alive bool
-		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive)
+		var alive int
+		err := db.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE pid = $1 AND backend_start = $2`, int64(pid), started).Scan(&alive)
 		if err != nil {
-			return fmt.Errorf("look for backend %d: %w", pid, err)
-		}
-		if !alive {
-			return nil
-		}
-		if _, err := db.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(pid)); err != nil {
 			return fmt.Errorf("end backend %d: %w", pid, err)
+		}
+		if alive == 0 {
+			return nil
 		}
 		select {
 		case <-ctx.Done():

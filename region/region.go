@@ -191,21 +191,27 @@ func (r *Region) raiseEpoch(ctx context.Context, epoch int64) error {
 // endEpochHolders ends every other backend whose transaction has locked the epoch row to
 // write or to share it (the writers' fences; plain reads do not count).
 func (r *Region) endEpochHolders(ctx context.Context) error {
-	rows, err := r.pool.Query(ctx, `SELECT DISTINCT pid FROM pg_locks
-		WHERE locktype = 'relation' AND relation = 'leader_epoch'::regclass AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND mode IN ('RowShareLock', 'RowExclusiveLock') AND pid <> pg_backend_pid()`)
+	rows, err := r.pool.Query(ctx, `SELECT DISTINCT l.pid, a.backend_start FROM pg_locks l
+		JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.relation = 'leader_epoch'::regclass AND l.granted
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.mode IN ('RowShareLock', 'RowExclusiveLock') AND l.pid <> pg_backend_pid()
+			AND a.backend_start IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("look for the epoch row's holders: %w", err)
 	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	type holder struct {
+		PID     int32
+		Started time.Time
+	}
+	holders, err := pgx.CollectRows(rows, pgx.RowToStructByPos[holder])
 	if err != nil {
 		return fmt.Errorf("look for the epoch row's holders: %w", err)
 	}
-	for _, pid := range pids {
+	for _, h := range holders {
 		r.cfg.Logger.Warn("ending a stalled transaction of an older leader that holds the epoch row",
-			"region", r.cfg.Name, "backend", pid, "waited", epochWait)
-		if err := endBackend(ctx, r.pool, uint32(pid)); err != nil {
+			"region", r.cfg.Name, "backend", h.PID, "waited", epochWait)
+		if err := endBackendStarted(ctx, r.pool, uint32(h.PID), h.Started); err != nil {
 			return err
 		}
 	}

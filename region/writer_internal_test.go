@@ -240,3 +240,32 @@ func TestEndBackendStopsAnOrphanedPipeline(t *testing.T) {
 		t.Errorf("endBackend of a gone backend: %v", err)
 	}
 }
+
+// TestEndBackendLeavesANewerBackendWithTheSamePid: a backend is named by its pid and start
+// time, so one that merely has the pid of a backend already gone (pids are reused) is left
+// alone, while the right start time ends it.
+func TestEndBackendLeavesANewerBackendWithTheSamePid(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	var started time.Time
+	if err := conn.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&started); err != nil {
+		t.Fatal(err)
+	}
+	if err := endBackendStarted(ctx, r.pool, pid, started.Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("a backend with another start time was ended: %v", err)
+	}
+	if err := endBackendStarted(ctx, r.pool, pid, started); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {
+		t.Fatal("the named backend still answers")
+	}
+}

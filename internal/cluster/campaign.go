@@ -35,7 +35,7 @@ func campaign(ctx context.Context, t term) {
 			}
 			continue
 		}
-		if err := t.lead(ctx, l.Generation); err != nil {
+		if err := leadWhileHeld(ctx, t, l); err != nil {
 			t.log.Warn("could not lead", "role", t.role, "err", err)
 			l.Close()
 			sleep(ctx, time.Second)
@@ -62,4 +62,21 @@ func campaign(ctx context.Context, t term) {
 			l.Close()
 		}
 	}
+}
+
+// leadWhileHeld runs t.lead with a context that also ends when the lease is lost: taking
+// over can wait on the database (a region's epoch raise ends a stalled older leader's
+// transaction and retries), and a process whose lease has expired must stop that at once,
+// or it could end the raise of the leader that has since replaced it.
+func leadWhileHeld(ctx context.Context, t term, l *fencing.Leadership) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.Done():
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	return t.lead(lctx, l.Generation)
 }

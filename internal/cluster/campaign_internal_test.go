@@ -1,0 +1,78 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/fencing"
+)
+
+func loopbackURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// TestTakingOverStopsWhenTheLeaseIsLost: a holder still taking over (its lead blocked, as a
+// region's epoch raise waits on a stalled older leader) is stopped once its lease is lost,
+// here by etcd going away, instead of going on until the process stops.
+func TestTakingOverStopsWhenTheLeaseIsLost(t *testing.T) {
+	const ttl = 2 * time.Second
+	e, err := fencing.StartEmbedded(t.TempDir(), loopbackURL(t), loopbackURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	etcd, err := fencing.Dial([]string{e.ClientURL}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	var once sync.Once
+	entered, ended := make(chan struct{}), make(chan error, 1)
+	tm := term{etcd: etcd, role: "test", addr: "127.0.0.1:1", ttl: ttl, log: slog.New(slog.DiscardHandler),
+		stepDn: func() {}, crashed: &atomic.Bool{},
+		lead: func(ctx context.Context, _ int64) error {
+			first := false
+			once.Do(func() { first = true; close(entered) })
+			if !first {
+				return errors.New("led twice")
+			}
+			<-ctx.Done()
+			ended <- ctx.Err()
+			return ctx.Err()
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); campaign(ctx, tm) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("never won the campaign")
+	}
+	e.Close()
+	stopped := time.Now() // closing waits for the server's clients: the lease runs from here
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("lead ended with %v", err)
+		}
+		if took := time.Since(stopped); took > ttl+5*time.Second {
+			t.Errorf("lead ran on %s after etcd stopped (lease TTL %s)", took, ttl)
+		}
+	case <-time.After(ttl + 15*time.Second):
+		t.Fatal("lead still running long after the lease was lost")
+	}
+}
