@@ -18,6 +18,7 @@ func (c *Coordinator) driveLoop(ctx context.Context, gen int64) {
 	defer t.Stop()
 	for {
 		c.driveUnfinished(ctx, gen)
+		c.deliverTerms(ctx, gen)
 		select {
 		case <-ctx.Done():
 			return

@@ -130,7 +130,9 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 				return err
 			}
 		}
-		return nil
+		_, err = tx.Exec(ctx, `INSERT INTO terms_undelivered (sale_id, region) SELECT $1, unnest($2::text[])`,
+			spec.Sale, c.regionNames())
+		return err
 	})
 	if isUniqueViolation(err) {
 		// A concurrent CreateSale of the same id won; compare against what it wrote.
@@ -150,25 +152,85 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 const announceTimeout = time.Second
 
 // announce tells every region the sale's terms, fenced by gen like any participant write
-// (I4), so a region that gets none of the stock answers a reserve REGION_EXHAUSTED (stock
-// may be elsewhere) rather than NOT_FOUND. Best effort, and briefly (announceTimeout), so a
-// region that is down slows CreateSale little: it learns the terms with its first credit,
-// which sends them first.
+// (I4), so that a region given none of the stock answers REGION_EXHAUSTED (stock may be
+// elsewhere) rather than NOT_FOUND. Briefly (announceTimeout), so a region that is down
+// does not hold up the answer to CreateSale: a region not reached stays in
+// terms_undelivered, and deliverTerms tries it again on every round of the driver.
 func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
 	var wg sync.WaitGroup
 	for _, r := range c.cfg.Regions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, announceTimeout))
-			defer cancel()
-			if err := r.Participant.PutSale(cctx, gen, t); err != nil {
-				c.cfg.Logger.Warn("sale terms not delivered; the region learns them with its first credit",
-					"sale", t.Sale, "region", r.Name, "err", err)
+			c.deliverTo(ctx, gen, r, t)
+		}()
+	}
+	wg.Wait()
+}
+
+// deliverTo gives one region a sale's terms and, once it has them, forgets that it had to.
+// It tells whether the region took them.
+func (c *Coordinator) deliverTo(ctx context.Context, gen int64, r RegionLink, t SaleTerms) bool {
+	cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, announceTimeout))
+	defer cancel()
+	if err := r.Participant.PutSale(cctx, gen, t); err != nil {
+		c.cfg.Logger.Warn("sale terms not delivered yet; the driver tries again",
+			"sale", t.Sale, "region", r.Name, "err", err)
+		return false
+	}
+	if _, err := c.db.Exec(ctx, `DELETE FROM terms_undelivered WHERE sale_id = $1 AND region = $2`, t.Sale, r.Name); err != nil {
+		c.cfg.Logger.Warn("record terms delivered", "sale", t.Sale, "region", r.Name, "err", err)
+	}
+	return true
+}
+
+// deliverTerms retries the terms that announce could not deliver: the regions at once, each
+// region's sales in turn until one fails (the region is likely still down), so a round takes
+// about announceTimeout at most. Rows naming a region this coordinator is not configured
+// with wait for a coordinator that is.
+func (c *Coordinator) deliverTerms(ctx context.Context, gen int64) {
+	rows, err := c.db.Query(ctx, `SELECT sale_id, region FROM terms_undelivered ORDER BY region, sale_id`)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.Warn("list undelivered sale terms", "err", err)
+		}
+		return
+	}
+	type undelivered struct{ Sale, Region string }
+	us, err := pgx.CollectRows(rows, pgx.RowToStructByPos[undelivered])
+	if err != nil {
+		return
+	}
+	sales := map[string][]string{}
+	for _, u := range us {
+		sales[u.Region] = append(sales[u.Region], u.Sale)
+	}
+	var wg sync.WaitGroup
+	for name, ids := range sales {
+		r, err := c.link(name)
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, id := range ids {
+				s, err := c.GetSale(ctx, id)
+				if err != nil || !c.deliverTo(ctx, gen, r, s.Terms) {
+					return
+				}
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+func (c *Coordinator) regionNames() []string {
+	names := make([]string, len(c.cfg.Regions))
+	for i, r := range c.cfg.Regions {
+		names[i] = r.Name
+	}
+	return names
 }
 
 func isUniqueViolation(err error) bool {

@@ -208,3 +208,37 @@ func resolveUntil(t *testing.T, c quotav1.CoordinatorServiceClient, id string, r
 		return err == nil && last.GetTransfer().GetState() == want && !last.GetTransfer().GetStranded()
 	})
 }
+
+// TestRegionDownAtSaleCreationLearnsTheTerms: a region unreachable when a sale is created,
+// and given none of its stock, does not know the sale (NOT_FOUND); once it is back, the
+// coordinator's driver delivers the terms, and the region tells buyers to look elsewhere
+// (REGION_EXHAUSTED) without waiting for a credit.
+func TestRegionDownAtSaleCreationLearnsTheTerms(t *testing.T) {
+	tc := newTestCluster(t, "us", "eu")
+	c := leader(t, tc)
+	ctx := context.Background()
+	tc.proxies["eu"].Cut()
+	if _, err := c.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "s", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 100}},
+		PerUserLimit: 1, HoldTtlMs: 60000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Allocate(ctx, &quotav1.AllocateRequest{SaleId: "s", RequestId: "alloc-s",
+		Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	eu := tc.region("eu") // the node itself, not the coordinator's cut path to it
+	reserve := func() error {
+		_, err := eu.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "u", Quantity: 1, RequestKey: "k"})
+		return err
+	}
+	if err := reserve(); apierr.Reason(err) != "NOT_FOUND" {
+		t.Fatalf("eu before it heard of the sale: %v; want NOT_FOUND", err)
+	}
+	tc.proxies["eu"].Heal()
+	waitFor(t, "eu to learn the sale's terms", 15*time.Second, func() bool {
+		return apierr.Reason(reserve()) == "REGION_EXHAUSTED"
+	})
+	if p := tc.stock("us", "s"); p.GetAvailable() != 100 {
+		t.Fatalf("us has %d available; want the whole 100", p.GetAvailable())
+	}
+}
