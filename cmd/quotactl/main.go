@@ -34,7 +34,7 @@ func (e *exitError) Error() string { return e.err.Error() }
 
 func main() {
 	root := rootCmd(os.Stdout)
-	if err := root.Execute(); err != nil {
+	if cmd, err := root.ExecuteC(); err != nil {
 		code := 1
 		var ee *exitError
 		if errors.As(err, &ee) {
@@ -43,7 +43,7 @@ func main() {
 			code = 2
 		}
 		if ee == nil || ee.err != nil {
-			fmt.Fprintln(os.Stderr, "quotactl:", describe(err))
+			fmt.Fprintln(os.Stderr, "quotactl:", describeFor(cmd, err))
 		}
 		os.Exit(code)
 	}
@@ -65,6 +65,29 @@ func describe(err error) string {
 		msg += ", field " + f
 	}
 	return msg + ")"
+}
+
+// flagOfField names the flag that sets each request field a server may call invalid.
+var flagOfField = map[string]string{
+	"sale_id": "sale", "sale": "sale", "sku": "sku", "user_id": "user", "request_key": "key",
+	"quantity": "quantity", "hold_id": "hold", "payment_id": "payment", "units": "units",
+	"from": "from", "to": "to", "request_id": "request-id", "per_user_limit": "per-user-limit",
+	"hold_ttl": "hold-ttl", "opens_at": "opens-at", "weights": "allocate",
+}
+
+// describeFor is describe, plus the flag of cmd that set the field a server found invalid:
+// the server names the protocol's field (sale_id), the user typed a flag (--sale).
+func describeFor(cmd *cobra.Command, err error) string {
+	msg := describe(err)
+	st, ok := status.FromError(err)
+	if !ok || cmd == nil {
+		return msg
+	}
+	name, ok := flagOfField[apierr.Field(st.Err())]
+	if !ok || cmd.Flags().Lookup(name) == nil {
+		return msg
+	}
+	return msg + "; set by --" + name
 }
 
 func rootCmd(out io.Writer) *cobra.Command {

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/spf13/cobra"
+)
+
+// TestDescribeNamesTheFlag: a server's invalid-field answer names the protocol's field; the
+// CLI adds the flag of the command that set it, and only when the command has that flag.
+func TestDescribeNamesTheFlag(t *testing.T) {
+	reserve := &cobra.Command{Use: "reserve"}
+	reserve.Flags().String("sale", "", "")
+	reserve.Flags().String("key", "", "")
+	audit := &cobra.Command{Use: "audit"}
+	tests := []struct {
+		cmd  *cobra.Command
+		err  error
+		want string // "" : no flag named
+	}{
+		{reserve, apierr.ToStatus(apierr.Invalid("sale_id", "empty")), "; set by --sale"},
+		{reserve, fmt.Errorf("reserve: %w", apierr.ToStatus(apierr.Invalid("request_key", "too long"))), "; set by --key"},
+		{audit, apierr.ToStatus(apierr.Invalid("sale_id", "empty")), ""},
+		{reserve, apierr.ToStatus(apierr.Invalid("policy", "unknown")), ""},
+		{reserve, apierr.ToStatus(fmt.Errorf("region us: %w", apierr.ErrRegionExhausted)), ""},
+		{reserve, fmt.Errorf("dial: refused"), ""},
+	}
+	for _, tt := range tests {
+		got := describeFor(tt.cmd, tt.err)
+		if !strings.HasPrefix(got, describe(tt.err)) || strings.TrimPrefix(got, describe(tt.err)) != tt.want {
+			t.Errorf("describeFor(%s, %v) = %q, want describe's text then %q", tt.cmd.Name(), tt.err, got, tt.want)
+		}
+	}
+}
