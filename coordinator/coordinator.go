@@ -62,6 +62,9 @@ type Participant interface {
 	Refuse(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error)
 	// Debit takes t's units at the source once; it answers pending or refused.
 	Debit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
+	// RefuseDebit tombstones a requested t at the source unless debited; it answers the
+	// source's record (refused, or the debit's state).
+	RefuseDebit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
 	// Restore returns a refused transfer's units at the source.
 	Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
 	// Settle records at the source that t was credited.

@@ -61,14 +61,20 @@ func (c *Core) Refuse(req CreditRequest) (transfer.InState, error) {
 
 // Debit is step 2 at this source: available falls and debited_out rises once per transfer
 // id, or a refused tombstone is recorded (I1, I3, I5), fenced (I4).
-func (c *Core) Debit(req DebitRequest) (transfer.OutState, error) {
+func (c *Core) Debit(req DebitRequest) (transfer.OutState, error) { return c.debit(req, false) }
+
+// RefuseDebit cancels a requested transfer at this source: a refused tombstone unless it was
+// debited first (I5), fenced (I4). It answers the source's record, like Region.RefuseDebit.
+func (c *Core) RefuseDebit(req DebitRequest) (transfer.OutState, error) { return c.debit(req, true) }
+
+func (c *Core) debit(req DebitRequest, refuse bool) (transfer.OutState, error) {
 	if err := c.admit(req.Sale, req.Generation); err != nil {
 		return "", err
 	}
 	have := record(c.out, req.TransferID)
 	pk := poolKey{req.Sale, req.SKU}
 	var avail transfer.Units
-	if p := c.m.pools[pk]; p != nil {
+	if p := c.m.pools[pk]; p != nil && !refuse {
 		avail = p.available
 	}
 	want := transfer.OutboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, To: req.To, Units: req.Units}

@@ -81,12 +81,18 @@ func transferErr(id string, err error) error {
 	return err
 }
 
-type debitOp struct{ req DebitRequest }
+// debitOp is a Debit, or with refuse a RefuseDebit: the same decision taken as if the pool
+// were empty, so it records the refused tombstone unless the transfer was already debited.
+type debitOp struct {
+	req    DebitRequest
+	refuse bool
+}
 
 // apply is protocol step 2 at the source: once per transfer id, available −= units and
 // debited_out += units (I3 holds; I1: the units move from this pool to in flight), recorded
-// as pending. When available is short it records a refused tombstone instead, so a late
-// retry cannot debit a transfer the coordinator has given up (I5). Fenced (I4).
+// as pending. When available is short, or the coordinator is cancelling the transfer
+// (refuse), it records a refused tombstone instead, so a late retry cannot debit a transfer
+// the coordinator has given up (I5). Fenced (I4).
 func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
@@ -99,9 +105,11 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	}
 	pk := poolKey{r.Sale, r.SKU}
 	var avail int64 // the stored count, locked: the batch's earlier decisions are flushed
-	err = tx.QueryRow(ctx, `SELECT available FROM pools WHERE sale_id = $1 AND sku = $2 FOR UPDATE`, r.Sale, r.SKU).Scan(&avail)
-	if err != nil && err != pgx.ErrNoRows {
-		return nil, nil, fmt.Errorf("read pool: %w", err)
+	if !o.refuse {
+		err = tx.QueryRow(ctx, `SELECT available FROM pools WHERE sale_id = $1 AND sku = $2 FOR UPDATE`, r.Sale, r.SKU).Scan(&avail)
+		if err != nil && err != pgx.ErrNoRows {
+			return nil, nil, fmt.Errorf("read pool: %w", err)
+		}
 	}
 	state, take, err := transfer.DecideDebit(have, transfer.OutboundRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, transfer.Units(avail))
 	if err != nil {
@@ -215,16 +223,31 @@ func checkTransferFields(id, sale string) error {
 // Debit is step 2 of a transfer at its source. It answers pending (debited now or before)
 // or refused (not enough available; recorded so it stays refused).
 func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
-	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
-		return "", err
-	}
-	if err := checkIDs("sku", req.SKU, "to", req.To); err != nil {
-		return "", err
-	}
-	if err := checkQuantity("units", req.Units); err != nil {
+	if err := checkDebit(req); err != nil {
 		return "", err
 	}
 	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req})
+}
+
+// RefuseDebit cancels a requested transfer at its source: unless the source already debited
+// it, a refused tombstone is recorded and any later Debit of it answers refused. It answers
+// the source's record: refused (nothing was or will be debited), or the state of the debit
+// that came first (pending, settled or voided).
+func (r *Region) RefuseDebit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
+	if err := checkDebit(req); err != nil {
+		return "", err
+	}
+	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req, refuse: true})
+}
+
+func checkDebit(req DebitRequest) error {
+	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
+		return err
+	}
+	if err := checkIDs("sku", req.SKU, "to", req.To); err != nil {
+		return err
+	}
+	return checkQuantity("units", req.Units)
 }
 
 // Refuse is the abort step at a destination: it answers refused (a tombstone now stops any

@@ -144,7 +144,13 @@ func transfersResolveCmd() *cobra.Command {
 		Long: `resolve asks the destination about the transfer and finishes it by what the destination
 records, never by a timeout: credited → posted; refused → restored at the source and voided;
 no record → the destination is asked to credit it (or, with --refuse, to refuse it, after
-which the source is restored). It fails, changing nothing, while the destination does not answer.`,
+which the source is restored). It fails, changing nothing, while the destination does not answer.
+
+A requested transfer (its source has not confirmed the debit) is driven the same way, or,
+with --refuse, cancelled at its source: the source records that it will never debit it and
+the transfer is voided; if the source had debited it first, the transfer is refused at the
+destination and restored as above. While the source does not answer it stays requested: only
+the source knows whether it debited.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usage("resolve takes exactly one TRANSFER_ID, got %d arguments", len(args))
@@ -175,7 +181,7 @@ which the source is restored). It fails, changing nothing, while the destination
 			return nil
 		},
 	}
-	resolve.Flags().Bool("refuse", false, "ask the destination to refuse the transfer and return the units to the source")
+	resolve.Flags().Bool("refuse", false, "cancel the transfer: a requested one at its source, a pending one at its destination (then the source is restored)")
 	return resolve
 }
 

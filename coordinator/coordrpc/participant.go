@@ -110,6 +110,15 @@ func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer)
 	return transfer.OutState(resp.GetState()), nil
 }
 
+// RefuseDebit implements coordinator.Participant.
+func (p *Participant) RefuseDebit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
+	resp, err := p.client().RefuseDebit(ctx, &quotav1.RefuseDebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
+	if err != nil {
+		return "", apierr.FromStatus(err)
+	}
+	return transfer.OutState(resp.GetState()), nil
+}
+
 // Restore implements coordinator.Participant.
 func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
 	resp, err := p.client().Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})

@@ -214,3 +214,68 @@ func TestZombieCoordinatorIsFenced(t *testing.T) {
 	}
 	mustAudit(t, b, "s", "after the zombie")
 }
+
+// TestCancelRequestedTransfer: a transfer left requested (the debit never reached the
+// source, or its reply was lost) is cancelled by resolve --refuse through the source's own
+// record. Never debited: the source tombstones it, the ledger voids it, a late debit answers
+// refused and nothing moves. Debited: the ledger learns it, the destination refuses it, the
+// source restores it. Either way the audit is clean and the source ends where it started.
+func TestCancelRequestedTransfer(t *testing.T) {
+	tc := newTestCluster(t, "us", "eu")
+	c := leader(t, tc)
+	createSale2(t, c, "s", 1000) // us 500, eu 500
+	tc.coords[0].Close()         // its driver would debit the stuck transfers before the cancel
+	ctx := context.Background()
+	cases := []struct {
+		name          string
+		before, after map[string]bool
+		reason        string
+	}{
+		{"never debited", map[string]bool{"debit": true}, nil, "cancelled: us refused the debit"},
+		{"debited, reply lost", nil, map[string]bool{"debit": true}, "refused by eu"},
+	}
+	for i, k := range cases {
+		t.Run(k.name, func(t *testing.T) {
+			gen := int64(2000 + 10*i)
+			old := tc.rawCoordinator(t, gen, k.before, k.after)
+			got, _, err := old.Transfer(ctx, coordinator.TransferRequest{Sale: "s", SKU: "phone", From: "us", To: "eu", Units: 10, RequestID: "cancel-" + itoa(i)})
+			if err != nil || got.State != transfer.Requested {
+				t.Fatalf("transfer with the debit's reply lost: %+v, %v; want requested", got, err)
+			}
+			old.Close()
+			fresh := tc.rawCoordinator(t, gen+5, nil, nil)
+			done, err := fresh.Resolve(ctx, got.ID, true)
+			if err != nil || done.State != transfer.Voided || done.Reason != k.reason {
+				t.Fatalf("resolve --refuse: %+v, %v; want voided, %q", done, err, k.reason)
+			}
+			if a := mustAudit(t, fresh, "s", "after the cancel"); a.InFlight != 0 {
+				t.Fatalf("in flight %d after the cancel", a.InFlight)
+			}
+			// The old leader's debit, arriving late, cannot take the units any more.
+			p, err := coordrpc.DialParticipant(tc.eps[0].Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if st, err := p.Debit(ctx, gen+5, done); err != nil || st == transfer.OutPending {
+				t.Fatalf("late debit after the cancel: %s, %v; want refused or voided", st, err)
+			}
+			mustAudit(t, fresh, "s", "after the late debit")
+		})
+	}
+	if us, eu := tc.stock("us", "s"), tc.stock("eu", "s"); us.GetAvailable() != 500 || eu.GetAvailable() != 500 {
+		t.Fatalf("after two cancelled transfers: us %v, eu %v; want 500 each", us, eu)
+	}
+	// A silent source: only it knows whether it debited, so the transfer stays requested.
+	old := tc.rawCoordinator(t, 3000, map[string]bool{"debit": true}, nil)
+	got, _, err := old.Transfer(ctx, coordinator.TransferRequest{Sale: "s", SKU: "phone", From: "us", To: "eu", Units: 10, RequestID: "cancel-silent"})
+	if err != nil || got.State != transfer.Requested {
+		t.Fatalf("transfer: %+v, %v", got, err)
+	}
+	tc.proxies["us"].Cut()
+	if still, err := old.Resolve(ctx, got.ID, true); err != nil || still.State != transfer.Requested || still.Reason == "" {
+		t.Fatalf("resolve --refuse with the source cut off: %+v, %v; want still requested, with a reason", still, err)
+	}
+	tc.proxies["us"].Heal()
+	mustAudit(t, old, "s", "after the failed cancel")
+}

@@ -126,6 +126,16 @@ func (s *Server) Debit(ctx context.Context, req *quotav1.DebitRequest) (*quotav1
 	return &quotav1.DebitResponse{State: string(st)}, nil
 }
 
+// RefuseDebit implements ParticipantService.
+func (s *Server) RefuseDebit(ctx context.Context, req *quotav1.RefuseDebitRequest) (*quotav1.RefuseDebitResponse, error) {
+	st, err := s.R.RefuseDebit(ctx, region.DebitRequest{Generation: req.GetGeneration(), TransferID: req.GetTransferId(),
+		Sale: req.GetSaleId(), SKU: req.GetSku(), To: req.GetTo(), Units: transfer.Units(req.GetUnits())})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.RefuseDebitResponse{State: string(st)}, nil
+}
+
 // Refuse implements ParticipantService.
 func (s *Server) Refuse(ctx context.Context, req *quotav1.RefuseRequest) (*quotav1.RefuseResponse, error) {
 	st, err := s.R.Refuse(ctx, region.CreditRequest{Generation: req.GetGeneration(), TransferID: req.GetTransferId(),

@@ -437,6 +437,136 @@ func (x *DebitResponse) GetState() string {
 	return ""
 }
 
+type RefuseDebitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	SaleId        string                 `protobuf:"bytes,3,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,4,opt,name=sku,proto3" json:"sku,omitempty"`
+	To            string                 `protobuf:"bytes,5,opt,name=to,proto3" json:"to,omitempty"`
+	Units         int64                  `protobuf:"varint,6,opt,name=units,proto3" json:"units,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefuseDebitRequest) Reset() {
+	*x = RefuseDebitRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefuseDebitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefuseDebitRequest) ProtoMessage() {}
+
+func (x *RefuseDebitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefuseDebitRequest.ProtoReflect.Descriptor instead.
+func (*RefuseDebitRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RefuseDebitRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RefuseDebitRequest) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *RefuseDebitRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *RefuseDebitRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *RefuseDebitRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *RefuseDebitRequest) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+type RefuseDebitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the source's durable record: "refused" (cancelled: nothing was or will be
+	// debited), or "pending", "settled" or "voided" when a debit came first.
+	State         string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefuseDebitResponse) Reset() {
+	*x = RefuseDebitResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefuseDebitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefuseDebitResponse) ProtoMessage() {}
+
+func (x *RefuseDebitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefuseDebitResponse.ProtoReflect.Descriptor instead.
+func (*RefuseDebitResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RefuseDebitResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 type RefuseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
@@ -450,7 +580,7 @@ type RefuseRequest struct {
 
 func (x *RefuseRequest) Reset() {
 	*x = RefuseRequest{}
-	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	mi := &file_quota_v1_participant_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +592,7 @@ func (x *RefuseRequest) String() string {
 func (*RefuseRequest) ProtoMessage() {}
 
 func (x *RefuseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[7]
+	mi := &file_quota_v1_participant_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +605,7 @@ func (x *RefuseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefuseRequest.ProtoReflect.Descriptor instead.
 func (*RefuseRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{7}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RefuseRequest) GetGeneration() int64 {
@@ -523,7 +653,7 @@ type RefuseResponse struct {
 
 func (x *RefuseResponse) Reset() {
 	*x = RefuseResponse{}
-	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	mi := &file_quota_v1_participant_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +665,7 @@ func (x *RefuseResponse) String() string {
 func (*RefuseResponse) ProtoMessage() {}
 
 func (x *RefuseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[8]
+	mi := &file_quota_v1_participant_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +678,7 @@ func (x *RefuseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefuseResponse.ProtoReflect.Descriptor instead.
 func (*RefuseResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{8}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RefuseResponse) GetState() string {
@@ -569,7 +699,7 @@ type RestoreRequest struct {
 
 func (x *RestoreRequest) Reset() {
 	*x = RestoreRequest{}
-	mi := &file_quota_v1_participant_proto_msgTypes[9]
+	mi := &file_quota_v1_participant_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +711,7 @@ func (x *RestoreRequest) String() string {
 func (*RestoreRequest) ProtoMessage() {}
 
 func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[9]
+	mi := &file_quota_v1_participant_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +724,7 @@ func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
 func (*RestoreRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{9}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RestoreRequest) GetGeneration() int64 {
@@ -627,7 +757,7 @@ type RestoreResponse struct {
 
 func (x *RestoreResponse) Reset() {
 	*x = RestoreResponse{}
-	mi := &file_quota_v1_participant_proto_msgTypes[10]
+	mi := &file_quota_v1_participant_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +769,7 @@ func (x *RestoreResponse) String() string {
 func (*RestoreResponse) ProtoMessage() {}
 
 func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[10]
+	mi := &file_quota_v1_participant_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +782,7 @@ func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
 func (*RestoreResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{10}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RestoreResponse) GetState() string {
@@ -673,7 +803,7 @@ type SettleRequest struct {
 
 func (x *SettleRequest) Reset() {
 	*x = SettleRequest{}
-	mi := &file_quota_v1_participant_proto_msgTypes[11]
+	mi := &file_quota_v1_participant_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +815,7 @@ func (x *SettleRequest) String() string {
 func (*SettleRequest) ProtoMessage() {}
 
 func (x *SettleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[11]
+	mi := &file_quota_v1_participant_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +828,7 @@ func (x *SettleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
 func (*SettleRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{11}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SettleRequest) GetGeneration() int64 {
@@ -731,7 +861,7 @@ type SettleResponse struct {
 
 func (x *SettleResponse) Reset() {
 	*x = SettleResponse{}
-	mi := &file_quota_v1_participant_proto_msgTypes[12]
+	mi := &file_quota_v1_participant_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +873,7 @@ func (x *SettleResponse) String() string {
 func (*SettleResponse) ProtoMessage() {}
 
 func (x *SettleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[12]
+	mi := &file_quota_v1_participant_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +886,7 @@ func (x *SettleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
 func (*SettleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{12}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SettleResponse) GetState() string {
@@ -775,7 +905,7 @@ type TransferStatusRequest struct {
 
 func (x *TransferStatusRequest) Reset() {
 	*x = TransferStatusRequest{}
-	mi := &file_quota_v1_participant_proto_msgTypes[13]
+	mi := &file_quota_v1_participant_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +917,7 @@ func (x *TransferStatusRequest) String() string {
 func (*TransferStatusRequest) ProtoMessage() {}
 
 func (x *TransferStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[13]
+	mi := &file_quota_v1_participant_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +930,7 @@ func (x *TransferStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferStatusRequest.ProtoReflect.Descriptor instead.
 func (*TransferStatusRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{13}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TransferStatusRequest) GetTransferId() string {
@@ -822,7 +952,7 @@ type TransferStatusResponse struct {
 
 func (x *TransferStatusResponse) Reset() {
 	*x = TransferStatusResponse{}
-	mi := &file_quota_v1_participant_proto_msgTypes[14]
+	mi := &file_quota_v1_participant_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +964,7 @@ func (x *TransferStatusResponse) String() string {
 func (*TransferStatusResponse) ProtoMessage() {}
 
 func (x *TransferStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_participant_proto_msgTypes[14]
+	mi := &file_quota_v1_participant_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +977,7 @@ func (x *TransferStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferStatusResponse.ProtoReflect.Descriptor instead.
 func (*TransferStatusResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_participant_proto_rawDescGZIP(), []int{14}
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TransferStatusResponse) GetInbound() string {
@@ -903,6 +1033,18 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\x02to\x18\x05 \x01(\tR\x02to\x12\x14\n" +
 	"\x05units\x18\x06 \x01(\x03R\x05units\"%\n" +
 	"\rDebitResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"\xa6\x01\n" +
+	"\x12RefuseDebitRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vtransfer_id\x18\x02 \x01(\tR\n" +
+	"transferId\x12\x17\n" +
+	"\asale_id\x18\x03 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x04 \x01(\tR\x03sku\x12\x0e\n" +
+	"\x02to\x18\x05 \x01(\tR\x02to\x12\x14\n" +
+	"\x05units\x18\x06 \x01(\x03R\x05units\"+\n" +
+	"\x13RefuseDebitResponse\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\"\x91\x01\n" +
 	"\rRefuseRequest\x12\x1e\n" +
 	"\n" +
@@ -938,11 +1080,12 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"transferId\"N\n" +
 	"\x16TransferStatusResponse\x12\x18\n" +
 	"\ainbound\x18\x01 \x01(\tR\ainbound\x12\x1a\n" +
-	"\boutbound\x18\x02 \x01(\tR\boutbound2\xda\x03\n" +
+	"\boutbound\x18\x02 \x01(\tR\boutbound2\xa6\x04\n" +
 	"\x12ParticipantService\x12>\n" +
 	"\aPutSale\x12\x18.quota.v1.PutSaleRequest\x1a\x19.quota.v1.PutSaleResponse\x12;\n" +
 	"\x06Credit\x12\x17.quota.v1.CreditRequest\x1a\x18.quota.v1.CreditResponse\x128\n" +
-	"\x05Debit\x12\x16.quota.v1.DebitRequest\x1a\x17.quota.v1.DebitResponse\x12;\n" +
+	"\x05Debit\x12\x16.quota.v1.DebitRequest\x1a\x17.quota.v1.DebitResponse\x12J\n" +
+	"\vRefuseDebit\x12\x1c.quota.v1.RefuseDebitRequest\x1a\x1d.quota.v1.RefuseDebitResponse\x12;\n" +
 	"\x06Refuse\x12\x17.quota.v1.RefuseRequest\x1a\x18.quota.v1.RefuseResponse\x12>\n" +
 	"\aRestore\x12\x18.quota.v1.RestoreRequest\x1a\x19.quota.v1.RestoreResponse\x12;\n" +
 	"\x06Settle\x12\x17.quota.v1.SettleRequest\x1a\x18.quota.v1.SettleResponse\x12S\n" +
@@ -960,7 +1103,7 @@ func file_quota_v1_participant_proto_rawDescGZIP() []byte {
 	return file_quota_v1_participant_proto_rawDescData
 }
 
-var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_quota_v1_participant_proto_goTypes = []any{
 	(*SaleTerms)(nil),              // 0: quota.v1.SaleTerms
 	(*PutSaleRequest)(nil),         // 1: quota.v1.PutSaleRequest
@@ -969,35 +1112,39 @@ var file_quota_v1_participant_proto_goTypes = []any{
 	(*CreditResponse)(nil),         // 4: quota.v1.CreditResponse
 	(*DebitRequest)(nil),           // 5: quota.v1.DebitRequest
 	(*DebitResponse)(nil),          // 6: quota.v1.DebitResponse
-	(*RefuseRequest)(nil),          // 7: quota.v1.RefuseRequest
-	(*RefuseResponse)(nil),         // 8: quota.v1.RefuseResponse
-	(*RestoreRequest)(nil),         // 9: quota.v1.RestoreRequest
-	(*RestoreResponse)(nil),        // 10: quota.v1.RestoreResponse
-	(*SettleRequest)(nil),          // 11: quota.v1.SettleRequest
-	(*SettleResponse)(nil),         // 12: quota.v1.SettleResponse
-	(*TransferStatusRequest)(nil),  // 13: quota.v1.TransferStatusRequest
-	(*TransferStatusResponse)(nil), // 14: quota.v1.TransferStatusResponse
-	(*timestamppb.Timestamp)(nil),  // 15: google.protobuf.Timestamp
+	(*RefuseDebitRequest)(nil),     // 7: quota.v1.RefuseDebitRequest
+	(*RefuseDebitResponse)(nil),    // 8: quota.v1.RefuseDebitResponse
+	(*RefuseRequest)(nil),          // 9: quota.v1.RefuseRequest
+	(*RefuseResponse)(nil),         // 10: quota.v1.RefuseResponse
+	(*RestoreRequest)(nil),         // 11: quota.v1.RestoreRequest
+	(*RestoreResponse)(nil),        // 12: quota.v1.RestoreResponse
+	(*SettleRequest)(nil),          // 13: quota.v1.SettleRequest
+	(*SettleResponse)(nil),         // 14: quota.v1.SettleResponse
+	(*TransferStatusRequest)(nil),  // 15: quota.v1.TransferStatusRequest
+	(*TransferStatusResponse)(nil), // 16: quota.v1.TransferStatusResponse
+	(*timestamppb.Timestamp)(nil),  // 17: google.protobuf.Timestamp
 }
 var file_quota_v1_participant_proto_depIdxs = []int32{
-	15, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
+	17, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: quota.v1.PutSaleRequest.sale:type_name -> quota.v1.SaleTerms
 	1,  // 2: quota.v1.ParticipantService.PutSale:input_type -> quota.v1.PutSaleRequest
 	3,  // 3: quota.v1.ParticipantService.Credit:input_type -> quota.v1.CreditRequest
 	5,  // 4: quota.v1.ParticipantService.Debit:input_type -> quota.v1.DebitRequest
-	7,  // 5: quota.v1.ParticipantService.Refuse:input_type -> quota.v1.RefuseRequest
-	9,  // 6: quota.v1.ParticipantService.Restore:input_type -> quota.v1.RestoreRequest
-	11, // 7: quota.v1.ParticipantService.Settle:input_type -> quota.v1.SettleRequest
-	13, // 8: quota.v1.ParticipantService.TransferStatus:input_type -> quota.v1.TransferStatusRequest
-	2,  // 9: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
-	4,  // 10: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
-	6,  // 11: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
-	8,  // 12: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
-	10, // 13: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
-	12, // 14: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
-	14, // 15: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
-	9,  // [9:16] is the sub-list for method output_type
-	2,  // [2:9] is the sub-list for method input_type
+	7,  // 5: quota.v1.ParticipantService.RefuseDebit:input_type -> quota.v1.RefuseDebitRequest
+	9,  // 6: quota.v1.ParticipantService.Refuse:input_type -> quota.v1.RefuseRequest
+	11, // 7: quota.v1.ParticipantService.Restore:input_type -> quota.v1.RestoreRequest
+	13, // 8: quota.v1.ParticipantService.Settle:input_type -> quota.v1.SettleRequest
+	15, // 9: quota.v1.ParticipantService.TransferStatus:input_type -> quota.v1.TransferStatusRequest
+	2,  // 10: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
+	4,  // 11: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
+	6,  // 12: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
+	8,  // 13: quota.v1.ParticipantService.RefuseDebit:output_type -> quota.v1.RefuseDebitResponse
+	10, // 14: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
+	12, // 15: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
+	14, // 16: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
+	16, // 17: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
+	10, // [10:18] is the sub-list for method output_type
+	2,  // [2:10] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -1014,7 +1161,7 @@ func file_quota_v1_participant_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_participant_proto_rawDesc), len(file_quota_v1_participant_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

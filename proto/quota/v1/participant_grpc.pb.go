@@ -22,6 +22,7 @@ const (
 	ParticipantService_PutSale_FullMethodName        = "/quota.v1.ParticipantService/PutSale"
 	ParticipantService_Credit_FullMethodName         = "/quota.v1.ParticipantService/Credit"
 	ParticipantService_Debit_FullMethodName          = "/quota.v1.ParticipantService/Debit"
+	ParticipantService_RefuseDebit_FullMethodName    = "/quota.v1.ParticipantService/RefuseDebit"
 	ParticipantService_Refuse_FullMethodName         = "/quota.v1.ParticipantService/Refuse"
 	ParticipantService_Restore_FullMethodName        = "/quota.v1.ParticipantService/Restore"
 	ParticipantService_Settle_FullMethodName         = "/quota.v1.ParticipantService/Settle"
@@ -42,6 +43,9 @@ type ParticipantServiceClient interface {
 	Credit(ctx context.Context, in *CreditRequest, opts ...grpc.CallOption) (*CreditResponse, error)
 	// Debit takes a transfer's units from the source pool, once per transfer id.
 	Debit(ctx context.Context, in *DebitRequest, opts ...grpc.CallOption) (*DebitResponse, error)
+	// RefuseDebit cancels a requested transfer at the source: a tombstone unless it was
+	// already debited, so a later Debit of it answers refused.
+	RefuseDebit(ctx context.Context, in *RefuseDebitRequest, opts ...grpc.CallOption) (*RefuseDebitResponse, error)
 	// Refuse writes a tombstone at the destination unless the transfer was credited.
 	Refuse(ctx context.Context, in *RefuseRequest, opts ...grpc.CallOption) (*RefuseResponse, error)
 	// Restore returns a refused transfer's units to the source pool.
@@ -84,6 +88,16 @@ func (c *participantServiceClient) Debit(ctx context.Context, in *DebitRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DebitResponse)
 	err := c.cc.Invoke(ctx, ParticipantService_Debit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *participantServiceClient) RefuseDebit(ctx context.Context, in *RefuseDebitRequest, opts ...grpc.CallOption) (*RefuseDebitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RefuseDebitResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_RefuseDebit_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +158,9 @@ type ParticipantServiceServer interface {
 	Credit(context.Context, *CreditRequest) (*CreditResponse, error)
 	// Debit takes a transfer's units from the source pool, once per transfer id.
 	Debit(context.Context, *DebitRequest) (*DebitResponse, error)
+	// RefuseDebit cancels a requested transfer at the source: a tombstone unless it was
+	// already debited, so a later Debit of it answers refused.
+	RefuseDebit(context.Context, *RefuseDebitRequest) (*RefuseDebitResponse, error)
 	// Refuse writes a tombstone at the destination unless the transfer was credited.
 	Refuse(context.Context, *RefuseRequest) (*RefuseResponse, error)
 	// Restore returns a refused transfer's units to the source pool.
@@ -170,6 +187,9 @@ func (UnimplementedParticipantServiceServer) Credit(context.Context, *CreditRequ
 }
 func (UnimplementedParticipantServiceServer) Debit(context.Context, *DebitRequest) (*DebitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Debit not implemented")
+}
+func (UnimplementedParticipantServiceServer) RefuseDebit(context.Context, *RefuseDebitRequest) (*RefuseDebitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RefuseDebit not implemented")
 }
 func (UnimplementedParticipantServiceServer) Refuse(context.Context, *RefuseRequest) (*RefuseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Refuse not implemented")
@@ -254,6 +274,24 @@ func _ParticipantService_Debit_Handler(srv interface{}, ctx context.Context, dec
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ParticipantServiceServer).Debit(ctx, req.(*DebitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ParticipantService_RefuseDebit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RefuseDebitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).RefuseDebit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_RefuseDebit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).RefuseDebit(ctx, req.(*RefuseDebitRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -348,6 +386,10 @@ var ParticipantService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Debit",
 			Handler:    _ParticipantService_Debit_Handler,
+		},
+		{
+			MethodName: "RefuseDebit",
+			Handler:    _ParticipantService_RefuseDebit_Handler,
 		},
 		{
 			MethodName: "Refuse",
