@@ -197,8 +197,9 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	c.gen, c.cancel = gen, cancel
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.driveLoop(dctx, gen)
+	go c.termsLoop(dctx, gen)
 	go c.soldOutLoop(dctx)
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil

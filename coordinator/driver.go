@@ -18,7 +18,6 @@ func (c *Coordinator) driveLoop(ctx context.Context, gen int64) {
 	defer t.Stop()
 	for {
 		c.driveUnfinished(ctx, gen)
-		c.deliverTerms(ctx, gen)
 		select {
 		case <-ctx.Done():
 			return
@@ -80,7 +79,7 @@ func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) 
 			return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
 		}
 		if ev == transfer.Aborted {
-			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s had fewer than %d available", t.From, t.Units))
+			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s refused the debit: it had fewer than %d available, or the transfer was cancelled", t.From, t.Units))
 		}
 		return c.advance(ctx, gen, t, transfer.Debited, "")
 

@@ -169,12 +169,21 @@ func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
 }
 
 // deliverTo gives one region a sale's terms and, once it has them, forgets that it had to.
-// It tells whether the region took them.
+// It tells whether to go on with the region's next sale: not after a failure that may pass
+// (the region is likely down, or this coordinator deposed). Terms the region can never take
+// (it holds the sale with other terms, or refuses them as invalid) are reported and dropped,
+// so they do not hold up the region's other sales.
 func (c *Coordinator) deliverTo(ctx context.Context, gen int64, r RegionLink, t SaleTerms) bool {
 	cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, announceTimeout))
 	defer cancel()
-	if err := r.Participant.PutSale(cctx, gen, t); err != nil {
-		c.cfg.Logger.Warn("sale terms not delivered yet; the driver tries again",
+	err := r.Participant.PutSale(cctx, gen, t)
+	permanent := errors.Is(err, apierr.ErrAlreadyExists) || errors.Is(err, apierr.ErrInvalid)
+	switch {
+	case permanent:
+		c.cfg.Logger.Error("region refuses the sale's terms for good; they are no longer sent",
+			"sale", t.Sale, "region", r.Name, "err", err)
+	case err != nil:
+		c.cfg.Logger.Warn("sale terms not delivered yet; the coordinator tries again",
 			"sale", t.Sale, "region", r.Name, "err", err)
 		return false
 	}
@@ -184,10 +193,27 @@ func (c *Coordinator) deliverTo(ctx context.Context, gen int64, r RegionLink, t 
 	return true
 }
 
+// termsLoop delivers, every RetryInterval while this coordinator leads, the sale terms that
+// announce could not. It runs apart from driveLoop, so a region that does not answer does
+// not slow the transfers down.
+func (c *Coordinator) termsLoop(ctx context.Context, gen int64) {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.RetryInterval)
+	defer t.Stop()
+	for {
+		c.deliverTerms(ctx, gen)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // deliverTerms retries the terms that announce could not deliver: the regions at once, each
-// region's sales in turn until one fails (the region is likely still down), so a round takes
-// about announceTimeout at most. Rows naming a region this coordinator is not configured
-// with wait for a coordinator that is.
+// region's sales in turn until one fails for a reason that may pass, so a round takes about
+// announceTimeout at most. Rows naming a region this coordinator is not configured with wait
+// for a coordinator that is.
 func (c *Coordinator) deliverTerms(ctx context.Context, gen int64) {
 	rows, err := c.db.Query(ctx, `SELECT sale_id, region FROM terms_undelivered ORDER BY region, sale_id`)
 	if err != nil {

@@ -25,7 +25,7 @@ func TestRefuseDebitTable(t *testing.T) {
 		{"refused, then debit", []step{{true, 0, "refused"}, {false, 0, "refused"}, {true, 0, "refused"}}, 100},
 		{"debited, then refuse", []step{{false, 0, "pending"}, {true, 0, "pending"}, {false, 0, "pending"}}, 70},
 		{"refuse of other content", []step{{false, 0, "pending"}, {true, 31, "exists"}}, 70},
-		{"refuse more than available", []step{{true, 500, "refused"}, {false, 500, "refused"}}, 100},
+		{"refused, then debit of other content", []step{{true, 0, "refused"}, {false, 31, "exists"}, {false, 0, "refused"}}, 100},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

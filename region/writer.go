@@ -220,6 +220,9 @@ func (w *writer) enqueue(ctx context.Context, p *pending) error {
 	if w.shut {
 		return fmt.Errorf("region writer stopped: %w", ErrNotLeader)
 	}
+	if err := ctx.Err(); err != nil {
+		return err // the caller has gone: do nothing for it
+	}
 	select {
 	case w.in <- p: // the common case: room in the queue, one channel locked
 		return nil

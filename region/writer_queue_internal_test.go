@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +139,32 @@ func BenchmarkWriterSubmit(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// countOp counts its applications.
+type countOp struct{ n *atomic.Int64 }
+
+func (o countOp) apply(context.Context, *batch) (any, error, error) {
+	o.n.Add(1)
+	return "ok", nil, nil
+}
+
+// TestWriterIgnoresAGoneCaller: a caller whose context has already ended gets the context's
+// error, and its op is never applied (a reserve must not hold stock for nobody).
+func TestWriterIgnoresAGoneCaller(t *testing.T) {
+	w := newBareWriter(8)
+	defer w.close()
+	var n atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := w.submit(ctx, countOp{&n}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("submit with an ended context: %v", err)
+	}
+	if res, err := w.submit(context.Background(), countOp{&n}); err != nil || res != "ok" {
+		t.Fatalf("next submit: %v, %v", res, err)
+	}
+	if n.Load() != 1 {
+		t.Fatalf("applied %d ops; want only the live caller's", n.Load())
 	}
 }

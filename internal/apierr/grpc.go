@@ -66,7 +66,7 @@ func ToStatus(err error) error {
 // a pool is empty, nearly every call of a flash sale gets one of a handful of them, and
 // building one costs a proto marshal of its details each time. The answers carry only a
 // message, a code and a reason, so one value serves every call. Bounded, since messages name
-// sales and SKUs: past soldOutCacheMax entries, statuses are built per call.
+// sales, SKUs and counts: it starts over empty once it holds soldOutCacheMax entries.
 var soldOutCache struct {
 	sync.Map
 	n atomic.Int64
@@ -80,9 +80,11 @@ func soldOutStatus(err error, m mapping) error {
 		return st.(error)
 	}
 	st := build(err, m)
-	if soldOutCache.n.Add(1) <= soldOutCacheMax {
-		soldOutCache.Store(msg, st)
+	if soldOutCache.n.Add(1) > soldOutCacheMax {
+		soldOutCache.Clear() // racing stores may survive the clear: the bound is loose, not lost
+		soldOutCache.n.Store(1)
 	}
+	soldOutCache.Store(msg, st)
 	return st
 }
 

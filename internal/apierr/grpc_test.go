@@ -55,7 +55,7 @@ func TestToStatusTable(t *testing.T) {
 
 // TestSoldOutStatusesAreShared checks the cache of the sold-out answers: one message gives one
 // shared status, another message its own, other errors are built per call, and the cache
-// stops growing at its bound while still answering right.
+// starts over at its bound, answering right throughout.
 func TestSoldOutStatusesAreShared(t *testing.T) {
 	a := fmt.Errorf("region us: 0 of sku-a left, 1 asked: %w", ErrRegionExhausted)
 	if ToStatus(a) != ToStatus(fmt.Errorf("region us: 0 of sku-a left, 1 asked: %w", ErrRegionExhausted)) {
@@ -78,7 +78,11 @@ func TestSoldOutStatusesAreShared(t *testing.T) {
 	}
 	n := 0
 	soldOutCache.Range(func(any, any) bool { n++; return true })
-	if n > soldOutCacheMax {
-		t.Errorf("cache holds %d entries, bound %d", n, soldOutCacheMax)
+	if n > soldOutCacheMax || n == 0 {
+		t.Errorf("cache holds %d entries, bound %d; want it started over and caching again", n, soldOutCacheMax)
+	}
+	last := fmt.Errorf("region us: 0 of sku-%d left, 1 asked: %w", soldOutCacheMax+9, ErrRegionExhausted)
+	if ToStatus(last) != ToStatus(last) {
+		t.Error("past the bound, answers are no longer shared")
 	}
 }

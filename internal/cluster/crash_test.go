@@ -243,7 +243,9 @@ func TestCancelRequestedTransfer(t *testing.T) {
 				t.Fatalf("transfer with the debit's reply lost: %+v, %v; want requested", got, err)
 			}
 			old.Close()
-			fresh := tc.rawCoordinator(t, gen+5, nil, nil)
+			// The new leader's background driver would race the cancel (a debit or a credit
+			// landing first ends the transfer posted, which is also safe): block its steps.
+			fresh := tc.rawCoordinator(t, gen+5, map[string]bool{"debit": true, "credit": true}, nil)
 			done, err := fresh.Resolve(ctx, got.ID, true)
 			if err != nil || done.State != transfer.Voided || done.Reason != k.reason {
 				t.Fatalf("resolve --refuse: %+v, %v; want voided, %q", done, err, k.reason)
