@@ -89,7 +89,8 @@ func mapSet(m map[string]time.Time, k string, v time.Time) map[string]time.Time 
 }
 
 // operator moves stock by hand, rebalances by the policy, and resolves stranded transfers
-// with --refuse now and then.
+// with --refuse now and then: a pending one is refused at its destination, a requested one
+// at its source (RefuseDebit).
 func (w *world) operator() {
 	switch x := w.rng.Float64(); {
 	case x < 0.01:
@@ -101,9 +102,9 @@ func (w *world) operator() {
 		w.rebalance(pick(w, skus))
 	case x < 0.016:
 		for _, t := range w.ledger.unfinished() {
-			if t.Stranded && t.State == transfer.Pending {
+			if t.Stranded && !w.ledger.refuse[t.ID] && (t.State == transfer.Pending || (t.State == transfer.Requested && t.From != transfer.Unallocated)) {
 				w.ledger.refuse[t.ID] = true
-				w.stats.Ops["resolve --refuse"]++
+				w.stats.Ops["resolve --refuse ("+string(t.State)+")"]++
 				break
 			}
 		}

@@ -28,8 +28,9 @@ type (
 		refuse bool
 	}
 	debitReq struct {
-		id  int
-		req region.DebitRequest
+		id     int
+		req    region.DebitRequest
+		refuse bool // RefuseDebit: cancel the requested transfer at its source
 	}
 	outReq struct {
 		id  int
@@ -165,7 +166,11 @@ func (r *regionNode) apply(w *world, body any) (any, error) {
 			res, err = r.live.Credit(b.req)
 		}
 	case debitReq:
-		res, err = r.live.Debit(b.req)
+		if b.refuse {
+			res, err = r.live.RefuseDebit(b.req)
+		} else {
+			res, err = r.live.Debit(b.req)
+		}
 	case outReq:
 		if b.to == transfer.OutVoided {
 			res, err = r.live.Restore(b.ref)
