@@ -76,3 +76,35 @@ func TestTakingOverStopsWhenTheLeaseIsLost(t *testing.T) {
 		t.Fatal("lead still running long after the lease was lost")
 	}
 }
+
+// TestCachedHintAsksEtcdOncePerTTL: many NOT_LEADER answers at once share one lookup of the
+// leader's address, and a lookup after the TTL sees a new leader.
+func TestCachedHintAsksEtcdOncePerTTL(t *testing.T) {
+	var calls atomic.Int64
+	leader := atomic.Value{}
+	leader.Store("127.0.0.1:1")
+	hint := cachedHint(100*time.Millisecond, func() string {
+		calls.Add(1)
+		time.Sleep(5 * time.Millisecond) // an etcd round trip
+		return leader.Load().(string)
+	})
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got := hint(); got != "127.0.0.1:1" {
+				t.Errorf("hint %q", got)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("200 answers asked etcd %d times; want once", n)
+	}
+	leader.Store("127.0.0.1:2")
+	time.Sleep(120 * time.Millisecond)
+	if got := hint(); got != "127.0.0.1:2" || calls.Load() != 2 {
+		t.Fatalf("after the TTL: hint %q after %d lookups; want the new leader after 2", got, calls.Load())
+	}
+}

@@ -56,6 +56,29 @@ func leaderOf(etcd *fencing.Client, role string) string {
 	return addr
 }
 
+// hintTTL is how long a NOT_LEADER answer's leader address is reused before etcd is asked
+// again: a standby, or a leader just deposed, may answer thousands of requests a second.
+const hintTTL = 250 * time.Millisecond
+
+// cachedHint wraps fetch so that it runs at most once per ttl; callers meanwhile share the
+// last answer, and callers arriving during a fetch wait for it rather than start another.
+// A client sent to an address that is already stale is told NOT_LEADER there and asks again.
+func cachedHint(ttl time.Duration, fetch func() string) func() string {
+	var (
+		mu   sync.Mutex
+		addr string
+		at   time.Time
+	)
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if at.IsZero() || time.Since(at) >= ttl {
+			addr, at = fetch(), time.Now()
+		}
+		return addr
+	}
+}
+
 // Crash stops the node the way a killed process stops: calls in progress are cut, queued
 // work fails, and its leadership is left to expire with its lease instead of being resigned.
 func (n *RegionNode) Crash() {
@@ -76,7 +99,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		cfg.Logger = slog.Default()
 	}
 	cfg.Region.Logger = cfg.Logger
-	cfg.Region.LeaderHint = func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) }
+	cfg.Region.LeaderHint = cachedHint(hintTTL, func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) })
 	flags := &soldOutSet{}
 	cfg.Region.SoldOut = flags.has
 	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
