@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -121,6 +122,7 @@ func (b *batch) flushOnce(ctx context.Context) error {
 		return fmt.Errorf("flush batch: %w", err) // nothing was sent
 	}
 	pid := conn.Conn().PgConn().PID()
+	started, known := pgutil.BackendStart(conn.Conn().PgConn())
 	err = conn.SendBatch(ctx, pb).Close()
 	conn.Release()
 	if err == nil {
@@ -134,7 +136,7 @@ func (b *batch) flushOnce(ctx context.Context) error {
 	if errors.As(err, &pe) && !outcomeUnknown(pe) {
 		return fmt.Errorf("flush batch: %w", err)
 	}
-	return &orphanError{pid: pid, err: err}
+	return &orphanError{pid: pid, started: started, startKnown: known, err: err}
 }
 
 // outcomeUnknown tells the server errors after which a transaction may have committed.
@@ -146,8 +148,19 @@ func outcomeUnknown(pe *pgconn.PgError) bool {
 // reached its epoch check yet, so the same leader's reload would not wait for it: the
 // backend is ended first (endBackend), then the state is read.
 type orphanError struct {
-	pid uint32
-	err error
+	pid        uint32
+	started    time.Time // the backend's start, when its pool recorded it (pgutil.BackendStart)
+	startKnown bool
+	err        error
+}
+
+// end ends the orphan's backend (endBackend): by pid and start time when the start is known,
+// so that a pid already given to a new backend is left alone.
+func (e *orphanError) end(ctx context.Context, db *pgxpool.Pool) error {
+	if e.startKnown {
+		return endBackendStarted(ctx, db, e.pid, e.started)
+	}
+	return endBackend(ctx, db, e.pid)
 }
 
 // Error says what happened.

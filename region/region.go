@@ -417,7 +417,7 @@ func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
 	case errors.As(err, &orphan):
 		// Its pipeline may not have reached the epoch row yet, so reload's CheckEpoch would
 		// not wait for it: end its backend first, or stop leading.
-		if err = endBackend(ctx, r.pool, orphan.pid); err == nil {
+		if err = orphan.end(ctx, r.pool); err == nil {
 			m, err = r.reload(ctx, w.epoch)
 		}
 	default:

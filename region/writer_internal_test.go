@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -241,9 +242,10 @@ func TestEndBackendStopsAnOrphanedPipeline(t *testing.T) {
 	}
 }
 
-// TestEndBackendLeavesANewerBackendWithTheSamePid: a backend is named by its pid and start
-// time, so one that merely has the pid of a backend already gone (pids are reused) is left
-// alone, while the right start time ends it.
+// TestEndBackendLeavesANewerBackendWithTheSamePid: an orphaned batch's backend is named by the pid and
+// the start time its pool recorded at connect (as flushOnce takes them), so one that merely
+// has the pid of a backend already gone (pids are reused) is left alone, while the right start
+// time ends it.
 func TestEndBackendLeavesANewerBackendWithTheSamePid(t *testing.T) {
 	r, ctx := newInternalRegion(t)
 	conn, err := r.pool.Acquire(ctx)
@@ -252,17 +254,18 @@ func TestEndBackendLeavesANewerBackendWithTheSamePid(t *testing.T) {
 	}
 	defer conn.Release()
 	pid := conn.Conn().PgConn().PID()
-	var started time.Time
-	if err := conn.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&started); err != nil {
-		t.Fatal(err)
+	started, known := pgutil.BackendStart(conn.Conn().PgConn()) // what flushOnce records
+	if !known {
+		t.Fatal("the pool did not record the backend's start")
 	}
-	if err := endBackendStarted(ctx, r.pool, pid, started.Add(-time.Second)); err != nil {
+	stale := &orphanError{pid: pid, started: started.Add(-time.Second), startKnown: true}
+	if err := stale.end(ctx, r.pool); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
 		t.Fatalf("a backend with another start time was ended: %v", err)
 	}
-	if err := endBackendStarted(ctx, r.pool, pid, started); err != nil {
+	if err := (&orphanError{pid: pid, started: started, startKnown: true}).end(ctx, r.pool); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {

@@ -99,6 +99,7 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	cfg.AfterConnect, cfg.BeforeClose = recordBackendStart, forgetBackendStart
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", redact(dbURL), err)
