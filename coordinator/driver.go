@@ -14,10 +14,16 @@ import (
 // coordinator leads: after a restart or a change of leader, nothing is left half done.
 func (c *Coordinator) driveLoop(ctx context.Context, gen int64) {
 	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.RetryInterval)
+	every(ctx, c.cfg.RetryInterval, func() { c.driveUnfinished(ctx, gen) })
+}
+
+// every runs round at once, then every interval, until ctx ends. The leader's background
+// loops are made of it; each runs in the goroutine that Lead starts and StepDown waits for.
+func every(ctx context.Context, interval time.Duration, round func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		c.driveUnfinished(ctx, gen)
+		round()
 		select {
 		case <-ctx.Done():
 			return

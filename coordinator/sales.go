@@ -198,16 +198,7 @@ func (c *Coordinator) deliverTo(ctx context.Context, gen int64, r RegionLink, t 
 // not slow the transfers down.
 func (c *Coordinator) termsLoop(ctx context.Context, gen int64) {
 	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.RetryInterval)
-	defer t.Stop()
-	for {
-		c.deliverTerms(ctx, gen)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	every(ctx, c.cfg.RetryInterval, func() { c.deliverTerms(ctx, gen) })
 }
 
 // deliverTerms retries the terms that announce could not deliver: the regions at once, each

@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"time"
 
 	"github.com/quotaworks/quota/transfer"
 )
@@ -26,16 +25,7 @@ func (c *Coordinator) soldOutLoop(ctx context.Context) {
 		return
 	}
 	published, rounds := map[skuKey]bool{}, map[skuKey]int{}
-	t := time.NewTicker(c.cfg.SoldOutInterval)
-	defer t.Stop()
-	for {
-		c.refreshSoldOut(ctx, published, rounds)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	every(ctx, c.cfg.SoldOutInterval, func() { c.refreshSoldOut(ctx, published, rounds) })
 }
 
 func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[skuKey]bool, rounds map[skuKey]int) {
