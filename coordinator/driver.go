@@ -80,14 +80,8 @@ func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) 
 		if err != nil {
 			return t, fmt.Errorf("debit at %s: %w", t.From, err)
 		}
-		ev, err := transfer.AfterDebit(st)
-		if err != nil {
-			return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
-		}
-		if ev == transfer.Aborted {
-			return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("source %s refused the debit: it had fewer than %d available, or the transfer was cancelled", t.From, t.Units))
-		}
-		return c.advance(ctx, gen, t, transfer.Debited, "")
+		return c.recordDebit(ctx, gen, t, st,
+			fmt.Sprintf("source %s refused the debit: it had fewer than %d available, or the transfer was cancelled", t.From, t.Units))
 
 	case transfer.Pending:
 		st, err := c.creditAt(ctx, gen, t)
@@ -104,6 +98,20 @@ func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) 
 		return c.advance(ctx, gen, t, transfer.Credited, "")
 	}
 	panic(fmt.Sprintf("coordinator: step of transfer %s in state %s", t.ID, t.State))
+}
+
+// recordDebit moves a requested transfer as the source's record says (its answer to a Debit
+// or a RefuseDebit): debited → pending (I1: the units are in flight), refused → voided with
+// the reason given (nothing left the source). Any other answer decides nothing.
+func (c *Coordinator) recordDebit(ctx context.Context, gen int64, t transfer.Transfer, st transfer.OutState, refused string) (transfer.Transfer, error) {
+	ev, err := transfer.AfterDebit(st)
+	if err != nil {
+		return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
+	}
+	if ev == transfer.Aborted {
+		return c.advance(ctx, gen, t, transfer.Aborted, refused)
+	}
+	return c.advance(ctx, gen, t, transfer.Debited, "")
 }
 
 // abort finishes a transfer the destination has durably refused: the source restores the

@@ -237,12 +237,5 @@ func (c *Coordinator) cancelRequested(ctx context.Context, gen int64, t transfer
 	if err != nil {
 		return t, fmt.Errorf("refuse debit at %s: %w", t.From, err)
 	}
-	ev, err := transfer.AfterDebit(st)
-	if err != nil {
-		return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
-	}
-	if ev == transfer.Aborted {
-		return c.advance(ctx, gen, t, transfer.Aborted, fmt.Sprintf("cancelled: %s refused the debit", t.From))
-	}
-	return c.advance(ctx, gen, t, transfer.Debited, "")
+	return c.recordDebit(ctx, gen, t, st, fmt.Sprintf("cancelled: %s refused the debit", t.From))
 }
