@@ -2,6 +2,8 @@ package pgutil
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -14,17 +16,28 @@ import (
 // a new backend once the old one exits.
 var backendStarts sync.Map // *pgconn.PgConn → time.Time
 
-// recordBackendStart is Open's AfterConnect. A server without pg_stat_activity's
-// backend_start (CockroachDB) leaves the connection unrecorded; the connection is used all
-// the same.
+// recordBackendStart is Open's AfterConnect. A server that answers without a start
+// (CockroachDB: no such row or column) leaves the connection unrecorded, used all the same.
+// A server that does not answer within backendStartWait fails the connection: the pool
+// drops it rather than hand out one that is already broken.
 func recordBackendStart(ctx context.Context, c *pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, backendStartWait)
+	defer cancel()
 	var started time.Time
 	err := c.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&started)
-	if err == nil {
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
 		backendStarts.Store(c.PgConn(), started)
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pe):
+	default:
+		return fmt.Errorf("read the backend's start: %w", err)
 	}
 	return nil
 }
+
+// backendStartWait bounds recordBackendStart's query.
+const backendStartWait = 5 * time.Second
 
 // forgetBackendStart is Open's BeforeClose.
 func forgetBackendStart(c *pgx.Conn) { backendStarts.Delete(c.PgConn()) }

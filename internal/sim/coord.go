@@ -84,7 +84,10 @@ func (c *coordNode) ask(w *world, t *transfer.Transfer) {
 	id := w.nextID()
 	switch {
 	case t.State == transfer.Requested:
-		refuse := w.ledger.refuse[t.ID]
+		refuse := w.ledger.refuse[t.ID] && !w.ledger.refusedDebit[t.ID]
+		if refuse {
+			w.ledger.refusedDebit[t.ID] = true
+		}
 		c.waiting[id] = call{t.ID, "debit", t.State, c.gen}
 		w.send(c.name, t.From, debitReq{id, region.DebitRequest{Generation: c.gen, TransferID: t.ID, Sale: t.Sale, SKU: t.SKU, To: t.To, Units: t.Units}, refuse})
 	case t.State == transfer.Pending:

@@ -19,11 +19,15 @@ type ledger struct {
 	// refuse marks the transfers an operator resolved with --refuse: the coordinator asks
 	// the destination to refuse them instead of crediting.
 	refuse map[string]bool
+	// refusedDebit marks the requested transfers whose RefuseDebit has been sent once: a
+	// resolve asks once, and later attempts are the driver's plain Debits, which must meet
+	// the source's tombstone (I5).
+	refusedDebit map[string]bool
 }
 
 func newLedger() *ledger {
 	return &ledger{total: map[string]transfer.Units{}, unallocated: map[string]transfer.Units{},
-		transfers: map[string]*transfer.Transfer{}, refuse: map[string]bool{}}
+		transfers: map[string]*transfer.Transfer{}, refuse: map[string]bool{}, refusedDebit: map[string]bool{}}
 }
 
 // write passes the ledger's fence for generation gen.
