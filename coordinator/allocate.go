@@ -170,6 +170,9 @@ func (c *Coordinator) transfersOf(ctx context.Context, requestID string) ([]tran
 
 // Transfers lists the ledger's transfers, of one sale or all.
 func (c *Coordinator) Transfers(ctx context.Context, sale string) ([]transfer.Transfer, error) {
+	if why := transfer.CheckID(sale); sale != "" && why != "" {
+		return nil, apierr.Invalid("sale_id", "%s", why)
+	}
 	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE $1 = '' OR sale_id = $1 ORDER BY created_at, transfer_id`, sale)
 	if err != nil {
 		return nil, err

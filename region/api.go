@@ -153,8 +153,11 @@ func (r *Region) checkHoldID(id string) error {
 	if err := checkIDs("hold_id", id); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(id, r.cfg.Name+".") {
-		owner, _, _ := strings.Cut(id, ".")
+	owner, _, found := strings.Cut(id, ".")
+	if !found || owner == "" {
+		return apierr.Invalid("hold_id", "%q is not a hold id: hold ids start with their region's name and a dot (%s.…)", id, r.cfg.Name)
+	}
+	if owner != r.cfg.Name {
 		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, r.cfg.Name, ErrNotFound)
 	}
 	return nil

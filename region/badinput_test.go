@@ -97,7 +97,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}{
 		{"unknown hold", "us.abc", "", region.ErrNotFound},
 		{"hold of another region", "eu.abc", "", region.ErrNotFound},
-		{"hold id without a region", "abc", "", region.ErrNotFound},
+		{"hold id without a region", "abc", "hold_id", nil},
 		{"empty hold id", "", "hold_id", nil},
 		{"10KB hold id", "us." + long, "hold_id", nil},
 	}

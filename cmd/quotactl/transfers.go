@@ -7,8 +7,11 @@ import (
 	"io"
 	"time"
 
+	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func transferCmd() *cobra.Command {
@@ -60,15 +63,18 @@ func runTransfer(e *env) error {
 	if w := e.v.GetDuration("wait"); w < 0 {
 		return usage("--wait %s: must not be negative (0: do not wait)", w)
 	}
-	if req.RequestId == "" {
+	picked := req.RequestId == ""
+	if picked {
 		req.RequestId = "manual-" + randomID()
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
 	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err
 	}
 	resp, err := c.Transfer(e.ctx, req)
+	if picked && mayBeRecorded(err) {
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
+	}
 	if err != nil {
 		return fmt.Errorf("transfer: %w", err)
 	}
@@ -84,6 +90,17 @@ func runTransfer(e *env) error {
 	out := toXferJSON(t)
 	out.Replayed = resp.GetReplayed()
 	return printTransfer(e, out)
+}
+
+// mayBeRecorded tells whether a request's outcome leaves its id worth retrying with: it
+// succeeded, or its answer was lost (the coordinator may have recorded it). A refusal (bad
+// input, unknown sale, a fenced or deposed coordinator, ...) recorded nothing.
+func mayBeRecorded(err error) bool {
+	switch status.Code(err) {
+	case codes.OK, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal:
+		return apierr.Reason(err) != "NOT_LEADER"
+	}
+	return false
 }
 
 func randomID() string {
@@ -218,13 +235,16 @@ func runRebalance(e *env) error {
 		return err
 	}
 	rid := e.v.GetString("request-id")
-	if rid == "" && !e.v.GetBool("dry-run") {
+	picked := rid == "" && !e.v.GetBool("dry-run")
+	if picked {
 		rid = "rebalance-" + randomID()
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s\n", rid)
 	}
 	resp, err := c.Rebalance(e.ctx, &quotav1.RebalanceRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
 		MinUnits: e.v.GetInt64("min-units"), RequestId: rid})
+	if picked && mayBeRecorded(err) {
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this rebalance safely)\n", rid, rid)
+	}
 	if err != nil {
 		return fmt.Errorf("rebalance: %w", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/quotaworks/quota/internal/apierr"
 )
 
 // exitCode is the status quotactl would exit with for err (0 for nil).
@@ -58,6 +60,21 @@ func TestBadInputChangesNothing(t *testing.T) {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
+	}
+	// A refused transfer recorded nothing: no request id is offered for a retry.
+	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "100000")
+	if exitCode(err) != 1 || strings.Contains(out, "request id") || !strings.HasSuffix(describeFor(transferCmd(), err), "set by --units") {
+		t.Errorf("transfer of more than us has: exit %d (%v)\n%s; want 1, no request id, the flag named", exitCode(err), err, out)
+	}
+	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1")
+	if err != nil || !strings.Contains(out, "request id manual-") {
+		t.Errorf("transfer of 1 unit: %v\n%s; want the random request id printed", err, out)
+	}
+	if out, err := run(t, coord, "transfers", "list", "--sale", "bad sale!"); exitCode(err) != 1 || apierr.Field(err) != "sale_id" {
+		t.Errorf("transfers list --sale 'bad sale!': exit %d (%v)\n%s; want 1, invalid sale_id", exitCode(err), err, out)
+	}
+	if _, err := run(t, coord, "release", "--region", "us", "--hold", "nosuch"); apierr.Field(err) != "hold_id" {
+		t.Errorf("release of a malformed hold id: %v; want invalid hold_id", err)
 	}
 	// The same buyers twice: the second run's holds are the first run's, replayed, not new.
 	for i, want := range []string{`"granted": 3`, `"replayed_from_earlier_run": 3`} {
