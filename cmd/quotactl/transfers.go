@@ -192,6 +192,9 @@ the source knows whether it debited.`,
 			if err := printTransfer(e, out); err != nil {
 				return err
 			}
+			if e.v.GetBool("refuse") && out.State == "posted" {
+				fmt.Fprintf(e.cmd.ErrOrStderr(), "note: %s was credited at %s before it could be refused: it is posted, not cancelled\n", out.ID, out.To)
+			}
 			if !final(out.State) {
 				return &exitError{code: 1, err: fmt.Errorf("transfer %s is still %s: %s", out.ID, out.State, out.Reason)}
 			}

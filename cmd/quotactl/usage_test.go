@@ -70,6 +70,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err != nil || !strings.Contains(out, "request id manual-") {
 		t.Errorf("transfer of 1 unit: %v\n%s; want the random request id printed", err, out)
 	}
+	// Refusing a transfer that is already posted cancels nothing, and says so.
+	id := out[strings.Index(out, "transfer t-")+len("transfer "):]
+	id = id[:strings.IndexAny(id, " :\n")]
+	if out, err := run(t, coord, "transfers", "resolve", "--refuse", id); err != nil || !strings.Contains(out, "posted, not cancelled") {
+		t.Errorf("resolve --refuse of posted %s: %v\n%s; want exit 0 and a note that it is posted", id, err, out)
+	}
 	if out, err := run(t, coord, "transfers", "list", "--sale", "bad sale!"); exitCode(err) != 1 || apierr.Field(err) != "sale_id" {
 		t.Errorf("transfers list --sale 'bad sale!': exit %d (%v)\n%s; want 1, invalid sale_id", exitCode(err), err, out)
 	}
