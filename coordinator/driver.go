@@ -270,8 +270,16 @@ func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer
 		return t
 	}
 	c.cfg.Logger.Warn("transfer not finished", "transfer", t.ID, "state", t.State, "reason", reason)
+	stored := t.Reason
 	t.Reason = reason
 	if t.Stranded || c.cfg.Clock.Now().Sub(t.CreatedAt) < c.cfg.StrandAfter {
+		if reason != stored { // shown by transfers list before the flag; written when it changes
+			_ = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `UPDATE transfers SET reason = $2, updated_at = $3
+					WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
+				return err
+			})
+		}
 		return t
 	}
 	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {

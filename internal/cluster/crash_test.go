@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -277,6 +278,9 @@ func TestCancelRequestedTransfer(t *testing.T) {
 	tc.proxies["us"].Cut()
 	if still, err := old.Resolve(ctx, got.ID, true); err != nil || still.State != transfer.Requested || still.Reason == "" {
 		t.Fatalf("resolve --refuse with the source cut off: %+v, %v; want still requested, with a reason", still, err)
+	}
+	if stored, err := old.GetTransfer(ctx, got.ID); err != nil || stored.Stranded || !strings.Contains(stored.Reason, "refuse debit at us") {
+		t.Fatalf("the ledger's row: %+v, %v; want the failed step's reason recorded before any stranding", stored, err)
 	}
 	tc.proxies["us"].Heal()
 	mustAudit(t, old, "s", "after the failed cancel")
