@@ -9,6 +9,7 @@ import (
 
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -66,6 +67,8 @@ func runTransfer(e *env) error {
 	picked := req.RequestId == ""
 	if picked {
 		req.RequestId = "manual-" + randomID()
+	} else if why := transfer.CheckID(req.RequestId); why != "" {
+		return usage("--request-id %q: %s", req.RequestId, why)
 	}
 	c, err := e.coordinator()
 	if err != nil {
@@ -171,6 +174,9 @@ the source knows whether it debited.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usage("resolve takes exactly one TRANSFER_ID, got %d arguments", len(args))
+			}
+			if why := transfer.CheckID(args[0]); why != "" {
+				return usage("TRANSFER_ID %q: %s", args[0], why)
 			}
 			return nil
 		},

@@ -56,7 +56,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		t.Errorf("stock of an unknown sale: exit %d (%v), want 1 naming the sale", exitCode(err), err)
 	}
 	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}, {"stock", "--sale", "typo", "--timeout", "0"},
-		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"}} {
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "bad id!"},
+		{"transfers", "resolve", ""}} {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
