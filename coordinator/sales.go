@@ -155,7 +155,7 @@ const announceTimeout = time.Second
 // (I4), so that a region given none of the stock answers REGION_EXHAUSTED (stock may be
 // elsewhere) rather than NOT_FOUND. Briefly (announceTimeout), so a region that is down
 // does not hold up the answer to CreateSale: a region not reached stays in
-// terms_undelivered, and deliverTerms tries it again on every round of the driver.
+// terms_undelivered, and termsLoop tries it again every RetryInterval.
 func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
 	var wg sync.WaitGroup
 	for _, r := range c.cfg.Regions {
