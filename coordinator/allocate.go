@@ -21,8 +21,8 @@ type AllocateRequest struct {
 }
 
 func (c *Coordinator) checkAllocate(req AllocateRequest) error {
-	if why := transfer.CheckID(req.Sale); why != "" {
-		return apierr.Invalid("sale_id", "%s", why)
+	if err := checkSaleID(req.Sale); err != nil {
+		return err
 	}
 	if why := transfer.CheckID(req.RequestID); why != "" {
 		return apierr.Invalid("request_id", "%s", why)
@@ -170,8 +170,10 @@ func (c *Coordinator) transfersOf(ctx context.Context, requestID string) ([]tran
 
 // Transfers lists the ledger's transfers, of one sale or all.
 func (c *Coordinator) Transfers(ctx context.Context, sale string) ([]transfer.Transfer, error) {
-	if why := transfer.CheckID(sale); sale != "" && why != "" {
-		return nil, apierr.Invalid("sale_id", "%s", why)
+	if sale != "" { // "": every sale
+		if err := checkSaleID(sale); err != nil {
+			return nil, err
+		}
 	}
 	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE $1 = '' OR sale_id = $1 ORDER BY created_at, transfer_id`, sale)
 	if err != nil {

@@ -59,8 +59,8 @@ type ledgerSnapshot struct {
 // cannot be proven without it.
 func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 	if sale != "" {
-		if why := transfer.CheckID(sale); why != "" {
-			return Report{}, apierr.Invalid("sale_id", "%s", why)
+		if err := checkSaleID(sale); err != nil {
+			return Report{}, err
 		}
 	}
 	var rep Report

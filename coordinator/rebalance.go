@@ -35,8 +35,8 @@ type RebalanceResult struct {
 // out of the plan, neither source nor destination: its pool is never reassigned.
 func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (RebalanceResult, error) {
 	var res RebalanceResult
-	if why := transfer.CheckID(req.Sale); why != "" {
-		return res, apierr.Invalid("sale_id", "%s", why)
+	if err := checkSaleID(req.Sale); err != nil {
+		return res, err
 	}
 	if why := transfer.CheckID(req.SKU); why != "" {
 		return res, apierr.Invalid("sku", "%s", why)

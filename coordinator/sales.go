@@ -46,10 +46,18 @@ type Sale struct {
 	CreatedAt time.Time
 }
 
+// checkSaleID refuses a malformed sale id as INVALID_ARGUMENT on field sale_id.
+func checkSaleID(sale string) error {
+	if why := transfer.CheckID(sale); why != "" {
+		return apierr.Invalid("sale_id", "%s", why)
+	}
+	return nil
+}
+
 // Check validates a sale definition, naming the bad field.
 func (s SaleSpec) Check() error {
-	if why := transfer.CheckID(s.Sale); why != "" {
-		return apierr.Invalid("sale_id", "%s", why)
+	if err := checkSaleID(s.Sale); err != nil {
+		return err
 	}
 	if len(s.SKUs) == 0 {
 		return apierr.Invalid("skus", "a sale needs at least one SKU")
@@ -257,8 +265,8 @@ func isUniqueViolation(err error) bool {
 
 // GetSale reads a sale and its SKUs' ledger counts.
 func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
-	if why := transfer.CheckID(sale); why != "" {
-		return Sale{}, apierr.Invalid("sale_id", "%s", why)
+	if err := checkSaleID(sale); err != nil {
+		return Sale{}, err
 	}
 	s := Sale{Terms: SaleTerms{Sale: sale}}
 	var limit, ttl int64
