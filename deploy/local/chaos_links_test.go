@@ -3,16 +3,13 @@ package local_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	mrand "math/rand/v2"
-
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/rs/zerolog"
 )
 
@@ -26,23 +23,22 @@ type links struct {
 	mu      sync.Mutex
 	server  *toxiproxy.ApiServer
 	proxies map[string][]*toxiproxy.Proxy // "region-us/pg", "region-us/etcd" → proxies
-	taken   map[int]bool
 }
 
 // newLinks starts the proxies for c and adds the settings that make the script use them.
 func newLinks(t *testing.T, c *localCluster, pgAddr string) *links {
 	t.Helper()
 	l := &links{server: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
-		proxies: map[string][]*toxiproxy.Proxy{}, taken: map[int]bool{}}
+		proxies: map[string][]*toxiproxy.Proxy{}}
 	t.Cleanup(l.stop)
 	for _, p := range linkProcs {
-		pg, err := l.add(p+"/pg", pgAddr)
+		pg, err := l.add(t, p+"/pg", pgAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var eps []string
 		for i := 1; i <= 3; i++ {
-			e, err := l.add(p+"/etcd", c.addr(180+i))
+			e, err := l.add(t, p+"/etcd", c.addr(180+i))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,26 +52,18 @@ func newLinks(t *testing.T, c *localCluster, pgAddr string) *links {
 
 // add starts a proxy to upstream on a free port below the ephemeral range (so that a proxy
 // cut and healed can listen on its port again) and returns its address.
-func (l *links) add(name, upstream string) (string, error) {
-	for range 200 {
-		port := 10000 + mrand.IntN(10000)
-		if l.taken[port] {
-			continue
+func (l *links) add(t *testing.T, name, upstream string) (string, error) {
+	t.Helper()
+	var err error
+	for range 20 {
+		p := toxiproxy.NewProxy(l.server, name, testnet.Addr(t), upstream)
+		if err = p.Start(); err != nil {
+			continue // taken since testnet checked it
 		}
-		lis, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			continue
-		}
-		lis.Close()
-		p := toxiproxy.NewProxy(l.server, name, lis.Addr().String(), upstream)
-		if err := p.Start(); err != nil {
-			continue
-		}
-		l.taken[port] = true
 		l.proxies[name] = append(l.proxies[name], p)
 		return p.Listen, nil
 	}
-	return "", fmt.Errorf("proxy %s: no free port", name)
+	return "", fmt.Errorf("proxy %s: no free port: %w", name, err)
 }
 
 // cut stops the link's proxies: open connections are closed, new ones refused.

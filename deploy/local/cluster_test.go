@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 )
 
@@ -31,29 +31,6 @@ var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "r
 
 // portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT.
 var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 181, 182, 183, 191, 192, 193}
-
-// freeBase picks a base port whose every port is free, below Linux's ephemeral range so that
-// outgoing connections do not take one meanwhile.
-func freeBase(t *testing.T) int {
-	t.Helper()
-	for range 200 {
-		base := 20000 + mrand.IntN(12000)
-		free := true
-		for _, off := range portOffsets {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+off))
-			if err != nil {
-				free = false
-				break
-			}
-			l.Close()
-		}
-		if free {
-			return base
-		}
-	}
-	t.Fatal("no free base port found")
-	return 0
-}
 
 type localCluster struct {
 	t      *testing.T
@@ -83,7 +60,7 @@ func newLocalCluster(t *testing.T, tag string, env ...string) *localCluster {
 		t.Fatal(err)
 	}
 	c := &localCluster{t: t, root: root, script: filepath.Join(root, "deploy", "local", "cluster"),
-		dir: t.TempDir(), bin: t.TempDir(), base: freeBase(t), prefix: "quota_t_" + hex.EncodeToString(rnd[:]) + "_" + tag,
+		dir: t.TempDir(), bin: t.TempDir(), base: testnet.Base(t, portOffsets...), prefix: "quota_t_" + hex.EncodeToString(rnd[:]) + "_" + tag,
 		pgURL: testpg.AdminURL()}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "QUOTA_") { // no QUOTA_COORDINATOR, QUOTA_OUTPUT, QUOTA_CLUSTER_… from the caller

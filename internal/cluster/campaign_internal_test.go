@@ -4,32 +4,21 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/testnet"
 )
-
-func loopbackURL(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
 
 // TestTakingOverStopsWhenTheLeaseIsLost: a holder still taking over (its lead blocked, as a
 // region's epoch raise waits on a stalled older leader) is stopped once its lease is lost,
 // here by etcd going away, instead of going on until the process stops.
 func TestTakingOverStopsWhenTheLeaseIsLost(t *testing.T) {
 	const ttl = 2 * time.Second
-	e, err := fencing.StartEmbedded(t.TempDir(), loopbackURL(t), loopbackURL(t))
+	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/quotaworks/quota/fencing"
@@ -144,12 +145,28 @@ func StartDev(ctx context.Context, cfg DevConfig) (*Dev, error) {
 // its log before it answers, which on a loaded machine takes more than a few seconds.
 const etcdDialTimeout = 30 * time.Second
 
-func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
-	clientURL, peerURL, err := cfg.etcdURLs()
-	if err != nil {
-		return err
+// startEtcd starts the embedded etcd and returns its client URL. Ports picked free (base port
+// 0) come from the ephemeral range, where an outgoing connection can take one between the pick
+// and etcd's bind; a fresh pick then fixes it, a fixed port is the operator's to free.
+func (d *Dev) startEtcd(cfg DevConfig) (string, error) {
+	for try := 1; ; try++ {
+		clientURL, peerURL, err := cfg.etcdURLs()
+		if err != nil {
+			return "", err
+		}
+		d.Etcd, err = fencing.StartEmbedded(filepath.Join(cfg.DataDir, "etcd"), clientURL, peerURL)
+		if err == nil {
+			return clientURL, nil
+		}
+		if cfg.BasePort != 0 || try == 3 || !errors.Is(err, syscall.EADDRINUSE) {
+			return "", err
+		}
 	}
-	if d.Etcd, err = fencing.StartEmbedded(filepath.Join(cfg.DataDir, "etcd"), clientURL, peerURL); err != nil {
+}
+
+func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
+	clientURL, err := d.startEtcd(cfg)
+	if err != nil {
 		return err
 	}
 	if d.EtcdClient, err = fencing.Dial([]string{clientURL}, etcdDialTimeout); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
@@ -20,7 +21,7 @@ import (
 // there, and the audit is clean with nothing oversold.
 func TestRegionFailover(t *testing.T) {
 	const ttl = 2 * time.Second
-	e, err := fencing.StartEmbedded(t.TempDir(), freeURL(t), freeURL(t))
+	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

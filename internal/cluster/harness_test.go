@@ -2,14 +2,13 @@ package cluster_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/netfault"
+	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
@@ -27,18 +26,9 @@ type testCluster struct {
 	coords  []*cluster.CoordinatorNode
 }
 
-func freeURL(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
 func newTestCluster(t *testing.T, names ...string) *testCluster {
 	t.Helper()
-	e, err := fencing.StartEmbedded(t.TempDir(), freeURL(t), freeURL(t))
+	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

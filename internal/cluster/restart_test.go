@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
@@ -45,50 +45,18 @@ func quotadBinary(t *testing.T) string {
 	return buildOnce.path
 }
 
-// freeBase finds a base port whose coordinator, region and etcd ports are all free.
-func freeBase(t *testing.T, regions int) int {
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if base > 65000 {
-			continue
-		}
-		ok := true
-		for _, off := range append([]int{90, 91}, seq(regions+1)...) {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+off))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
-
-func seq(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i
-	}
-	return out
-}
-
 type quotadProc struct {
-	t    *testing.T
-	args []string
-	cmd  *exec.Cmd
-	base int
+	t       *testing.T
+	args    []string
+	cmd     *exec.Cmd
+	base    int
+	exited  chan struct{} // closed once cmd has been waited for; exitErr is then set
+	exitErr error
 }
 
+// start runs quotad and waits until its coordinator leads. A quotad that exits first (a port
+// taken, a database it cannot open) fails the test at once with how it ended; its own
+// reason is on stderr just above.
 func (p *quotadProc) start() {
 	p.t.Helper()
 	p.cmd = exec.Command(quotadBinary(p.t), p.args...)
@@ -96,6 +64,12 @@ func (p *quotadProc) start() {
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	p.exited = exited
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(exited)
+	}()
 	conn := dial(p.t, "127.0.0.1:"+strconv.Itoa(p.base))
 	c := quotav1.NewCoordinatorServiceClient(conn)
 	deadline := time.Now().Add(90 * time.Second)
@@ -106,6 +80,11 @@ func (p *quotadProc) start() {
 		if err != nil && isNotFoundErr(err) { // the coordinator leads and reads its ledger
 			return
 		}
+		select {
+		case <-exited:
+			p.t.Fatalf("quotad dev exited before it served: %v", p.exitErr)
+		default:
+		}
 		if time.Now().After(deadline) {
 			p.t.Fatalf("quotad dev not ready after 90s: %v", err)
 		}
@@ -113,9 +92,10 @@ func (p *quotadProc) start() {
 	}
 }
 
+// kill9 kills quotad with SIGKILL and waits until it is gone. Idempotent.
 func (p *quotadProc) kill9() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	_ = p.cmd.Wait()
+	<-p.exited
 }
 
 // TestKill9MidLoadKeepsEveryAcknowledgedHold kills `quotad dev` with SIGKILL while buyers
@@ -123,7 +103,7 @@ func (p *quotadProc) kill9() {
 // hold whose Reserve was acknowledged is there, held or sold, and the audit is clean (so
 // nothing was counted twice).
 func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
-	base := freeBase(t, 3)
+	base := testnet.Base(t, 0, 1, 2, 3, 90, 91) // coordinator, three regions, etcd client and peer
 	prefix := "quota_t_" + randHex(t)
 	t.Cleanup(func() { dropDBs(t, prefix, []string{"us", "eu", "ap"}) })
 	p := &quotadProc{t: t, base: base, args: []string{"dev", "--base-port", strconv.Itoa(base), "--data-dir", t.TempDir(),
