@@ -84,10 +84,14 @@ func describeFor(cmd *cobra.Command, err error) string {
 		return msg
 	}
 	name, ok := flagOfField[apierr.Field(st.Err())]
-	if !ok || cmd.Flags().Lookup(name) == nil {
+	if !ok {
 		return msg
 	}
-	return msg + "; set by --" + name
+	f := cmd.Flags().Lookup(name)
+	if f == nil {
+		return msg
+	}
+	return msg + "; set by " + cliconf.Source(f)
 }
 
 func rootCmd(out io.Writer) *cobra.Command {

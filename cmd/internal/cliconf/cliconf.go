@@ -71,9 +71,28 @@ func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 		}
 		if err := setFlag(fs, f, raw, list); err != nil {
 			first = fmt.Errorf("%s=%q: not a valid --%s: %v", source, raw, f.Name, err)
+			return
 		}
+		if f.Annotations == nil {
+			f.Annotations = map[string][]string{}
+		}
+		f.Annotations[sourceKey] = []string{source}
 	})
 	return first
+}
+
+// sourceKey is the flag annotation recording where a value not given on the command line
+// came from.
+const sourceKey = "quota/source"
+
+// Source says where f's value came from, for an error about that value: "--sale" when the
+// command line gave it or nothing did (the default), "QUOTA_SALE (--sale)" or "config key
+// sale (--sale)" when Bind took it from the environment or the config file.
+func Source(f *pflag.Flag) string {
+	if src := f.Annotations[sourceKey]; len(src) == 1 {
+		return src[0] + " (--" + f.Name + ")"
+	}
+	return "--" + f.Name
 }
 
 // setFlag sets f from raw, or a list flag from list, and marks it set.

@@ -105,3 +105,37 @@ func TestSettingsListsAndNumbers(t *testing.T) {
 		t.Errorf("max-batch %d, quantity %d; want 2000000 and 3", v.GetInt("max-batch"), v.GetInt64("quantity"))
 	}
 }
+
+// TestSourceNamesWhereAValueCameFrom: an error about a value names the flag, and the variable
+// or config key too when the value came from there, since that is what the user must change.
+func TestSourceNamesWhereAValueCameFrom(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("quantity: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("QUOTA_MAX_BATCH", "9")
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	f := cmd.Flags()
+	f.String("config", "", "")
+	f.Int64("quantity", 1, "")
+	f.Int("max-batch", 256, "")
+	f.String("sale", "", "")
+	f.String("sku", "phone", "")
+	cmd.SetArgs([]string{"--config", cfg, "--sale", "s1"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Bind(cmd); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"sale":      "--sale",
+		"sku":       "--sku", // the default
+		"max-batch": "QUOTA_MAX_BATCH (--max-batch)",
+		"quantity":  "config key quantity (--quantity)",
+	} {
+		if got := Source(f.Lookup(name)); got != want {
+			t.Errorf("Source(--%s) = %q, want %q", name, got, want)
+		}
+	}
+}
