@@ -291,10 +291,19 @@ func TestLocalCluster(t *testing.T) {
 	c.wantState(st, "stopped", "etcd1", "coordinator1")
 	c.wantState(st, "running", "etcd2", "etcd3", "region-us", "region-eu", "region-ap", "coordinator2")
 
-	// Pause and resume one process.
-	c.cluster(30*time.Second, "pause", "region-eu")
-	c.wantState(c.status(), "paused", "region-eu")
-	c.cluster(30*time.Second, "resume", "region-eu")
+	// Pause and resume a leader and a standby. A paused process that does not lead is not
+	// called a standby: it could take over from nobody.
+	for _, p := range []string{"region-eu", "region-ap-2"} {
+		c.cluster(30*time.Second, "pause", p)
+	}
+	st = c.status()
+	c.wantState(st, "paused", "region-eu", "region-ap-2")
+	if !strings.HasSuffix(st["region-ap-2"], "not leading; paused") {
+		t.Errorf("paused standby region-ap-2: %q, want \"not leading; paused\"", st["region-ap-2"])
+	}
+	for _, p := range []string{"region-eu", "region-ap-2"} {
+		c.cluster(30*time.Second, "resume", p)
+	}
 
 	// Restart the killed ones: etcd1 rejoins from its data, coordinator1 stands by.
 	c.cluster(time.Minute, "start", "etcd1")
