@@ -12,6 +12,8 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -155,8 +157,10 @@ func runSaleCreate(e *env) error {
 	if areq != nil {
 		aresp, err := c.Allocate(e.ctx, areq)
 		if err != nil {
-			return fmt.Errorf("sale %q was created with its stock unallocated, but allocating failed: %w "+
-				"(run the same command again with the same terms and a corrected --allocate)", req.GetSaleId(), err)
+			return allocateFailed(req.GetSaleId(), areq.GetRequestId(), out.Replayed, err)
+		}
+		if len(aresp.GetTransfers()) == 0 {
+			fmt.Fprintf(e.cmd.ErrOrStderr(), "note: --allocate moved nothing: sale %s has no unallocated units\n", req.GetSaleId())
 		}
 		for _, t := range aresp.GetTransfers() {
 			out.Transfers = append(out.Transfers, toXferJSON(t))
@@ -170,11 +174,31 @@ func runSaleCreate(e *env) error {
 	return printSale(e, out)
 }
 
+// allocateFailed says what state an allocation that failed left the sale in, and what to do:
+// a sale this command created has all its stock unallocated, one that existed already has
+// whatever earlier allocations made of it.
+func allocateFailed(sale, requestID string, existed bool, err error) error {
+	switch {
+	case !existed:
+		return fmt.Errorf("sale %q was created with its stock unallocated, but allocating failed: %w "+
+			"(run the same command again with the same terms and a corrected --allocate)", sale, err)
+	case status.Code(err) == codes.AlreadyExists:
+		return fmt.Errorf("sale %q exists already, and request id %q allocated it before with other weights: %w "+
+			"(an allocation happens once per request id; to allocate what is still unallocated, pass a new --request-id; "+
+			"to move allocated units, use quotactl transfer or rebalance)", sale, requestID, err)
+	default:
+		return fmt.Errorf("sale %q exists already; allocating its unallocated units failed: %w", sale, err)
+	}
+}
+
 // allocateRequest builds the Allocate call of --allocate (nil without it), after checking
 // every region name against the coordinator's list.
 func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 	alloc := e.v.GetString("allocate")
 	if alloc == "" {
+		if id := e.v.GetString("request-id"); id != "" {
+			return nil, usage("--request-id %q names an allocation, and without --allocate there is none", id)
+		}
 		return nil, nil
 	}
 	names, weights, err := parsePairs("allocate", []string{alloc})

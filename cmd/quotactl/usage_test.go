@@ -40,7 +40,21 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1"); err != nil {
 		t.Fatalf("corrected create: %v\n%s", err, out)
 	}
-	out, err := run(t, coord, "stock", "--sale", "typo", "-o", "json")
+	// Run again with other weights: the sale exists and its allocation's request id is spent,
+	// which the error says, with what to do instead.
+	out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2")
+	if exitCode(err) != 1 || strings.Contains(err.Error(), "created with its stock unallocated") ||
+		!strings.Contains(err.Error(), "exists already") || !strings.Contains(err.Error(), "new --request-id") {
+		t.Errorf("create again with other weights: exit %d (%v)\n%s; want 1, saying the sale exists and to pass a new --request-id", exitCode(err), err, out)
+	}
+	out, err = run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2", "--request-id", "alloc-2")
+	if err != nil || !strings.Contains(out, "moved nothing") {
+		t.Errorf("a new allocation with nothing unallocated: %v\n%s; want exit 0 and a note that nothing moved", err, out)
+	}
+	if _, err := run(t, coord, "sale", "create", "--sale", "typo2", "--sku", "phone=5", "--request-id", "alloc-x"); exitCode(err) != 2 {
+		t.Errorf("--request-id without --allocate: exit %d (%v), want 2", exitCode(err), err)
+	}
+	out, err = run(t, coord, "stock", "--sale", "typo", "-o", "json")
 	if err != nil || !strings.Contains(out, `"region": "us"`) || strings.Contains(out, `"region": "eu"`) {
 		t.Errorf("stock of a sale only us holds: %v\n%s; want us's pool, eu left out, exit 0", err, out)
 	}
