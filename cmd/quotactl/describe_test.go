@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -32,6 +33,35 @@ func TestDescribeNamesTheFlag(t *testing.T) {
 		got := describeFor(tt.cmd, tt.err)
 		if !strings.HasPrefix(got, describe(tt.err)) || strings.TrimPrefix(got, describe(tt.err)) != tt.want {
 			t.Errorf("describeFor(%s, %v) = %q, want describe's text then %q", tt.cmd.Name(), tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestUsageErrorNamesTheVariable: a value quotactl itself refuses names the QUOTA_* variable
+// it came from, since that, not the flag, is what the user must change.
+func TestUsageErrorNamesTheVariable(t *testing.T) {
+	for _, tt := range []struct {
+		env, value string
+		args       []string
+		want       string
+	}{
+		{"QUOTA_OUTPUT", "yaml", []string{"regions"}, "; set by QUOTA_OUTPUT (--output)"},
+		{"QUOTA_TIMEOUT", "-1s", []string{"regions"}, "; set by QUOTA_TIMEOUT (--timeout)"},
+		{"", "", []string{"regions", "--timeout", "-1s"}, "must be positive"}, // typed: nothing added
+	} {
+		if tt.env != "" {
+			t.Setenv(tt.env, tt.value)
+		}
+		var out bytes.Buffer
+		root := rootCmd(&out)
+		root.SetErr(&out)
+		root.SetArgs(tt.args)
+		cmd, err := root.ExecuteC()
+		if exitCode(err) != 2 || !strings.HasSuffix(describeFor(cmd, err), tt.want) {
+			t.Errorf("%s=%s %v: exit %d, %q; want exit 2 ending in %q", tt.env, tt.value, tt.args, exitCode(err), describeFor(cmd, err), tt.want)
+		}
+		if tt.env != "" {
+			t.Setenv(tt.env, "")
 		}
 	}
 }

@@ -79,9 +79,12 @@ var flagOfField = map[string]string{
 // the server names the protocol's field (sale_id), the user typed a flag (--sale).
 func describeFor(cmd *cobra.Command, err error) string {
 	msg := describe(err)
-	st, ok := status.FromError(err)
-	if !ok || cmd == nil {
+	if cmd == nil {
 		return msg
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return msg + usageSource(cmd, msg)
 	}
 	name, ok := flagOfField[apierr.Field(st.Err())]
 	if !ok {
@@ -92,6 +95,27 @@ func describeFor(cmd *cobra.Command, err error) string {
 		return msg
 	}
 	return msg + "; set by " + cliconf.Source(f)
+}
+
+// usageSource names where the value came from when quotactl itself refused a flag's value
+// (its messages start with the flag: "--output \"yaml\": ...") and the value was not typed
+// on the command line but came from a QUOTA_* variable or the config file.
+func usageSource(cmd *cobra.Command, msg string) string {
+	name, ok := strings.CutPrefix(msg, "--")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexAny(name, " :="); i >= 0 {
+		name = name[:i]
+	}
+	f := cmd.Flags().Lookup(name)
+	if f == nil {
+		return ""
+	}
+	if src := cliconf.Source(f); src != "--"+name {
+		return "; set by " + src
+	}
+	return ""
 }
 
 func rootCmd(out io.Writer) *cobra.Command {
