@@ -74,9 +74,9 @@ func reserveCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.String("region", "", "region to reserve at (required)")
-	f.String("sale", "", "sale id")
-	f.String("sku", "", "SKU")
-	f.String("user", "", "user id")
+	f.String("sale", "", "sale id (required)")
+	f.String("sku", "", "SKU (required)")
+	f.String("user", "", "user id (required)")
 	f.Int64("quantity", 1, "units")
 	f.String("key", "", "idempotency key (required): retrying with the same key at the same region returns the same hold")
 	return cmd

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -175,6 +176,9 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	if timeout <= 0 {
 		return nil, nil, usage("--timeout %s: must be positive", timeout)
 	}
+	if err := checkRequired(cmd); err != nil {
+		return nil, nil, err
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	e := &env{v: v, cmd: cmd, ctx: ctx}
 	return e, func() {
@@ -195,6 +199,27 @@ func withEnv(fn func(e *env) error) func(*cobra.Command, []string) error {
 		defer done()
 		return fn(e)
 	}
+}
+
+// requiredMark in a flag's help makes the flag required: the help a user reads and the check
+// are then one and the same. A required flag left empty (or, for a number, 0) on the command
+// line, in QUOTA_* and in the config file is a usage error, caught before any call is made.
+const requiredMark = "(required)"
+
+func checkRequired(cmd *cobra.Command) error {
+	var missing []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if !strings.Contains(f.Usage, requiredMark) {
+			return
+		}
+		if v := f.Value.String(); v == "" || (f.Value.Type() == "int64" && v == "0") || v == "[]" {
+			missing = append(missing, "--"+f.Name)
+		}
+	})
+	if len(missing) > 0 {
+		return usage("%s: required (see %s --help)", strings.Join(missing, ", "), cmd.CommandPath())
+	}
+	return nil
 }
 
 func usage(format string, args ...any) error {

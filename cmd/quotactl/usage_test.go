@@ -72,7 +72,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}, {"stock", "--sale", "typo", "--timeout", "0"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "bad id!"},
-		{"transfers", "resolve", ""}} {
+		{"transfers", "resolve", ""},
+		// Flags the help calls required, checked before any call.
+		{"reserve", "--region", "us", "--sale", "typo", "--sku", "phone", "--user", "u"},
+		{"confirm", "--region", "us", "--hold", "us.0123"},
+		{"release", "--region", "us"},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu"},
+		{"sale", "create", "--sale", "typo3"}} {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
