@@ -160,7 +160,24 @@ func (r *Region) checkHoldID(id string) error {
 	if owner != r.cfg.Name {
 		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, r.cfg.Name, ErrNotFound)
 	}
+	if suffix := id[len(owner)+1:]; !isHoldSuffix(suffix) {
+		return apierr.Invalid("hold_id", "%q is not a hold id: after %q come 28 lowercase hex digits, not %q", id, owner+".", suffix)
+	}
 	return nil
+}
+
+// isHoldSuffix tells whether s can follow "<region>." in a hold id: 28 lowercase hex digits
+// (newHoldID), or 24 for holds made before ids led with the clock.
+func isHoldSuffix(s string) bool {
+	if len(s) != 28 && len(s) != 24 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Confirm records payment for a hold: held and unexpired → sold; otherwise the result says

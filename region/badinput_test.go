@@ -95,7 +95,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		field   string
 		wantErr error
 	}{
-		{"unknown hold", "us.abc", "", region.ErrNotFound},
+		{"unknown hold", "us.0000000000000000000000000000", "", region.ErrNotFound},
+		{"hold id of a made-up form", "us.abc", "hold_id", nil},
+		{"hold id with upper-case hex", "us.0000000000000000000000000ABC", "hold_id", nil},
 		{"hold of another region", "eu.abc", "", region.ErrNotFound},
 		{"hold id without a region", "abc", "hold_id", nil},
 		{"empty hold id", "", "hold_id", nil},

@@ -75,7 +75,7 @@ func CheckRegion(name string) string {
 	case name == "":
 		return "must not be empty"
 	case name == Unallocated:
-		return fmt.Sprintf("%q is reserved for the coordinator's pool", Unallocated)
+		return "is reserved for the coordinator's pool"
 	case !regionPattern.MatchString(name):
 		return "must be 1..32 lowercase letters, digits or '-', starting with a letter"
 	}

@@ -217,9 +217,11 @@ func rebalanceCmd() *cobra.Command {
 		Short: "Move a SKU's stock toward the regions selling fastest",
 		Long: `rebalance reads each region's available units and the units reserved there in the last
 --window, expects each region to keep selling at that rate for --horizon, and moves stock
-from pools with more than they need (the unallocated pool first counts as all spare) to pools
-with less, in transfers of at least --min-units. A source is never taken below what it
-needs itself, and a region whose database cannot be read is left out entirely.`,
+from pools with more than they need to pools with less, in transfers of at least --min-units.
+The unallocated pool has no demand of its own, so all of it counts as spare; it is not
+preferred: sources give in the order of their spare units, largest first. A source is never
+taken below what it needs itself, and a region whose database cannot be read is left out
+entirely.`,
 		Example: `  quotactl rebalance --sale launch --sku phone --dry-run`,
 		Args:    cobra.NoArgs,
 		RunE:    withEnv(runRebalance),
@@ -236,8 +238,13 @@ needs itself, and a region whose database cannot be read is left out entirely.`,
 }
 
 func runRebalance(e *env) error {
-	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
-		return usage("--sale and --sku: required")
+	for _, name := range []string{"window", "horizon"} {
+		if d := e.v.GetDuration(name); d <= 0 {
+			return usage("--%s %s: must be positive", name, d)
+		}
+	}
+	if n := e.v.GetInt64("min-units"); n <= 0 {
+		return usage("--min-units %d: must be positive", n)
 	}
 	c, err := e.coordinator()
 	if err != nil {

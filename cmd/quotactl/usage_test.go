@@ -78,7 +78,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"confirm", "--region", "us", "--hold", "us.0123"},
 		{"release", "--region", "us"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu"},
-		{"sale", "create", "--sale", "typo3"}} {
+		{"sale", "create", "--sale", "typo3"},
+		{"rebalance", "--sale", "typo", "--sku", "phone", "--window", "0s"},
+		{"rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "-5"}} {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}

@@ -69,7 +69,7 @@ func TestBadInputOverGRPC(t *testing.T) {
 			t.Errorf("%s: no machine-readable reason in %v", c.name, err)
 		}
 	}
-	if _, err := us.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: "us.000000", PaymentId: "p"}); status.Code(err) != codes.NotFound {
+	if _, err := us.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: "us.0000000000000000000000000000", PaymentId: "p"}); status.Code(err) != codes.NotFound {
 		t.Errorf("confirm of unknown hold: %v", err)
 	}
 	if _, err := us.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: "", PaymentId: "p"}); apierr.Field(err) != "hold_id" {
@@ -77,6 +77,9 @@ func TestBadInputOverGRPC(t *testing.T) {
 	}
 	if _, err := us.Release(ctx, &quotav1.ReleaseRequest{HoldId: "eu.123"}); status.Code(err) != codes.NotFound {
 		t.Errorf("release of another region's hold: %v", err)
+	}
+	if _, err := us.Release(ctx, &quotav1.ReleaseRequest{HoldId: "us.zzzz"}); apierr.Field(err) != "hold_id" {
+		t.Errorf("release of a malformed hold id: %v; want invalid hold_id", err)
 	}
 	badSales := []*quotav1.CreateSaleRequest{
 		{SaleId: "", Skus: []*quotav1.SkuTotal{{Sku: "p", Total: 1}}, PerUserLimit: 1, HoldTtlMs: 60000},
