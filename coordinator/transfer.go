@@ -88,8 +88,10 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 		if len(have) == 1 {
 			h := have[0]
 			if h.Sale != req.Sale || h.SKU != req.SKU || h.From != req.From || h.To != req.To || h.Units != req.Units {
-				return fmt.Errorf("request_id %q was used for another transfer (%d %s %s → %s): %w",
-					req.RequestID, h.Units, h.SKU, h.From, h.To, ErrAlreadyExists)
+				// Request ids are one namespace across sales (the transfer id is derived from
+				// the request id alone), so name the sale: the other use may be in another.
+				return fmt.Errorf("request_id %q was used for another transfer (sale %s: %d %s %s → %s); request ids are unique across sales: %w",
+					req.RequestID, h.Sale, h.Units, h.SKU, h.From, h.To, ErrAlreadyExists)
 			}
 			replayed = true
 			return nil

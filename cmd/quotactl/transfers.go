@@ -141,13 +141,13 @@ func transfersListCmd() *cobra.Command {
 				out.Transfers = append(out.Transfers, toXferJSON(t))
 			}
 			return e.print(out, func(w io.Writer) {
-				fmt.Fprintf(w, "%-28s %-10s %-12s %-12s %-12s %8s %6s %8s %s\n", "TRANSFER", "STATE", "SKU", "FROM", "TO", "UNITS", "GEN", "AGE", "STRANDED/REASON")
+				fmt.Fprintf(w, "%-28s %-16s %-10s %-12s %-12s %-12s %8s %6s %8s %s\n", "TRANSFER", "SALE", "STATE", "SKU", "FROM", "TO", "UNITS", "GEN", "AGE", "STRANDED/REASON")
 				for _, t := range out.Transfers {
 					flag := ""
 					if t.Stranded {
 						flag = "STRANDED "
 					}
-					fmt.Fprintf(w, "%-28s %-10s %-12s %-12s %-12s %8d %6d %8s %s%s\n", t.ID, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
+					fmt.Fprintf(w, "%-28s %-16s %-10s %-12s %-12s %-12s %8d %6d %8s %s%s\n", t.ID, t.Sale, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
 				}
 			})
 		}),

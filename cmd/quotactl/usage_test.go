@@ -103,6 +103,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if out, err := run(t, coord, "transfers", "list", "--sale", "bad sale!"); exitCode(err) != 1 || apierr.Field(err) != "sale_id" {
 		t.Errorf("transfers list --sale 'bad sale!': exit %d (%v)\n%s; want 1, invalid sale_id", exitCode(err), err, out)
 	}
+	if out, err := run(t, coord, "transfers", "list", "--sale", "nosuch"); exitCode(err) != 1 || !strings.Contains(describe(err), "NOT_FOUND") {
+		t.Errorf("transfers list --sale nosuch: exit %d (%v)\n%s; want 1, NOT_FOUND", exitCode(err), err, out)
+	}
+	if out, err := run(t, coord, "transfers", "list", "--sale", "typo"); err != nil || !strings.Contains(out, " typo ") {
+		t.Errorf("transfers list --sale typo: %v\n%s; want its transfers, with a SALE column", err, out)
+	}
 	if _, err := run(t, coord, "release", "--region", "us", "--hold", "nosuch"); apierr.Field(err) != "hold_id" {
 		t.Errorf("release of a malformed hold id: %v; want invalid hold_id", err)
 	}
