@@ -9,13 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -270,6 +273,23 @@ func (e *env) onlyRegion(name string) ([]*quotav1.RegionInfo, error) {
 }
 
 // findRegion is the region named name in rs, or a usage error of flag that lists the known ones.
+// checkPools refuses a flag (name → value) that names neither a region the coordinator knows
+// nor the unallocated pool, listing the regions it knows.
+func (e *env) checkPools(flags map[string]string) error {
+	rs, err := e.regions()
+	if err != nil {
+		return err
+	}
+	for _, flag := range slices.Sorted(maps.Keys(flags)) {
+		if name := flags[flag]; name != transfer.Unallocated {
+			if _, err := findRegion(rs, flag, name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func findRegion(rs []*quotav1.RegionInfo, flag, name string) (*quotav1.RegionInfo, error) {
 	names := make([]string, 0, len(rs))
 	for _, r := range rs {

@@ -58,9 +58,6 @@ func printTransfer(e *env, t xferJSON) error {
 func runTransfer(e *env) error {
 	req := &quotav1.TransferRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"), From: e.v.GetString("from"),
 		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-id")}
-	if req.SaleId == "" || req.Sku == "" || req.From == "" || req.To == "" {
-		return usage("--sale, --sku, --from and --to: required")
-	}
 	if w := e.v.GetDuration("wait"); w < 0 {
 		return usage("--wait %s: must not be negative (0: do not wait)", w)
 	}
@@ -69,6 +66,9 @@ func runTransfer(e *env) error {
 		req.RequestId = "manual-" + randomID()
 	} else if why := transfer.CheckID(req.RequestId); why != "" {
 		return usage("--request-id %q: %s", req.RequestId, why)
+	}
+	if err := e.checkPools(map[string]string{"from": req.From, "to": req.To}); err != nil {
+		return err
 	}
 	c, err := e.coordinator()
 	if err != nil {

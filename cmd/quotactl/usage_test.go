@@ -85,6 +85,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
 	}
+	if _, err := run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "mars", "--units", "1"); exitCode(err) != 2 ||
+		!strings.Contains(err.Error(), "--to \"mars\": unknown region; the coordinator knows us, eu") {
+		t.Errorf("transfer --to mars: exit %d (%v); want 2, listing the known regions", exitCode(err), err)
+	}
+	if _, err := run(t, coord, "transfer", "--sale", "nosuch", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1"); exitCode(err) != 1 ||
+		!strings.Contains(describe(err), `sale_id "nosuch": not found`) || !strings.Contains(describe(err), "NOT_FOUND") {
+		t.Errorf("transfer in an unknown sale: exit %d (%v); want 1, NOT_FOUND naming sale_id", exitCode(err), describe(err))
+	}
 	// A refused transfer recorded nothing: no request id is offered for a retry.
 	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "100000")
 	if exitCode(err) != 1 || strings.Contains(out, "request id") || !strings.HasSuffix(describeFor(transferCmd(), err), "set by --units") {
