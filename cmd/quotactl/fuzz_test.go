@@ -31,3 +31,19 @@ func FuzzParsePairs(f *testing.F) {
 		}
 	})
 }
+
+// TestParsePairsTakesCommasAndSpaces: a QUOTA_* variable separates list values by spaces, the
+// command line by commas; both read the same.
+func TestParsePairsTakesCommasAndSpaces(t *testing.T) {
+	for _, s := range []string{"us=1,eu=2", "us=1 eu=2", " us=1 ,\teu=2 "} {
+		names, nums, err := parsePairs("allocate", []string{s})
+		if err != nil || strings.Join(names, ",") != "us,eu" || nums[0] != 1 || nums[1] != 2 {
+			t.Errorf("%q → %v %v %v, want us=1 eu=2", s, names, nums, err)
+		}
+	}
+	for _, s := range []string{"", " , ", "us", "us=x"} {
+		if _, _, err := parsePairs("allocate", []string{s}); err == nil {
+			t.Errorf("%q: no error", s)
+		}
+	}
+}

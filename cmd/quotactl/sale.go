@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
@@ -45,8 +46,13 @@ func parsePairs(flag string, items []string) ([]string, []int64, error) {
 	var nums []int64
 	seen := map[string]bool{}
 	for _, item := range items {
-		for _, kv := range strings.Split(item, ",") {
-			name, num, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		// Commas as on the command line, spaces too as in a QUOTA_* variable's list.
+		pairs := strings.FieldsFunc(item, func(c rune) bool { return c == ',' || unicode.IsSpace(c) })
+		if len(pairs) == 0 {
+			return nil, nil, usage("--%s %q: want name=number", flag, item)
+		}
+		for _, kv := range pairs {
+			name, num, ok := strings.Cut(kv, "=")
 			n, err := strconv.ParseInt(num, 10, 64)
 			if !ok || name == "" || err != nil {
 				return nil, nil, usage("--%s %q: want name=number", flag, kv)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"unicode"
@@ -38,11 +39,48 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 		if err := v.ReadInConfig(); err != nil {
 			return nil, fmt.Errorf("config %s: %w", file, err)
 		}
+		if err := checkKeys(cmd, file); err != nil {
+			return nil, err
+		}
 	}
 	if err := parseSettings(cmd.Flags(), v); err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// checkKeys refuses a config file key that is no flag of any command of the program, so a
+// misspelled key is an error rather than a setting silently not applied. A key of another
+// command's flag is allowed: one file may serve several commands.
+func checkKeys(cmd *cobra.Command, file string) error {
+	fv := viper.New()
+	fv.SetConfigFile(file)
+	if err := fv.ReadInConfig(); err != nil {
+		return fmt.Errorf("config %s: %w", file, err)
+	}
+	known := map[string]bool{}
+	var visit func(c *cobra.Command)
+	visit = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
+		}
+		for _, sub := range c.Commands() {
+			visit(sub)
+		}
+	}
+	visit(cmd.Root())
+	var unknown []string
+	for _, k := range fv.AllKeys() {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return fmt.Errorf("config %s: unknown key %s: the keys are flag names without the dashes (see --help)",
+			file, strings.Join(unknown, ", "))
+	}
+	return nil
 }
 
 // parseSettings gives every flag not set on the command line its QUOTA_* variable's or its

@@ -139,3 +139,35 @@ func TestSourceNamesWhereAValueCameFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownConfigKeyIsAnError: a misspelled key fails, naming it; a key of another
+// command's flag is allowed, since one file may serve several commands.
+func TestUnknownConfigKeyIsAnError(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"quantity: 3\nunits: 5\n", ""},                                               // units: the sibling's flag
+		{"quantity: 3\nbogus-key: 1\nquantty: 2\n", "unknown key bogus-key, quantty"}, // typos
+	} {
+		cfg := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(cfg, []byte(tc.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		root := &cobra.Command{Use: "root"}
+		root.PersistentFlags().String("config", "", "")
+		var bindErr error
+		reserve := &cobra.Command{Use: "reserve", RunE: func(c *cobra.Command, _ []string) error { _, bindErr = Bind(c); return nil }}
+		reserve.Flags().Int64("quantity", 1, "")
+		transfer := &cobra.Command{Use: "transfer"}
+		transfer.Flags().Int64("units", 0, "")
+		root.AddCommand(reserve, transfer)
+		root.SetArgs([]string{"reserve", "--config", cfg})
+		if err := root.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		if tc.want == "" && bindErr != nil {
+			t.Errorf("%q: %v, want no error", tc.file, bindErr)
+		}
+		if tc.want != "" && (bindErr == nil || !strings.Contains(bindErr.Error(), tc.want)) {
+			t.Errorf("%q: %v, want an error containing %q", tc.file, bindErr, tc.want)
+		}
+	}
+}
