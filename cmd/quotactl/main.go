@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -229,8 +230,8 @@ func usage(format string, args ...any) error {
 	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
 }
 
-func (e *env) dial(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func (e *env) dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -239,11 +240,27 @@ func (e *env) dial(addr string) (*grpc.ClientConn, error) {
 }
 
 func (e *env) coordinator() (quotav1.CoordinatorServiceClient, error) {
-	conn, err := e.dial(e.v.GetString("coordinator"))
+	addr := e.v.GetString("coordinator")
+	if addr == "" {
+		return nil, usage("--coordinator: must not be empty (host:port of the coordinator, default 127.0.0.1:7400)")
+	}
+	conn, err := e.dial(addr, grpc.WithUnaryInterceptor(notACoordinator(addr)))
 	if err != nil {
 		return nil, err
 	}
 	return quotav1.NewCoordinatorServiceClient(conn), nil
+}
+
+// notACoordinator explains UNIMPLEMENTED from the --coordinator address: the server there
+// does not serve the coordinator's API, typically because the address is a region's.
+func notACoordinator(addr string) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) == codes.Unimplemented {
+			return fmt.Errorf("%w (--coordinator %s does not serve the coordinator's API: is it a region's address?)", err, addr)
+		}
+		return err
+	}
 }
 
 // regions asks the coordinator where each region answers.

@@ -93,6 +93,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		!strings.Contains(describe(err), `sale_id "nosuch": not found`) || !strings.Contains(describe(err), "NOT_FOUND") {
 		t.Errorf("transfer in an unknown sale: exit %d (%v); want 1, NOT_FOUND naming sale_id", exitCode(err), describe(err))
 	}
+	if _, err := run(t, "--coordinator="+d.Regions[0].Addr(), "regions"); err == nil || !strings.Contains(err.Error(), "is it a region's address?") {
+		t.Errorf("--coordinator at a region: %v; want a hint that it is not the coordinator", err)
+	}
+	if _, err := run(t, "--coordinator=", "regions"); exitCode(err) != 2 {
+		t.Errorf("--coordinator '': exit %d (%v), want 2", exitCode(err), err)
+	}
 	// A refused transfer recorded nothing: no request id is offered for a retry.
 	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "100000")
 	if exitCode(err) != 1 || strings.Contains(out, "request id") || !strings.HasSuffix(describeFor(transferCmd(), err), "set by --units") {
