@@ -61,9 +61,27 @@ type loadJSON struct {
 	PerSecond    float64          `json:"reserves_per_second"`
 }
 
+// checkLoadFlags refuses settings the load generator would refuse, naming the flags.
+func checkLoadFlags(e *env) error {
+	if n := e.v.GetInt("buyers"); n < 1 || n > 10_000_000 {
+		return usage("--buyers %d: must be 1..10000000", n)
+	}
+	if n := e.v.GetInt("concurrency"); n < 1 || n > 10_000 {
+		return usage("--concurrency %d: must be 1..10000", n)
+	}
+	c, r := e.v.GetFloat64("confirm"), e.v.GetFloat64("release")
+	if c < 0 || r < 0 || c+r > 1 {
+		return usage("--confirm %g and --release %g: each must be 0..1, and together at most 1", c, r)
+	}
+	if d := e.v.GetDuration("max-duration"); d < 0 {
+		return usage("--max-duration %s: must not be negative (0: the default, 10m)", d)
+	}
+	return nil
+}
+
 func runLoad(e *env) error {
-	if e.v.GetString("sale") == "" || e.v.GetString("sku") == "" {
-		return usage("--sale and --sku: required")
+	if err := checkLoadFlags(e); err != nil {
+		return err
 	}
 	names, weights, err := parsePairs("skew", []string{e.v.GetString("skew")})
 	if err != nil {
@@ -114,8 +132,8 @@ func runLoad(e *env) error {
 		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds(),
 		FirstError: s.FirstError, Earlier: s.Earlier}
 	err = e.print(out, func(w io.Writer) {
-		fmt.Fprintf(w, "%d buyers in %.1fs (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
-			out.Buyers, out.Seconds, out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
+		fmt.Fprintf(w, "%d buyers in %s (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
+			out.Buyers, s.Elapsed.Round(time.Millisecond), out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
 		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
 			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
 		if out.Earlier > 0 {

@@ -302,7 +302,7 @@ func runRebalance(e *env) error {
 			fmt.Fprintf(w, "plan: %d %s → %s\n", m.Units, m.From, m.To)
 		}
 		for _, t := range out.Transfers {
-			fmt.Fprintf(w, "transfer %s: %d %s → %s: %s\n", t.ID, t.Units, t.From, t.To, t.State)
+			fmt.Fprintf(w, "transfer %s: %d %s %s → %s: %s\n", t.ID, t.Units, t.SKU, t.From, t.To, t.State)
 		}
 	})
 }

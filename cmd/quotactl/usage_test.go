@@ -80,7 +80,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu"},
 		{"sale", "create", "--sale", "typo3"},
 		{"rebalance", "--sale", "typo", "--sku", "phone", "--window", "0s"},
-		{"rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "-5"}} {
+		{"rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "-5"},
+		{"load", "--sale", "typo", "--sku", "phone", "--buyers", "0"},
+		{"load", "--sale", "typo", "--sku", "phone", "--confirm", "0.9", "--release", "0.2"}} {
 		if _, err := run(t, append([]string{coord}, args...)...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
 		}
