@@ -11,7 +11,9 @@ import (
 
 func auditCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "audit",
+		Use: "audit",
+		Example: `  quotactl audit --sale launch          # exit 1 on any violation
+  quotactl audit -o json                # every sale`,
 		Short: "Check conservation: I1 per SKU, I2/I3 per pool, I5 per transfer; exit 1 on a violation",
 		Long: `audit asks the coordinator to read its ledger and every region's database (read-only,
 so a stopped region process does not block it) and check, per SKU:
@@ -134,9 +136,10 @@ func printAuditText(w io.Writer, a auditJSON) {
 
 func regionsCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "regions",
-		Short: "List the regions the coordinator knows",
-		Args:  cobra.NoArgs,
+		Use:     "regions",
+		Example: `  quotactl regions`,
+		Short:   "List the regions the coordinator knows",
+		Args:    cobra.NoArgs,
 		RunE: withEnv(func(e *env) error {
 			rs, err := e.regions()
 			if err != nil {

@@ -100,9 +100,10 @@ func holdFlags(cmd *cobra.Command) {
 
 func confirmCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "confirm",
-		Short: "Record payment for a hold: sold, or refund when the hold is no longer live",
-		Args:  cobra.NoArgs,
+		Use:     "confirm",
+		Example: `  quotactl confirm --region us --hold us.019ad3f2c4e1a8b7c6d5e4f3a2b1 --payment pay-8841`,
+		Short:   "Record payment for a hold: sold, or refund when the hold is no longer live",
+		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), PaymentId: e.v.GetString("payment")})
 			if err != nil {
@@ -123,9 +124,10 @@ func confirmCmd() *cobra.Command {
 
 func releaseCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "release",
-		Short: "Give a hold's units back to its region's pool",
-		Args:  cobra.NoArgs,
+		Use:     "release",
+		Example: `  quotactl release --region us --hold us.019ad3f2c4e1a8b7c6d5e4f3a2b1`,
+		Short:   "Give a hold's units back to its region's pool",
+		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold")})
 			if err != nil {
@@ -140,9 +142,10 @@ func releaseCmd() *cobra.Command {
 
 func holdCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "hold",
-		Short: "Show one hold (GetReservation)",
-		Args:  cobra.NoArgs,
+		Use:     "hold",
+		Example: `  quotactl hold --region us --hold us.019ad3f2c4e1a8b7c6d5e4f3a2b1 -o json`,
+		Short:   "Show one hold (GetReservation)",
+		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.GetReservation(e.ctx, &quotav1.GetReservationRequest{HoldId: e.v.GetString("hold")})
 			if err != nil {

@@ -35,7 +35,8 @@ func saleCmd() *cobra.Command {
 	f.String("opens-at", "", "when reservations open (RFC3339); default now")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
 	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
-	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow)}
+	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow),
+		Example: "  quotactl sale show --sale launch"}
 	show.Flags().String("sale", "", "sale id (required)")
 	return group("sale", "Create and inspect sales", create, show)
 }

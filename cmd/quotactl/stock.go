@@ -12,7 +12,9 @@ import (
 
 func stockCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "stock",
+		Use: "stock",
+		Example: `  quotactl stock --sale launch
+  quotactl stock --sale launch --region us -o json`,
 		Short: "Show every region's pools of a sale (available, held, sold)",
 		Args:  cobra.NoArgs,
 		RunE:  withEnv(runStock),

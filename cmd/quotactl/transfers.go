@@ -122,7 +122,9 @@ func transfersCmd() *cobra.Command {
 
 func transfersListCmd() *cobra.Command {
 	list := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  quotactl transfers list --unfinished
+  quotactl transfers list --sale launch -o json`,
 		Short: "List transfers with their state, age and whether they are stranded",
 		Args:  cobra.NoArgs,
 		RunE: withEnv(func(e *env) error {
@@ -159,7 +161,9 @@ func transfersListCmd() *cobra.Command {
 
 func transfersResolveCmd() *cobra.Command {
 	resolve := &cobra.Command{
-		Use:   "resolve TRANSFER_ID",
+		Use: "resolve TRANSFER_ID",
+		Example: `  quotactl transfers resolve t-f514b3f5f6ab606145977575
+  quotactl transfers resolve --refuse t-f514b3f5f6ab606145977575   # cancel it instead, if it can be`,
 		Short: "Settle an unfinished (e.g. stranded) transfer by its destination's durable record",
 		Long: `resolve asks the destination about the transfer and finishes it by what the destination
 records, never by a timeout: credited → posted; refused → restored at the source and voided;
