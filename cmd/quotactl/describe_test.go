@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -62,6 +63,31 @@ func TestUsageErrorNamesTheVariable(t *testing.T) {
 		}
 		if tt.env != "" {
 			t.Setenv(tt.env, "")
+		}
+	}
+}
+
+// TestErrorsAsJSON: with -o json an error is one JSON object (on stderr), so a script can
+// read the failure as it reads the success.
+func TestErrorsAsJSON(t *testing.T) {
+	for _, tt := range []struct {
+		args     []string
+		exit     int
+		grpcCode string
+	}{
+		{[]string{"--coordinator", "127.0.0.1:1", "--timeout", "2s", "regions", "-o", "json"}, 1, "Unavailable"},
+		{[]string{"regions", "-o", "json", "--timeout", "-1s"}, 2, ""},
+	} {
+		var out bytes.Buffer
+		root := rootCmd(&out)
+		root.SetErr(&out)
+		root.SetArgs(tt.args)
+		cmd, err := root.ExecuteC()
+		var buf bytes.Buffer
+		printError(&buf, cmd, err, exitCode(err))
+		var got errorJSON
+		if jerr := json.Unmarshal(buf.Bytes(), &got); jerr != nil || got.ExitCode != tt.exit || got.Code != tt.grpcCode || got.Error == "" {
+			t.Errorf("%v: %q (%v); want exit_code %d, code %q and the error text", tt.args, buf.String(), jerr, tt.exit, tt.grpcCode)
 		}
 	}
 }

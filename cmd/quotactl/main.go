@@ -48,10 +48,35 @@ func main() {
 			code = 2
 		}
 		if ee == nil || ee.err != nil {
-			fmt.Fprintln(os.Stderr, "quotactl:", describeFor(cmd, err))
+			printError(os.Stderr, cmd, err, code)
 		}
 		os.Exit(code)
 	}
+}
+
+// errorJSON is an error as `-o json` prints it on stderr, for scripts.
+type errorJSON struct {
+	Error    string `json:"error"`     // the text quotactl prints without -o json
+	ExitCode int    `json:"exit_code"` // 1: failure, 2: bad usage
+	Code     string `json:"code,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Field    string `json:"field,omitempty"`
+	Leader   string `json:"leader,omitempty"` // NOT_LEADER: where the leader answers, when known
+}
+
+// printError writes err for a person, or with -o json as one JSON object.
+func printError(w io.Writer, cmd *cobra.Command, err error, code int) {
+	text := describeFor(cmd, err)
+	if f := cmd.Flags().Lookup("output"); f == nil || f.Value.String() != "json" {
+		fmt.Fprintln(w, "quotactl:", text)
+		return
+	}
+	out := errorJSON{Error: text, ExitCode: code}
+	if st, ok := status.FromError(err); ok {
+		out.Code, out.Reason, out.Field, out.Leader = st.Code().String(), apierr.Reason(st.Err()), apierr.Field(st.Err()), apierr.LeaderHint(st.Err())
+	}
+	b, _ := json.Marshal(out)
+	fmt.Fprintln(w, string(b))
 }
 
 // describe renders an error with its gRPC code, machine-readable reason and field when a
