@@ -52,11 +52,11 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 func runDev(cmd *cobra.Command, _ []string) error {
 	v, log, err := settings(cmd)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	cfg, err := devConfig(v)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	cfg.Logger, cfg.Region.Logger = log, log
 	ctx, stop := signalContext()

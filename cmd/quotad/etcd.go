@@ -47,13 +47,13 @@ func (c *EtcdProcessConfig) Validate() error {
 func runEtcd(cmd *cobra.Command, _ []string) error {
 	v, log, err := settings(cmd)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	cfg := EtcdProcessConfig{Member: fencing.MemberConfig{Name: v.GetString("name"), Dir: v.GetString("data-dir"),
 		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"), InitialCluster: v.GetString("initial-cluster"),
 		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level")}}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return badUsage(err)
 	}
 	ctx, stop := signalContext()
 	defer stop()

@@ -7,10 +7,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
@@ -22,8 +24,35 @@ import (
 func main() {
 	if err := rootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "quotad:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// usageError is a bad command, flag, QUOTA_* variable or config value: quotad exits 2 for
+// it (as quotactl does), and 1 when it fails while running.
+type usageError struct{ err error }
+
+// Error is the wrapped error's message.
+func (u usageError) Error() string { return u.err.Error() }
+
+// Unwrap returns the wrapped error.
+func (u usageError) Unwrap() error { return u.err }
+
+// badUsage marks err (if any) as a usage error.
+func badUsage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// exitCode is the status quotad exits with for err: 2 for bad usage, else 1.
+func exitCode(err error) int {
+	var u usageError
+	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+		return 2
+	}
+	return 1
 }
 
 func rootCmd() *cobra.Command {
@@ -33,6 +62,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return badUsage(err) })
 	root.PersistentFlags().String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	cliconf.AddGCFlags(root.PersistentFlags())

@@ -75,17 +75,17 @@ func (c *RegionProcessConfig) Validate() error {
 func runRegion(cmd *cobra.Command, _ []string) error {
 	v, log, err := settings(cmd)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	rc, err := regionTuning(v)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	rc.Name, rc.Logger = v.GetString("name"), log
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Logger: log}, Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return badUsage(err)
 	}
 	ctx, stop := signalContext()
 	defer stop()
@@ -160,18 +160,18 @@ func parseRegions(specs []string) ([]cluster.RegionEndpoint, error) {
 func runCoordinator(cmd *cobra.Command, _ []string) error {
 	v, log, err := settings(cmd)
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	regions, err := parseRegions(v.GetStringSlice("region"))
 	if err != nil {
-		return err
+		return badUsage(err)
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
 		FollowLeaders: true},
 		Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return badUsage(err)
 	}
 	ctx, stop := signalContext()
 	defer stop()

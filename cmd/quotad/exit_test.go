@@ -1,0 +1,32 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"testing"
+)
+
+// TestBadUsageExitsTwo: a bad command, flag or setting is exit 2, as for quotactl, and
+// nothing starts; a failure while running stays 1.
+func TestBadUsageExitsTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"bogus"},
+		{"region", "--bogus"},
+		{"region", "--etcd", "http://127.0.0.1:1"}, // no --name
+		{"dev", "--base-port", "-1"},
+		{"coordinator", "--region", "us=a"},
+		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-batch", "-1"},
+	} {
+		root := rootCmd()
+		root.SetArgs(args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.Execute()
+		if err == nil || exitCode(err) != 2 {
+			t.Errorf("quotad %v: %v (exit %d), want a usage error, exit 2", args, err, exitCode(err))
+		}
+	}
+	if got := exitCode(errors.New("listen tcp: address already in use")); got != 1 {
+		t.Errorf("a runtime failure: exit %d, want 1", got)
+	}
+}
