@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"text/tabwriter"
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
@@ -143,14 +144,17 @@ func transfersListCmd() *cobra.Command {
 				out.Transfers = append(out.Transfers, toXferJSON(t))
 			}
 			return e.print(out, func(w io.Writer) {
-				fmt.Fprintf(w, "%-28s %-16s %-10s %-12s %-12s %-12s %8s %6s %8s %s\n", "TRANSFER", "SALE", "STATE", "SKU", "FROM", "TO", "UNITS", "GEN", "AGE", "STRANDED/REASON")
+				// Sale and SKU ids run up to 128 bytes: columns as wide as this list needs.
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "TRANSFER\tSALE\tSTATE\tSKU\tFROM\tTO\tUNITS\tGEN\tAGE\tSTRANDED/REASON")
 				for _, t := range out.Transfers {
 					flag := ""
 					if t.Stranded {
 						flag = "STRANDED "
 					}
-					fmt.Fprintf(w, "%-28s %-16s %-10s %-12s %-12s %-12s %8d %6d %8s %s%s\n", t.ID, t.Sale, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s%s\n", t.ID, t.Sale, t.State, t.SKU, t.From, t.To, t.Units, t.Generation, t.Age, flag, t.Reason)
 				}
+				tw.Flush()
 			})
 		}),
 	}
