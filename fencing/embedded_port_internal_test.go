@@ -5,6 +5,8 @@ import (
 	"net"
 	"syscall"
 	"testing"
+
+	"github.com/quotaworks/quota/internal/testnet"
 )
 
 // TestEmbeddedOnATakenPortSaysAddressInUse: `quotad dev --base-port 0` picks etcd's ports
@@ -16,13 +18,7 @@ func TestEmbeddedOnATakenPortSaysAddressInUse(t *testing.T) {
 	}
 	defer l.Close()
 	taken := "http://" + l.Addr().String()
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := "http://" + free.Addr().String()
-	free.Close()
-	e, err := StartEmbedded(t.TempDir(), taken, peer)
+	e, err := StartEmbedded(t.TempDir(), taken, testnet.URL(t))
 	if err == nil {
 		e.Close()
 		t.Fatal("started on a taken port")

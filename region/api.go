@@ -161,7 +161,7 @@ func (r *Region) checkHoldID(id string) error {
 		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, r.cfg.Name, ErrNotFound)
 	}
 	if suffix := id[len(owner)+1:]; !isHoldSuffix(suffix) {
-		return apierr.Invalid("hold_id", "%q is not a hold id: after %q come 28 lowercase hex digits, not %q", id, owner+".", suffix)
+		return apierr.Invalid("hold_id", "%q is not a hold id: after %q come 28 lowercase hex digits (24 in holds made by older versions), not %q", id, owner+".", suffix)
 	}
 	return nil
 }

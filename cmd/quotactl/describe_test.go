@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/spf13/cobra"
 )
@@ -77,6 +79,8 @@ func TestErrorsAsJSON(t *testing.T) {
 	}{
 		{[]string{"--coordinator", "127.0.0.1:1", "--timeout", "2s", "regions", "-o", "json"}, 1, "Unavailable"},
 		{[]string{"regions", "-o", "json", "--timeout", "-1s"}, 2, ""},
+		{[]string{"regions", "--bogus", "-o", "json"}, 2, ""}, // refused before -o is parsed
+		{[]string{"-o", "json", "bogus"}, 2, ""},
 	} {
 		var out bytes.Buffer
 		root := rootCmd(&out)
@@ -84,10 +88,18 @@ func TestErrorsAsJSON(t *testing.T) {
 		root.SetArgs(tt.args)
 		cmd, err := root.ExecuteC()
 		var buf bytes.Buffer
-		printError(&buf, cmd, err, exitCode(err))
+		printError(&buf, cmd, err, exitCode(err), wantsJSON(cmd, tt.args))
 		var got errorJSON
 		if jerr := json.Unmarshal(buf.Bytes(), &got); jerr != nil || got.ExitCode != tt.exit || got.Code != tt.grpcCode || got.Error == "" {
 			t.Errorf("%v: %q (%v); want exit_code %d, code %q and the error text", tt.args, buf.String(), jerr, tt.exit, tt.grpcCode)
 		}
+	}
+}
+
+// TestConfigKeysListEveryFlag: as for quotad, every quotactl flag is a key a config file may
+// carry.
+func TestConfigKeysListEveryFlag(t *testing.T) {
+	if m := cliconf.MissingKeys(rootCmd(io.Discard)); len(m) > 0 {
+		t.Errorf("flags missing from cliconf's programKeys: %v", m)
 	}
 }

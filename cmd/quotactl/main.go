@@ -40,18 +40,27 @@ func (e *exitError) Error() string { return e.err.Error() }
 func main() {
 	root := rootCmd(os.Stdout)
 	if cmd, err := root.ExecuteC(); err != nil {
-		code := 1
+		code := exitCode(err)
 		var ee *exitError
-		if errors.As(err, &ee) {
-			code = ee.code
-		} else if strings.HasPrefix(err.Error(), "unknown command") {
-			code = 2
-		}
-		if ee == nil || ee.err != nil {
-			printError(os.Stderr, cmd, err, code)
+		if !errors.As(err, &ee) || ee.err != nil {
+			printError(os.Stderr, cmd, err, code, wantsJSON(cmd, os.Args[1:]))
 		}
 		os.Exit(code)
 	}
+}
+
+// exitCode is the status quotactl exits with for err (0 for nil): 2 for bad usage, else 1.
+func exitCode(err error) int {
+	var ee *exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case strings.HasPrefix(err.Error(), "unknown command"):
+		return 2
+	}
+	return 1
 }
 
 // errorJSON is an error as `-o json` prints it on stderr, for scripts.
@@ -64,10 +73,29 @@ type errorJSON struct {
 	Leader   string `json:"leader,omitempty"` // NOT_LEADER: where the leader answers, when known
 }
 
+// wantsJSON tells whether the user asked for -o json. An error in the flags themselves comes
+// before the flag is parsed, so the command line and QUOTA_OUTPUT are read here too.
+func wantsJSON(cmd *cobra.Command, args []string) bool {
+	if f := cmd.Flags().Lookup("output"); f != nil && f.Changed {
+		return f.Value.String() == "json"
+	}
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-ojson" || a == "-o=json" || a == "--output=json":
+			return true
+		case (a == "-o" || a == "--output") && i+1 < len(args):
+			return args[i+1] == "json"
+		}
+	}
+	return os.Getenv("QUOTA_OUTPUT") == "json"
+}
+
 // printError writes err for a person, or with -o json as one JSON object.
-func printError(w io.Writer, cmd *cobra.Command, err error, code int) {
+func printError(w io.Writer, cmd *cobra.Command, err error, code int, asJSON bool) {
 	text := describeFor(cmd, err)
-	if f := cmd.Flags().Lookup("output"); f == nil || f.Value.String() != "json" {
+	if !asJSON {
 		fmt.Fprintln(w, "quotactl:", text)
 		return
 	}
@@ -237,16 +265,25 @@ const requiredMark = "(required)"
 
 func checkRequired(cmd *cobra.Command) error {
 	var missing []string
+	var zero *pflag.Flag
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if !strings.Contains(f.Usage, requiredMark) {
 			return
 		}
-		if v := f.Value.String(); v == "" || (f.Value.Type() == "int64" && v == "0") || v == "[]" {
+		v := f.Value.String()
+		number := strings.HasPrefix(f.Value.Type(), "int") || strings.HasPrefix(f.Value.Type(), "float")
+		switch {
+		case v == "" || v == "[]" || (number && v == "0" && !f.Changed):
 			missing = append(missing, "--"+f.Name)
+		case number && v == "0" && zero == nil:
+			zero = f // given, as 0
 		}
 	})
 	if len(missing) > 0 {
 		return usage("%s: required (see %s --help)", strings.Join(missing, ", "), cmd.CommandPath())
+	}
+	if zero != nil {
+		return usage("--%s 0: must be positive", zero.Name)
 	}
 	return nil
 }
@@ -282,7 +319,7 @@ func notACoordinator(addr string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if status.Code(err) == codes.Unimplemented {
-			return fmt.Errorf("%w (--coordinator %s does not serve the coordinator's API: is it a region's address?)", err, addr)
+			return fmt.Errorf("%w (--coordinator %s does not serve the coordinator's API: is it a region's address, or an older coordinator?)", err, addr)
 		}
 		return err
 	}
@@ -314,7 +351,6 @@ func (e *env) onlyRegion(name string) ([]*quotav1.RegionInfo, error) {
 	return []*quotav1.RegionInfo{r}, nil
 }
 
-// findRegion is the region named name in rs, or a usage error of flag that lists the known ones.
 // checkPools refuses a flag (name → value) that names neither a region the coordinator knows
 // nor the unallocated pool, listing the regions it knows.
 func (e *env) checkPools(flags map[string]string) error {
@@ -332,6 +368,7 @@ func (e *env) checkPools(flags map[string]string) error {
 	return nil
 }
 
+// findRegion is the region named name in rs, or a usage error of flag that lists the known ones.
 func findRegion(rs []*quotav1.RegionInfo, flag, name string) (*quotav1.RegionInfo, error) {
 	names := make([]string, 0, len(rs))
 	for _, r := range rs {

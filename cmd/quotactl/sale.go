@@ -185,14 +185,19 @@ func runSaleCreate(e *env) error {
 // a sale this command created has all its stock unallocated, one that existed already has
 // whatever earlier allocations made of it.
 func allocateFailed(sale, requestID string, existed bool, err error) error {
+	state := "exists already"
+	if !existed {
+		state = "was created with its stock unallocated"
+	}
 	switch {
+	case status.Code(err) == codes.AlreadyExists:
+		// Allocation request ids are one namespace across sales: the id may be another sale's.
+		return fmt.Errorf("sale %q %s, but request id %q was used before (for this sale with other weights, or for another sale): %w "+
+			"(an allocation happens once per request id; to allocate what is still unallocated, pass a new --request-id; "+
+			"to move allocated units, use quotactl transfer or rebalance)", sale, state, requestID, err)
 	case !existed:
 		return fmt.Errorf("sale %q was created with its stock unallocated, but allocating failed: %w "+
 			"(run the same command again with the same terms and a corrected --allocate)", sale, err)
-	case status.Code(err) == codes.AlreadyExists:
-		return fmt.Errorf("sale %q exists already, and request id %q allocated it before with other weights: %w "+
-			"(an allocation happens once per request id; to allocate what is still unallocated, pass a new --request-id; "+
-			"to move allocated units, use quotactl transfer or rebalance)", sale, requestID, err)
 	default:
 		return fmt.Errorf("sale %q exists already; allocating its unallocated units failed: %w", sale, err)
 	}

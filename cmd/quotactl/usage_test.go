@@ -1,24 +1,11 @@
 package main
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"github.com/quotaworks/quota/internal/apierr"
 )
-
-// exitCode is the status quotactl would exit with for err (0 for nil).
-func exitCode(err error) int {
-	var ee *exitError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ee):
-		return ee.code
-	}
-	return 1
-}
 
 // TestBadInputChangesNothing: a mistyped --allocate is refused before the sale exists (a
 // created sale's terms can no longer change); unknown regions and subcommands are usage
@@ -46,6 +33,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if exitCode(err) != 1 || strings.Contains(err.Error(), "created with its stock unallocated") ||
 		!strings.Contains(err.Error(), "exists already") || !strings.Contains(err.Error(), "new --request-id") {
 		t.Errorf("create again with other weights: exit %d (%v)\n%s; want 1, saying the sale exists and to pass a new --request-id", exitCode(err), err, out)
+	}
+	// Another sale under the spent request id: told to pick a new one, not to fix --allocate.
+	out, err = run(t, coord, "sale", "create", "--sale", "typo4", "--sku", "phone=5", "--allocate", "us=1", "--request-id", "alloc-typo")
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), "new --request-id") || strings.Contains(err.Error(), "corrected --allocate") {
+		t.Errorf("another sale under a spent allocation id: exit %d (%v)\n%s; want 1, telling to pass a new --request-id", exitCode(err), err, out)
 	}
 	out, err = run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2", "--request-id", "alloc-2")
 	if err != nil || !strings.Contains(out, "moved nothing") {
@@ -78,6 +70,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"confirm", "--region", "us", "--hold", "us.0123"},
 		{"release", "--region", "us"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu"},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "0"},
 		{"sale", "create", "--sale", "typo3"},
 		{"rebalance", "--sale", "typo", "--sku", "phone", "--window", "0s"},
 		{"rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "-5"},
@@ -95,7 +88,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		!strings.Contains(describe(err), `sale_id "nosuch": not found`) || !strings.Contains(describe(err), "NOT_FOUND") {
 		t.Errorf("transfer in an unknown sale: exit %d (%v); want 1, NOT_FOUND naming sale_id", exitCode(err), describe(err))
 	}
-	if _, err := run(t, "--coordinator="+d.Regions[0].Addr(), "regions"); err == nil || !strings.Contains(err.Error(), "is it a region's address?") {
+	if _, err := run(t, "--coordinator="+d.Regions[0].Addr(), "regions"); err == nil || !strings.Contains(err.Error(), "is it a region's address") {
 		t.Errorf("--coordinator at a region: %v; want a hint that it is not the coordinator", err)
 	}
 	if _, err := run(t, "--coordinator=", "regions"); exitCode(err) != 2 {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"testing"
+
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 )
 
 // TestBadUsageExitsTwo: a bad command, flag or setting is exit 2, as for quotactl, and
@@ -28,5 +30,13 @@ func TestBadUsageExitsTwo(t *testing.T) {
 	}
 	if got := exitCode(errors.New("listen tcp: address already in use")); got != 1 {
 		t.Errorf("a runtime failure: exit %d, want 1", got)
+	}
+}
+
+// TestConfigKeysListEveryFlag: a config file may carry any flag of quotad or quotactl; the
+// list of those keys must name every quotad flag, or a file setting it would be refused.
+func TestConfigKeysListEveryFlag(t *testing.T) {
+	if m := cliconf.MissingKeys(rootCmd()); len(m) > 0 {
+		t.Errorf("flags missing from cliconf's programKeys: %v", m)
 	}
 }

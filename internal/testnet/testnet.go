@@ -12,17 +12,56 @@ package testnet
 import (
 	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
 
-// Low and High bound the ports handed out: above the well-known and registered ports most
-// daemons use, below the ephemeral range.
+// Low and High bound the ports handed out when the ephemeral range is Linux's default
+// (32768..60999): above the ports most daemons use, below the ephemeral range. Range
+// narrows or moves them on a machine whose ephemeral range is configured otherwise.
 const (
 	Low  = 10000
 	High = 32000
 )
+
+var window struct {
+	once     sync.Once
+	lo, hi   int
+	ephemera string
+}
+
+// Range is the window ports are handed out from, [lo, hi): [Low, High) cut below the
+// machine's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), or above it when
+// too little is left below.
+func Range() (lo, hi int) {
+	window.once.Do(func() {
+		window.lo, window.hi = Low, High
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+		if err != nil {
+			return // not Linux: keep the defaults
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			return
+		}
+		elo, err1 := strconv.Atoi(f[0])
+		ehi, err2 := strconv.Atoi(f[1])
+		if err1 != nil || err2 != nil {
+			return
+		}
+		window.ephemera = string(b)
+		if elo < window.hi {
+			window.hi = elo
+		}
+		if window.hi-window.lo < 2000 && ehi < 63000 {
+			window.lo, window.hi = ehi+1, 65536
+		}
+	})
+	return window.lo, window.hi
+}
 
 var given struct {
 	sync.Mutex
@@ -40,8 +79,9 @@ func Base(t testing.TB, offsets ...int) int {
 		}
 		top = max(top, off)
 	}
-	if top >= High-Low {
-		t.Fatalf("testnet.Base: offset %d leaves no room below %d", top, High)
+	lo, hi := Range()
+	if top >= hi-lo {
+		t.Fatalf("testnet.Base: offset %d leaves no room in ports %d..%d (ephemeral range %q)", top, lo, hi, window.ephemera)
 	}
 	given.Lock()
 	defer given.Unlock()
@@ -49,7 +89,7 @@ func Base(t testing.TB, offsets ...int) int {
 		given.ports = map[int]bool{}
 	}
 	for range 500 {
-		base := Low + rand.IntN(High-Low-top)
+		base := lo + rand.IntN(hi-lo-top)
 		if allFree(base, offsets) {
 			for _, off := range offsets {
 				given.ports[base+off] = true

@@ -49,31 +49,26 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 	return v, nil
 }
 
-// checkKeys refuses a config file key that is no flag of any command of the program, so a
-// misspelled key is an error rather than a setting silently not applied. A key of another
-// command's flag is allowed: one file may serve several commands.
+// checkKeys refuses a config file key that is no flag of quotad or quotactl (programKeys) nor
+// of this program, so a misspelled key is an error rather than a setting silently not applied.
+// A key of another command's or the other program's flag is allowed: one file may serve both.
+// A map under a flag's name is refused as such, not as an unknown "flag.key".
 func checkKeys(cmd *cobra.Command, file string) error {
 	fv := viper.New()
 	fv.SetConfigFile(file)
 	if err := fv.ReadInConfig(); err != nil {
 		return fmt.Errorf("config %s: %w", file, err)
 	}
-	known := map[string]bool{}
-	var visit func(c *cobra.Command)
-	visit = func(c *cobra.Command) {
-		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
-			fs.VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
-		}
-		for _, sub := range c.Commands() {
-			visit(sub)
-		}
-	}
-	visit(cmd.Root())
+	known := flagNames(cmd.Root())
 	var unknown []string
 	for _, k := range fv.AllKeys() {
-		if !known[k] {
-			unknown = append(unknown, k)
+		if known[k] || programKeys[k] {
+			continue
 		}
+		if top, _, nested := strings.Cut(k, "."); nested && (known[top] || programKeys[top]) {
+			return fmt.Errorf("config %s: key %s: want a value or a list, not a map", file, top)
+		}
+		unknown = append(unknown, k)
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)

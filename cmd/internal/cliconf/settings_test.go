@@ -144,7 +144,9 @@ func TestSourceNamesWhereAValueCameFrom(t *testing.T) {
 // command's flag is allowed, since one file may serve several commands.
 func TestUnknownConfigKeyIsAnError(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
-		{"quantity: 3\nunits: 5\n", ""},                                               // units: the sibling's flag
+		{"quantity: 3\nunits: 5\n", ""},        // units: the sibling's flag
+		{"quantity: 3\nbase-port: 7400\n", ""}, // the other program's flag
+		{"quantity:\n  phone: 5\n", "key quantity: want a value or a list, not a map"},
 		{"quantity: 3\nbogus-key: 1\nquantty: 2\n", "unknown key bogus-key, quantty"}, // typos
 	} {
 		cfg := filepath.Join(t.TempDir(), "c.yaml")
