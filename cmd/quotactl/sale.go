@@ -267,6 +267,9 @@ func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 		return nil, err
 	}
 	for i, n := range names {
+		if totals[i] < 1 || transfer.Units(totals[i]) > transfer.MaxUnits {
+			return nil, usage("--sku %s=%d: the total must be 1..%d", n, totals[i], transfer.MaxUnits)
+		}
 		req.Skus = append(req.Skus, &quotav1.SkuTotal{Sku: n, Total: totals[i]})
 	}
 	if at := e.v.GetString("opens-at"); at != "" {

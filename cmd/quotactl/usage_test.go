@@ -72,6 +72,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "0"},
 		{"sale", "create", "--sale", "typo3"},
+		{"sale", "create", "--sale", "typo3", "--sku", "phone=-5"},
 		{"rebalance", "--sale", "typo", "--sku", "phone", "--window", "0s"},
 		{"rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "-5"},
 		{"load", "--sale", "typo", "--sku", "phone", "--buyers", "0"},
