@@ -13,6 +13,7 @@ import (
 func devCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
+		Args:  cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
 		Short: "Run an embedded etcd, a coordinator and regions in one process",
 		Long: `Run the whole system in one process for development and demos.
 

@@ -13,6 +13,9 @@ import (
 func TestBadUsageExitsTwo(t *testing.T) {
 	for _, args := range [][]string{
 		{"bogus"},
+		{"dev", "base-port", "24800"}, // dashes forgotten: must not start a cluster on the defaults
+		{"region", "extra"},
+		{"coordinator", "extra"},
 		{"region", "--bogus"},
 		{"region", "--etcd", "http://127.0.0.1:1"}, // no --name
 		{"dev", "--base-port", "-1"},

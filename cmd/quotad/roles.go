@@ -35,6 +35,7 @@ func regionTuning(v *viper.Viper) (region.Config, error) {
 func regionCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "region",
+		Args:    cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
 		Short:   "Run one region server (leader or standby, elected in etcd)",
 		Example: `  quotad region --name us --listen 127.0.0.1:7401 --db-url postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
 		RunE:    runRegion,
@@ -107,6 +108,7 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 func coordinatorCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "coordinator",
+		Args:  cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
 		Short: "Run a coordinator (leader or standby, elected in etcd)",
 		Example: `  quotad coordinator --listen 127.0.0.1:7400 --db-url postgres://quota:quota@127.0.0.1:5432/quota_coordinator \
     --region us=127.0.0.1:7401=postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
