@@ -163,23 +163,31 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	defer stopProgress()
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
-	for w := 0; w < cfg.Concurrency; w++ {
+	for range cfg.Concurrency {
 		wg.Add(1)
-		go func(w int) {
+		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
 			for ctx.Err() == nil {
 				n := next.Add(1) - 1
 				if n >= int64(cfg.Buyers) {
 					return
 				}
+				rng := buyerRNG(cfg.Seed, n)
 				i := pick(rng, cfg.Regions, total)
 				buyer{cfg: &cfg, c: c, region: cfg.Regions[i].Name, rc: clients[i], rng: rng, id: n}.run(ctx)
 			}
-		}(w)
+		}()
 	}
 	wg.Wait()
 	return c.snapshot(start), nil
+}
+
+// buyerRNG is buyer n's own random source: its region and what it does with its hold depend
+// on the seed and n alone, not on which worker happened to take it, so a run repeated with
+// the same seed sends every buyer to the same region with the same request (and a replay is
+// recognised as one) instead of making new holds elsewhere.
+func buyerRNG(seed uint64, n int64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, uint64(n)))
 }
 
 func pick(rng *rand.Rand, regions []Region, total int64) int {
