@@ -125,7 +125,11 @@ func printAuditText(w io.Writer, a auditJSON) {
 		}
 	}
 	for _, v := range a.Violations {
-		fmt.Fprintf(w, "VIOLATION %s %s/%s %s: %s\n", v.Invariant, v.Sale, v.SKU, v.Region, v.Detail)
+		where := v.Sale + "/" + v.SKU
+		if v.Region != "" {
+			where += " " + v.Region
+		}
+		fmt.Fprintf(w, "VIOLATION %s %s: %s\n", v.Invariant, where, v.Detail)
 	}
 	if a.OK {
 		fmt.Fprintf(w, "audit ok: %d SKU(s), no violations\n", len(a.SKUs))
