@@ -120,7 +120,7 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		err := tx.QueryRow(ctx, `SELECT definition FROM sales WHERE sale_id = $1`, spec.Sale).Scan(&have)
 		if err == nil {
 			if have != def {
-				return fmt.Errorf("sale_id %q already exists with another definition: %w", spec.Sale, ErrAlreadyExists)
+				return fmt.Errorf("sale_id %q was created before with another definition: %w", spec.Sale, ErrAlreadyExists)
 			}
 			replayed = true
 			return nil

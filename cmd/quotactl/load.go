@@ -35,7 +35,7 @@ away and lets the hold expire. Progress is printed every second to stderr.`,
 	f.String("skew", "us=60,eu=25,ap=15", "share of buyers nearest to each region")
 	f.Float64("confirm", 0.85, "fraction of holds paid for")
 	f.Float64("release", 0.05, "fraction of holds cancelled; the rest are abandoned and expire")
-	f.Duration("max-duration", 5*time.Minute, "stop after this long (0: 10m)")
+	f.Duration("max-duration", 5*time.Minute, "stop after this long (0 means 10m)")
 	f.Uint64("seed", 1, "random seed")
 	f.String("user-prefix", "", "prefix of buyer ids; default <sale>-s<seed>- (the same seed replays the same buyers)")
 	return cmd
@@ -151,6 +151,9 @@ func runLoad(e *env) error {
 
 // perRegion renders units per region as "ap 75, eu 109, us 124", by region name.
 func perRegion(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
 	parts := make([]string, 0, len(m))
 	for _, r := range slices.Sorted(maps.Keys(m)) {
 		parts = append(parts, fmt.Sprintf("%s %d", r, m[r]))

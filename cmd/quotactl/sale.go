@@ -104,7 +104,11 @@ func toSaleJSON(s *quotav1.Sale) saleJSON {
 	out := saleJSON{Sale: s.GetSaleId(), PerUserLimit: s.GetPerUserLimit(),
 		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime()}
 	for _, k := range s.GetSkus() {
-		out.SKUs = append(out.SKUs, skuJSON{SKU: k.GetSku(), Total: k.GetTotal(), Unallocated: k.GetUnallocated(), Allocated: k.GetAllocated()})
+		alloc := k.GetAllocated()
+		if alloc == nil {
+			alloc = map[string]int64{} // {} in JSON, as for an allocated SKU: no null for scripts to handle
+		}
+		out.SKUs = append(out.SKUs, skuJSON{SKU: k.GetSku(), Total: k.GetTotal(), Unallocated: k.GetUnallocated(), Allocated: alloc})
 	}
 	return out
 }

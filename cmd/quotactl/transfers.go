@@ -207,7 +207,7 @@ the source knows whether it debited.`,
 				return err
 			}
 			if e.v.GetBool("refuse") && out.State == "posted" {
-				fmt.Fprintf(e.cmd.ErrOrStderr(), "note: %s was credited at %s before it could be refused: it is posted, not cancelled\n", out.ID, out.To)
+				fmt.Fprintf(e.cmd.ErrOrStderr(), "note: %s is posted (credited at %s): there was nothing left to cancel\n", out.ID, out.To)
 			}
 			if !final(out.State) {
 				return &exitError{code: 1, err: fmt.Errorf("transfer %s is still %s: %s", out.ID, out.State, out.Reason)}
@@ -266,7 +266,7 @@ func runRebalance(e *env) error {
 	resp, err := c.Rebalance(e.ctx, &quotav1.RebalanceRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
 		MinUnits: e.v.GetInt64("min-units"), RequestId: rid})
-	if picked && mayBeRecorded(err) {
+	if picked && mayBeRecorded(err) && (err != nil || len(resp.GetTransfers()) > 0) { // an empty plan records nothing
 		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this rebalance safely)\n", rid, rid)
 	}
 	if err != nil {

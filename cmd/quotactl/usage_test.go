@@ -43,6 +43,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err != nil || !strings.Contains(out, "moved nothing") {
 		t.Errorf("a new allocation with nothing unallocated: %v\n%s; want exit 0 and a note that nothing moved", err, out)
 	}
+	if out, err := run(t, coord, "sale", "create", "--sale", "unalloc", "--sku", "phone=5", "-o", "json"); err != nil || !strings.Contains(out, `"allocated": {}`) {
+		t.Errorf("a sale never allocated: %v\n%s; want \"allocated\": {} (not null)", err, out)
+	}
 	if _, err := run(t, coord, "sale", "create", "--sale", "typo2", "--sku", "phone=5", "--request-id", "alloc-x"); exitCode(err) != 2 {
 		t.Errorf("--request-id without --allocate: exit %d (%v), want 2", exitCode(err), err)
 	}
@@ -65,6 +68,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "bad id!"},
 		{"transfers", "resolve", ""},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", ""},
+		{"rebalance", "--sale", "typo", "--sku", "phone", "--request-id", ""},
 		// Flags the help calls required, checked before any call.
 		{"reserve", "--region", "us", "--sale", "typo", "--sku", "phone", "--user", "u"},
 		{"confirm", "--region", "us", "--hold", "us.0123"},
@@ -107,7 +112,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	// Refusing a transfer that is already posted cancels nothing, and says so.
 	id := out[strings.Index(out, "transfer t-")+len("transfer "):]
 	id = id[:strings.IndexAny(id, " :\n")]
-	if out, err := run(t, coord, "transfers", "resolve", "--refuse", id); err != nil || !strings.Contains(out, "posted, not cancelled") {
+	if out, err := run(t, coord, "transfers", "resolve", "--refuse", id); err != nil || !strings.Contains(out, "nothing left to cancel") {
 		t.Errorf("resolve --refuse of posted %s: %v\n%s; want exit 0 and a note that it is posted", id, err, out)
 	}
 	if out, err := run(t, coord, "transfers", "list", "--sale", "bad sale!"); exitCode(err) != 1 || apierr.Field(err) != "sale_id" {

@@ -117,10 +117,10 @@ func coordinatorCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("listen", "127.0.0.1:7400", "gRPC address")
 	f.String("db-url", "", "the ledger database URL (required)")
-	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (repeat per region)")
+	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
-	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded when its destination has not answered for this long")
+	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
 	return cmd
 }
 
@@ -136,7 +136,7 @@ func (c *CoordinatorProcessConfig) Validate() error {
 		return fmt.Errorf("db-url: must be set")
 	}
 	if len(c.Node.Regions) == 0 {
-		return fmt.Errorf("region: name at least one region as name=addr=db-url")
+		return fmt.Errorf("--region: required: name at least one region as name=grpc-address=database-url")
 	}
 	if len(c.Etcd) == 0 {
 		return fmt.Errorf("etcd: name at least one endpoint")
