@@ -192,7 +192,13 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	if c.cancel != nil {
 		return errors.New("coordinator: already leading")
 	}
-	if err := pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error { return fencing.CheckLedgerGeneration(ctx, tx, gen) }); err != nil {
+	err := pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
+		if err := fencing.CheckLedgerGeneration(ctx, tx, gen); err != nil {
+			return err
+		}
+		return queueTermsForNewRegions(ctx, tx, c.regionNames())
+	})
+	if err != nil {
 		return err
 	}
 	dctx, cancel := context.WithCancel(context.Background())

@@ -250,6 +250,25 @@ func (c *Coordinator) deliverTerms(ctx context.Context, gen int64) {
 	wg.Wait()
 }
 
+// queueTermsForNewRegions queues every sale's terms for each configured region no leader was
+// configured with before (regions_seen), then lists those regions: a region added to the
+// configuration after sales were created learns their terms from termsLoop, once. It runs in
+// the takeover's fenced transaction, so only the current leader writes it (I4).
+func queueTermsForNewRegions(ctx context.Context, tx pgx.Tx, regions []string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO terms_undelivered (sale_id, region)
+		SELECT s.sale_id, r.region FROM sales s
+		CROSS JOIN unnest($1::text[]) AS r(region)
+		WHERE NOT EXISTS (SELECT 1 FROM regions_seen seen WHERE seen.region = r.region)
+		ON CONFLICT DO NOTHING`, regions)
+	if err != nil {
+		return fmt.Errorf("queue sale terms for new regions: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO regions_seen (region) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, regions); err != nil {
+		return fmt.Errorf("record regions seen: %w", err)
+	}
+	return nil
+}
+
 func (c *Coordinator) regionNames() []string {
 	names := make([]string, len(c.cfg.Regions))
 	for i, r := range c.cfg.Regions {

@@ -242,3 +242,40 @@ func TestRegionDownAtSaleCreationLearnsTheTerms(t *testing.T) {
 		t.Fatalf("us has %d available; want the whole 100", p.GetAvailable())
 	}
 }
+
+// TestRegionAddedLaterLearnsTheTerms: a sale created while the coordinator knew only us; a
+// coordinator configured with us and eu takes over, and eu learns the sale's terms (answers
+// REGION_EXHAUSTED, not NOT_FOUND) without a transfer ever reaching it.
+func TestRegionAddedLaterLearnsTheTerms(t *testing.T) {
+	tc := newTestCluster(t, "us", "eu")
+	both := tc.eps
+	tc.eps = both[:1] // the first coordinator knows us only
+	first := tc.addCoordinator(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := first.WaitLeading(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.coordinator(first).CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "s",
+		Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}}, PerUserLimit: 1, HoldTtlMs: 60000}); err != nil {
+		t.Fatal(err)
+	}
+	eu := tc.region("eu")
+	reserve := func() error {
+		_, err := eu.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "u", Quantity: 1, RequestKey: "k"})
+		return err
+	}
+	time.Sleep(500 * time.Millisecond) // the first coordinator's terms loop has run: eu is not its region
+	if err := reserve(); apierr.Reason(err) != "NOT_FOUND" {
+		t.Fatalf("eu, unknown to the first coordinator: %v; want NOT_FOUND", err)
+	}
+	first.Close() // resigns
+	tc.eps = both
+	second := tc.addCoordinator(time.Second)
+	if err := second.WaitLeading(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "eu to learn the sale's terms from the new leader", 15*time.Second, func() bool {
+		return apierr.Reason(reserve()) == "REGION_EXHAUSTED"
+	})
+}
