@@ -184,12 +184,5 @@ func (c *Coordinator) Transfers(ctx context.Context, sale string) ([]transfer.Tr
 		return ts, err
 	}
 	// No transfers: say whether the sale has none or does not exist (a mistyped id).
-	var exists bool
-	if err := c.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sales WHERE sale_id = $1)`, sale).Scan(&exists); err != nil {
-		return nil, err
-	}
-	if !exists {
-		return nil, apierr.NotFound("sale_id", sale)
-	}
-	return ts, nil
+	return ts, saleMustExist(ctx, c.db, sale)
 }

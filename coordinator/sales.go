@@ -282,6 +282,21 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
+// saleMustExist is NOT_FOUND for a sale the ledger does not have, so that "no such SKU" or
+// "no transfers" does not hide a mistyped sale id. q is the pool or a transaction.
+func saleMustExist(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sale string) error {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sales WHERE sale_id = $1)`, sale).Scan(&exists); err != nil {
+		return fmt.Errorf("read sale: %w", err)
+	}
+	if !exists {
+		return apierr.NotFound("sale_id", sale)
+	}
+	return nil
+}
+
 // GetSale reads a sale and its SKUs' ledger counts.
 func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 	if err := checkSaleID(sale); err != nil {

@@ -141,12 +141,8 @@ func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRe
 	var unalloc int64
 	err := tx.QueryRow(ctx, `SELECT unallocated FROM skus WHERE sale_id = $1 AND sku = $2`, req.Sale, req.SKU).Scan(&unalloc)
 	if err == pgx.ErrNoRows {
-		var sale bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sales WHERE sale_id = $1)`, req.Sale).Scan(&sale); err != nil {
+		if err := saleMustExist(ctx, tx, req.Sale); err != nil {
 			return err
-		}
-		if !sale {
-			return apierr.NotFound("sale_id", req.Sale)
 		}
 		return fmt.Errorf("sale %q has no sku %q: %w", req.Sale, req.SKU, ErrNotFound)
 	}

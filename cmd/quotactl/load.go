@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -61,39 +62,24 @@ type loadJSON struct {
 	PerSecond    float64          `json:"reserves_per_second"`
 }
 
-// checkLoadFlags refuses settings the load generator would refuse, naming the flags.
-func checkLoadFlags(e *env) error {
-	if n := e.v.GetInt("buyers"); n < 1 || n > 10_000_000 {
-		return usage("--buyers %d: must be 1..10000000", n)
-	}
-	if n := e.v.GetInt("concurrency"); n < 1 || n > 10_000 {
-		return usage("--concurrency %d: must be 1..10000", n)
-	}
-	c, r := e.v.GetFloat64("confirm"), e.v.GetFloat64("release")
-	if c < 0 || r < 0 || c+r > 1 {
-		return usage("--confirm %g and --release %g: each must be 0..1, and together at most 1", c, r)
-	}
-	if d := e.v.GetDuration("max-duration"); d < 0 {
-		return usage("--max-duration %s: must not be negative (0: the default, 10m)", d)
-	}
-	return nil
-}
-
 func runLoad(e *env) error {
-	if err := checkLoadFlags(e); err != nil {
-		return err
-	}
 	names, weights, err := parsePairs("skew", []string{e.v.GetString("skew")})
-	if err != nil {
-		return err
-	}
-	rs, err := e.regions()
 	if err != nil {
 		return err
 	}
 	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
 		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
 		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
+	var invalid *loadgen.InvalidError
+	if err := cfg.CheckSettings(); errors.As(err, &invalid) { // loadgen names its settings as their flags
+		return usage("--%s %s: %s", invalid.Field, invalid.Value, invalid.Want)
+	} else if err != nil {
+		return usage("%v", err)
+	}
+	rs, err := e.regions()
+	if err != nil {
+		return err
+	}
 	if cfg.UserPrefix == "" {
 		cfg.UserPrefix = fmt.Sprintf("%s-s%d-", cfg.Sale, cfg.Seed)
 	}

@@ -29,7 +29,7 @@ func saleCmd() *cobra.Command {
 	}
 	f := create.Flags()
 	f.String("sale", "", "sale id (required)")
-	f.StringArray("sku", nil, "a SKU and its total units as sku=units (repeat per SKU; required)")
+	f.StringArray("sku", nil, "a SKU and its total units as sku=units; repeat the flag per SKU (required)")
 	f.Int64("per-user-limit", 2, "most units of each SKU one user may hold or buy")
 	f.Duration("hold-ttl", 2*time.Minute, "how long a hold waits for payment")
 	f.String("opens-at", "", "when reservations open (RFC3339); default now")
@@ -256,15 +256,9 @@ func toXferJSON(t *quotav1.TransferInfo) xferJSON {
 func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 	req := &quotav1.CreateSaleRequest{SaleId: e.v.GetString("sale"), PerUserLimit: e.v.GetInt64("per-user-limit"),
 		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds()}
-	if req.SaleId == "" {
-		return nil, usage("--sale: required")
-	}
-	skus, err := e.cmd.Flags().GetStringArray("sku")
+	skus, err := e.cmd.Flags().GetStringArray("sku") // --sale and --sku are required: checkRequired
 	if err != nil {
 		return nil, err
-	}
-	if len(skus) == 0 {
-		return nil, usage("--sku: name at least one SKU as sku=units")
 	}
 	names, totals, err := parsePairs("sku", skus)
 	if err != nil {
@@ -287,9 +281,6 @@ func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 }
 
 func runSaleShow(e *env) error {
-	if e.v.GetString("sale") == "" {
-		return usage("--sale: required")
-	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err

@@ -40,9 +40,6 @@ type stockJSON struct {
 
 func runStock(e *env) error {
 	sale := e.v.GetString("sale")
-	if sale == "" {
-		return usage("--sale: required")
-	}
 	rs, err := e.onlyRegion(e.v.GetString("region"))
 	if err != nil {
 		return err

@@ -109,19 +109,39 @@ func (c *counters) snapshot(start time.Time) Stats {
 		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
 }
 
-// Validate checks the run's configuration.
+// InvalidError is a Config setting Run does not accept. Field names the setting in the form
+// of its command-line flag ("buyers", "max-duration"; "confirm" for the two ratios together),
+// so a CLI can point at the flag.
+type InvalidError struct {
+	Field string
+	Value string
+	Want  string
+}
+
+// Error says which setting, its value and what it must be.
+func (e *InvalidError) Error() string { return fmt.Sprintf("%s %s: %s", e.Field, e.Value, e.Want) }
+
+// Validate checks the run's configuration and fills in its defaults.
 func (c *Config) Validate() error {
-	switch {
-	case len(c.Regions) == 0:
+	if len(c.Regions) == 0 {
 		return errors.New("loadgen: no regions")
+	}
+	return c.CheckSettings()
+}
+
+// CheckSettings checks the settings other than the regions (an *InvalidError), so that a CLI
+// can refuse them before it looks the regions up, and fills in their defaults.
+func (c *Config) CheckSettings() error {
+	switch {
 	case c.Buyers <= 0 || c.Buyers > 10_000_000:
-		return fmt.Errorf("buyers %d: must be 1..10000000", c.Buyers)
+		return &InvalidError{"buyers", fmt.Sprint(c.Buyers), "must be 1..10000000"}
 	case c.Concurrency <= 0 || c.Concurrency > 10_000:
-		return fmt.Errorf("concurrency %d: must be 1..10000", c.Concurrency)
+		return &InvalidError{"concurrency", fmt.Sprint(c.Concurrency), "must be 1..10000"}
 	case c.ConfirmRatio < 0 || c.ReleaseRatio < 0 || c.ConfirmRatio+c.ReleaseRatio > 1:
-		return fmt.Errorf("confirm ratio %.2f + release ratio %.2f: each ≥ 0, sum ≤ 1", c.ConfirmRatio, c.ReleaseRatio)
+		return &InvalidError{"confirm", fmt.Sprintf("%g (release %g)", c.ConfirmRatio, c.ReleaseRatio),
+			"the confirm and release ratios must each be 0..1, and together at most 1"}
 	case c.MaxDuration < 0:
-		return fmt.Errorf("max duration %s: must not be negative (0: the default, 10m)", c.MaxDuration)
+		return &InvalidError{"max-duration", c.MaxDuration.String(), "must not be negative (0 means 10m)"}
 	}
 	if c.Quantity == 0 {
 		c.Quantity = 1
