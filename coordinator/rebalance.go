@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -18,8 +19,10 @@ type RebalanceRequest struct {
 	Sale, SKU string
 	Policy    transfer.Policy
 	DryRun    bool
-	// RequestID prefixes the planned transfers' request ids (so a retried rebalance with the
-	// same id repeats the same transfers instead of adding more); default: one per minute.
+	// RequestID prefixes the planned transfers' request ids (<id>-0, <id>-1, ...). A rebalance
+	// whose id made transfers before replays them instead of planning again, so a retry after
+	// a lost reply shows what the first call did and moves nothing more; default: one per
+	// minute.
 	RequestID string
 }
 
@@ -28,6 +31,7 @@ type RebalanceResult struct {
 	Pools     []transfer.PoolDemand
 	Moves     []transfer.Move
 	Transfers []transfer.Transfer
+	Replayed  bool // the transfers are the request id's earlier ones; nothing was planned
 }
 
 // Rebalance plans moves of one SKU toward the regions selling fastest (transfer.Policy)
@@ -66,6 +70,16 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 			res.Pools = append(res.Pools, d)
 		}
 	}
+	if req.RequestID != "" && !req.DryRun {
+		earlier, err := c.rebalanceTransfers(ctx, req)
+		if err != nil || len(earlier) > 0 {
+			res.Transfers, res.Replayed = earlier, len(earlier) > 0
+			for _, t := range earlier {
+				res.Moves = append(res.Moves, transfer.Move{From: t.From, To: t.To, Units: t.Units})
+			}
+			return res, err
+		}
+	}
 	res.Moves = p.Plan(res.Pools)
 	if req.DryRun {
 		return res, nil
@@ -83,6 +97,19 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 		res.Transfers = append(res.Transfers, t)
 	}
 	return res, nil
+}
+
+// rebalanceTransfers are the transfers an earlier rebalance of req's sale and SKU made under
+// req's request id (request ids <id>-<n>), in the order it planned them.
+func (c *Coordinator) rebalanceTransfers(ctx context.Context, req RebalanceRequest) ([]transfer.Transfer, error) {
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+		WHERE sale_id = $1 AND sku = $2 AND starts_with(request_id, $3)
+		AND substr(request_id, length($3) + 1) ~ '^[0-9]{1,9}$'
+		ORDER BY substr(request_id, length($3) + 1)::bigint`, req.Sale, req.SKU, transferRequestPrefix+req.RequestID+"-")
+	if err != nil {
+		return nil, fmt.Errorf("read the request id's transfers: %w", err)
+	}
+	return pgx.CollectRows(rows, scanTransfer)
 }
 
 func (c *Coordinator) regionDemand(ctx context.Context, r RegionLink, sale, sku string, since time.Time) (transfer.PoolDemand, bool) {

@@ -19,6 +19,10 @@ type TransferRequest struct {
 	RequestID string
 }
 
+// transferRequestPrefix marks a transfers row's request_id as a Transfer call's (allocations
+// store "allocate/<id>").
+const transferRequestPrefix = "transfer/"
+
 func (c *Coordinator) checkPool(field, name string) error {
 	if name == transfer.Unallocated {
 		return nil
@@ -101,7 +105,7 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, 'requested', $8, $9, $9)`,
-			id, "transfer/"+req.RequestID, req.Sale, req.SKU, req.From, req.To, int64(req.Units), gen, c.cfg.Clock.Now())
+			id, transferRequestPrefix+req.RequestID, req.Sale, req.SKU, req.From, req.To, int64(req.Units), gen, c.cfg.Clock.Now())
 		return err
 	})
 	if err != nil {

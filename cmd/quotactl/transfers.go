@@ -288,7 +288,8 @@ func runRebalance(e *env) error {
 		Pools     []poolJSON `json:"pools"`
 		Plan      []moveJSON `json:"plan"`
 		Transfers []xferJSON `json:"transfers"`
-	}{DryRun: e.v.GetBool("dry-run"), Pools: []poolJSON{}, Plan: []moveJSON{}, Transfers: []xferJSON{}}
+		Replayed  bool       `json:"replayed"`
+	}{DryRun: e.v.GetBool("dry-run"), Pools: []poolJSON{}, Plan: []moveJSON{}, Transfers: []xferJSON{}, Replayed: resp.GetReplayed()}
 	for _, p := range resp.GetPools() {
 		out.Pools = append(out.Pools, poolJSON{p.GetPool(), p.GetAvailable(), p.GetRecent(), p.GetNeed()})
 	}
@@ -303,7 +304,9 @@ func runRebalance(e *env) error {
 		for _, p := range out.Pools {
 			fmt.Fprintf(w, "%-12s %10d %10d %10d\n", p.Pool, p.Available, p.Recent, p.Need)
 		}
-		if len(out.Plan) == 0 {
+		if out.Replayed {
+			fmt.Fprintf(w, "replayed: request id %s moved this before; nothing was planned now\n", rid)
+		} else if len(out.Plan) == 0 {
 			fmt.Fprintln(w, "plan: nothing to move")
 		}
 		for _, m := range out.Plan {

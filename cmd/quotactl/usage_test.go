@@ -127,6 +127,24 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := run(t, coord, "release", "--region", "us", "--hold", "nosuch"); apierr.Field(err) != "hold_id" {
 		t.Errorf("release of a malformed hold id: %v; want invalid hold_id", err)
 	}
+	// A rebalance retried under its request id replays what it moved, plans nothing new. eu
+	// sells its one unit, so it needs one more and us gives it.
+	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "rb-u", "--key", "k"); err != nil {
+		t.Fatalf("reserve at eu: %v\n%s", err, out)
+	}
+	var rb [2]string
+	for i := range rb {
+		out, err := run(t, coord, "rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "1", "--window", "1m",
+			"--horizon", "1m", "--request-id", "rb-typo", "-o", "json")
+		if err != nil {
+			t.Fatalf("rebalance %d: %v\n%s", i+1, err, out)
+		}
+		rb[i] = out
+	}
+	if !strings.Contains(rb[1], `"replayed": true`) || !strings.Contains(rb[0], `"replayed": false`) ||
+		!strings.Contains(rb[0], `"state": "posted"`) || transferIDs(rb[0]) != transferIDs(rb[1]) {
+		t.Errorf("rebalance twice under one request id:\n%s\n%s\nwant the second replayed", rb[0], rb[1])
+	}
 	// The same buyers twice: the second run's holds are the first run's, replayed, not new.
 	for i, want := range []string{`"granted": 3`, `"replayed_from_earlier_run": 3`} {
 		out, err := run(t, coord, "load", "--sale", "typo", "--sku", "phone", "--buyers", "3", "--concurrency", "3", "--skew", "us=1",
@@ -139,4 +157,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "every reserve failed") || !strings.Contains(out, "first failure:") {
 		t.Errorf("load of an unknown sale: %v\n%s; want it to fail with the first failure's reason", err, out)
 	}
+}
+
+// transferIDs are the transfer ids in a JSON output, in order.
+func transferIDs(out string) string {
+	var ids []string
+	for _, f := range strings.Split(out, `"transfer_id": "`)[1:] {
+		ids = append(ids, f[:strings.Index(f, `"`)])
+	}
+	return strings.Join(ids, ",")
 }

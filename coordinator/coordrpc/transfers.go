@@ -62,7 +62,7 @@ func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (
 	if err != nil {
 		return nil, err
 	}
-	out := &quotav1.RebalanceResponse{}
+	out := &quotav1.RebalanceResponse{Replayed: res.Replayed}
 	for _, d := range res.Pools {
 		out.Pools = append(out.Pools, &quotav1.PoolDemand{Pool: d.Pool, Available: int64(d.Available), Recent: int64(d.Recent), Need: int64(p.Need(d))})
 	}

@@ -1930,10 +1930,13 @@ func (x *PlannedMove) GetUnits() int64 {
 }
 
 type RebalanceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pools         []*PoolDemand          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
-	Moves         []*PlannedMove         `protobuf:"bytes,2,rep,name=moves,proto3" json:"moves,omitempty"`
-	Transfers     []*TransferInfo        `protobuf:"bytes,3,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Pools     []*PoolDemand          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	Moves     []*PlannedMove         `protobuf:"bytes,2,rep,name=moves,proto3" json:"moves,omitempty"`
+	Transfers []*TransferInfo        `protobuf:"bytes,3,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	// The request id made transfers before: they are returned (moves are theirs) and nothing
+	// was planned or moved this time.
+	Replayed      bool `protobuf:"varint,4,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1987,6 +1990,13 @@ func (x *RebalanceResponse) GetTransfers() []*TransferInfo {
 		return x.Transfers
 	}
 	return nil
+}
+
+func (x *RebalanceResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
@@ -2149,11 +2159,12 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\vPlannedMove\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
-	"\x05units\x18\x03 \x01(\x03R\x05units\"\xa2\x01\n" +
+	"\x05units\x18\x03 \x01(\x03R\x05units\"\xbe\x01\n" +
 	"\x11RebalanceResponse\x12*\n" +
 	"\x05pools\x18\x01 \x03(\v2\x14.quota.v1.PoolDemandR\x05pools\x12+\n" +
 	"\x05moves\x18\x02 \x03(\v2\x15.quota.v1.PlannedMoveR\x05moves\x124\n" +
-	"\ttransfers\x18\x03 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers2\xe5\x05\n" +
+	"\ttransfers\x18\x03 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers\x12\x1a\n" +
+	"\breplayed\x18\x04 \x01(\bR\breplayed2\xe5\x05\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
