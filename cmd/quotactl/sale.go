@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
@@ -47,8 +47,7 @@ func parsePairs(flag string, items []string) ([]string, []int64, error) {
 	var nums []int64
 	seen := map[string]bool{}
 	for _, item := range items {
-		// Commas as on the command line, spaces too as in a QUOTA_* variable's list.
-		pairs := strings.FieldsFunc(item, func(c rune) bool { return c == ',' || unicode.IsSpace(c) })
+		pairs := cliconf.SplitList(item) // commas as on the command line, spaces as in QUOTA_* lists
 		if len(pairs) == 0 {
 			return nil, nil, usage("--%s %q: want name=number", flag, item)
 		}

@@ -95,7 +95,7 @@ func parseSettings(fs *pflag.FlagSet, v *viper.Viper) error {
 		switch {
 		case raw != "": // the environment wins over the file; empty counts as unset, as for viper
 			// Words, as viper splits them; commas too, as the flag splits them.
-			list = strings.FieldsFunc(raw, func(c rune) bool { return unicode.IsSpace(c) || c == ',' })
+			list = SplitList(raw)
 		case v.InConfig(f.Name):
 			source = "config key " + f.Name
 			raw, list = configValue(v.Get(f.Name))
@@ -126,6 +126,12 @@ func Source(f *pflag.Flag) string {
 		return src[0] + " (--" + f.Name + ")"
 	}
 	return "--" + f.Name
+}
+
+// SplitList splits a list value into its elements: on commas, as a list flag splits, and on
+// spaces, as viper splits a variable's words. Empty elements are dropped.
+func SplitList(s string) []string {
+	return strings.FieldsFunc(s, func(c rune) bool { return c == ',' || unicode.IsSpace(c) })
 }
 
 // setFlag sets f from raw, or a list flag from list, and marks it set.
