@@ -90,17 +90,52 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
-		return r.reserveWhenEmpty(req, k, avail)
+		return r.reserveWhenEmpty(ctx, req, k, avail)
 	}
-	// The key counts as in the writer until its op is done, even if this caller gives up
-	// first: a retry meanwhile must go through the writer, not the empty-pool answer.
+	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted}
+	res, err := r.reserveInWriter(ctx, w, k, o)
+	if errors.Is(err, errKeyRetired) {
+		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
+			return prior, err
+		}
+		o.keyLookedUp = true // SQL has no hold of this key: the digest was another key's
+		res, err = r.reserveInWriter(ctx, w, k, o)
+	}
+	return res, err
+}
+
+// reserveInWriter submits a reserve to the writer. The key counts as in the writer until its
+// op is done, even if this caller gives up first: a retry meanwhile must go through the
+// writer, not the empty-pool answer.
+func (r *Region) reserveInWriter(ctx context.Context, w *writer, k keyKey, o *reserveOp) (ReserveResult, error) {
 	r.track(k, 1)
-	res, err := w.submitThen(ctx, &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted},
-		func() { r.track(k, -1) })
+	res, err := w.submitThen(ctx, o, func() { r.track(k, -1) })
 	if err != nil {
 		return ReserveResult{}, r.unlessDeposed(err)
 	}
 	return res.(ReserveResult), nil
+}
+
+// replayStored answers a reserve whose key may be a retired hold's from that hold as stored:
+// the same request gets the hold back (a replay), another one ALREADY_EXISTS. found is false
+// when SQL has no hold of the key.
+func (r *Region) replayStored(ctx context.Context, req ReserveRequest, k keyKey) (res ReserveResult, found bool, err error) {
+	prior, found, err := storedKey(ctx, r.pool, r.cfg.Name, k)
+	if !found || err != nil {
+		return ReserveResult{}, found, err
+	}
+	res, err = replayOf(prior, req)
+	return res, true, err
+}
+
+// replayOf answers a reserve whose key already has a hold: the hold itself when the request
+// is the same (I6: a retry never takes units twice), ALREADY_EXISTS when it is another.
+func replayOf(prior *memHold, req ReserveRequest) (ReserveResult, error) {
+	if prior.hash != requestHash(req.SKU, req.Quantity) {
+		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
+			req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists)
+	}
+	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil
 }
 
 // exhausted is the answer to a reserve this region's pool cannot satisfy: SOLD_OUT when the
@@ -132,21 +167,22 @@ func (r *Region) inWriter(k keyKey) bool {
 // SQL. The key is not in the writer (checked first), so the committed index has every hold it
 // ever got (the writer publishes a hold before it answers): a retry of a granted request gets
 // its hold back, a new one is told the region is exhausted.
-func (r *Region) reserveWhenEmpty(req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
+func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
 	m := r.state.Load()
 	if m == nil {
 		// The state was dropped (forget) after the count was read: nothing can be said
 		// without it, and the writer is stopping.
 		return ReserveResult{}, r.notLeader()
 	}
-	prior, ok := m.committedKey(k)
-	if !ok {
-		return ReserveResult{}, r.exhausted(req, avail)
+	if prior, ok := m.committedKey(k); ok {
+		return replayOf(prior, req)
 	}
-	if prior.hash != requestHash(req.SKU, req.Quantity) {
-		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request: %w", req.RequestKey, ErrAlreadyExists)
+	if m.isRetired(k) { // a hold that closed long ago, or a digest collision: SQL tells
+		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
+			return prior, err
+		}
 	}
-	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil
+	return ReserveResult{}, r.exhausted(req, avail)
 }
 
 func (r *Region) checkHoldID(id string) error {
@@ -189,7 +225,9 @@ func (r *Region) Confirm(ctx context.Context, holdID, paymentID string) (Confirm
 	if err := checkIDs("payment_id", paymentID); err != nil {
 		return ConfirmResult{}, err
 	}
-	return submitAs[ConfirmResult](ctx, r, &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name})
+	return submitForHold[ConfirmResult](ctx, r, holdID, func(stored *memHold) op {
+		return &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name, stored: stored}
+	})
 }
 
 // Release gives a held hold's units back; idempotent.
@@ -197,7 +235,24 @@ func (r *Region) Release(ctx context.Context, holdID string) (Hold, error) {
 	if err := r.checkHoldID(holdID); err != nil {
 		return Hold{}, err
 	}
-	return submitAs[Hold](ctx, r, &releaseOp{holdID: holdID, region: r.cfg.Name})
+	return submitForHold[Hold](ctx, r, holdID, func(stored *memHold) op {
+		return &releaseOp{holdID: holdID, region: r.cfg.Name, stored: stored}
+	})
+}
+
+// submitForHold submits the op mk makes for a hold. When the writer does not have the hold in
+// memory (it may be closed and retired), the hold is read from SQL (NOT_FOUND if it is not
+// there either) and the op is submitted again with it, to be decided on the stored hold.
+func submitForHold[T any](ctx context.Context, r *Region, holdID string, mk func(stored *memHold) op) (T, error) {
+	res, err := submitAs[T](ctx, r, mk(nil))
+	if !errors.Is(err, errHoldNotInMemory) {
+		return res, err
+	}
+	h, err := readHold(ctx, r.pool, r.cfg.Name, holdID)
+	if err != nil {
+		return res, err
+	}
+	return submitAs[T](ctx, r, mk(&memHold{Hold: h}))
 }
 
 // GetReservation reads a hold as committed.

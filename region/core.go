@@ -85,7 +85,7 @@ func (c *Core) run(now time.Time, o op) (any, error) {
 	if fatal != nil {
 		panic(fmt.Sprintf("region core: in-memory op failed: %v", fatal)) // memory ops have no fatal errors
 	}
-	c.m.publish(b.overlay)
+	c.m.publish(b.overlay, now)
 	return res, outcome
 }
 

@@ -32,12 +32,13 @@ var quietLogger = slog.New(slog.DiscardHandler)
 
 // env is one test's database, clock and leading region.
 type env struct {
-	t    *testing.T
-	ctx  context.Context
-	pool *pgxpool.Pool
-	clk  *clock.Manual
-	r    *region.Region
-	opts []func(*region.Config)
+	t     *testing.T
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	clk   *clock.Manual
+	r     *region.Region
+	epoch int64 // e.r's
+	opts  []func(*region.Config)
 }
 
 // newEnv creates a fresh migrated database and a region "us" leading it with epoch 1.
@@ -48,9 +49,18 @@ func newEnv(t *testing.T, opts ...func(*region.Config)) *env {
 	if err := region.Migrate(ctx, pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	e := &env{t: t, ctx: ctx, pool: pool, clk: clock.NewManual(t0), opts: opts}
+	e := &env{t: t, ctx: ctx, pool: pool, clk: clock.NewManual(t0), opts: opts, epoch: 1}
 	e.r = e.newRegion(1)
 	return e
+}
+
+// takeOver closes the leading region and makes a new one lead with the next epoch: it loads
+// everything from SQL, as a standby taking over after a crash would.
+func (e *env) takeOver() {
+	e.t.Helper()
+	e.r.Close()
+	e.epoch++
+	e.r = e.newRegion(e.epoch)
 }
 
 // newRegion builds another region "us" on the env's database and clock and makes it lead

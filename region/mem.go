@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"hash/maphash"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -45,6 +46,14 @@ type memState struct {
 	mu    sync.RWMutex
 	keys  map[keyKey]*memHold
 	holds map[string]*memHold
+	// archive is set for a state loaded from SQL: only then can a closed hold be dropped
+	// from memory (archive.go), since only then can it be read back. closing queues the
+	// committed closed holds still kept whole, oldest first; retired has the key digests of
+	// those dropped, under seed.
+	archive bool
+	closing []closedAt
+	retired map[uint64]struct{}
+	seed    maphash.Seed
 }
 
 type dueHold struct {
@@ -90,12 +99,16 @@ func (m *memState) committedKey(k keyKey) (*memHold, bool) {
 	return h, ok
 }
 
-// publish makes a committed batch's holds visible to readers.
-func (m *memState) publish(overlay map[string]*memHold) {
+// publish makes a committed batch's holds visible to readers; at is the batch's decision
+// time, from which its closed holds' retention counts.
+func (m *memState) publish(overlay map[string]*memHold, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, h := range overlay {
 		m.put(h)
+		if m.archive && h.State != Held {
+			m.closing = append(m.closing, closedAt{at, h.ID})
+		}
 	}
 }
 
@@ -108,12 +121,14 @@ func hashOf(hexHash string) [16]byte {
 
 // newMemState returns an empty state: no pools, users or holds.
 func newMemState() *memState {
-	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{}}
+	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
+		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }
 
 // loadMem reads the region's state from SQL in one snapshot.
 func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, error) {
 	m := newMemState()
+	m.archive = true
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
@@ -161,7 +176,14 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in in
 		}
 		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
-		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
+		h.User = in.of(h.User)
+		if h.State != Held {
+			// Closed: only its user's bought count and its key's digest stay (archive.go).
+			m.count(&memHold{Hold: h})
+			m.retired[m.keyDigest(keyKey{h.Sale, h.User, h.RequestKey})] = struct{}{}
+			continue
+		}
+		h.RequestKey = in.of(h.RequestKey)
 		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
 	}
 	heap.Init(&m.due)

@@ -82,6 +82,7 @@ func readHold(ctx context.Context, q interface {
 
 type confirmOp struct {
 	holdID, payment, region string
+	stored                  *memHold // the hold as read from SQL, when memory has retired it
 }
 
 // apply is the guarded transition held → sold, taken only while the hold is held and
@@ -89,9 +90,9 @@ type confirmOp struct {
 // into a sale). A payment that comes too late is answered "refund" and recorded in
 // late_payments; a hold found held past its deadline is expired on the spot.
 func (o *confirmOp) apply(_ context.Context, b *batch) (any, error, error) {
-	h := b.hold(o.holdID)
-	if h == nil {
-		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
+	h, fatal := b.holdOrStored(o.holdID, o.stored)
+	if h == nil || fatal != nil {
+		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
 	}
 	switch {
 	case h.State == Sold && h.PaymentID == o.payment:
@@ -111,15 +112,16 @@ func (o *confirmOp) apply(_ context.Context, b *batch) (any, error, error) {
 
 type releaseOp struct {
 	holdID, region string
+	stored         *memHold // the hold as read from SQL, when memory has retired it
 }
 
 // apply is the guarded transition held → released. Releasing a hold that is already
 // released or expired returns it unchanged (idempotent; its units came back once, I5);
 // releasing a sold hold is a conflict.
 func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
-	h := b.hold(o.holdID)
-	if h == nil {
-		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, ErrNotFound), nil
+	h, fatal := b.holdOrStored(o.holdID, o.stored)
+	if h == nil || fatal != nil {
+		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
 	}
 	switch h.State {
 	case Sold:

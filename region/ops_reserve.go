@@ -37,6 +37,9 @@ type reserveOp struct {
 	holdID    string
 	region    string
 	exhausted func(ReserveRequest, transfer.Units) error
+	// keyLookedUp says SQL has no hold of the request's key: a retired digest that matches it
+	// is another key's (a collision), not this one's.
+	keyLookedUp bool
 }
 
 // apply is the atomic conditional take, decided in memory by the single writer: the pool's
@@ -48,11 +51,11 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
 	hash := requestHash(req.SKU, req.Quantity)
 	if prior, ok := b.key(keyKey{req.Sale, req.User, req.RequestKey}); ok {
-		if prior.hash != hash {
-			return nil, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
-				req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists), nil
-		}
-		return ReserveResult{Hold: prior.Hold, Replayed: true}, nil, nil
+		res, err := replayOf(prior, req)
+		return res, err, nil
+	}
+	if !o.keyLookedUp && b.m.retiredKey(keyKey{req.Sale, req.User, req.RequestKey}) {
+		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
 	}
 	pk := poolKey{req.Sale, req.SKU}
 	p := b.m.pools[pk]

@@ -38,6 +38,11 @@ type Config struct {
 	SweepInterval time.Duration
 	// SweepBatch is the most holds one sweep expires per transaction; default 512.
 	SweepBatch int
+	// RetainClosed is how long the leader keeps a closed (sold, released, expired) hold
+	// whole in memory after it closed, so retries of it are answered without SQL; afterwards
+	// it keeps only a digest of its key and reads the hold from SQL when asked (archive.go).
+	// Holds already closed when a leader loads are not kept. Default 10m.
+	RetainClosed time.Duration
 	// Logger receives operational messages; default slog.Default().
 	Logger *slog.Logger
 	// Verify runs the expensive invariant checks after every batch (QUOTA_VERIFY=1).
@@ -79,11 +84,22 @@ func (c *Config) Validate() error {
 	if c.SweepBatch < 1 {
 		return fmt.Errorf("sweep batch %d: must be positive", c.SweepBatch)
 	}
+	if c.RetainClosed == 0 {
+		c.RetainClosed = DefaultRetainClosed
+	}
+	if c.RetainClosed < 0 {
+		return fmt.Errorf("retain closed %s: must not be negative", c.RetainClosed)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return nil
 }
+
+// DefaultRetainClosed is Config.RetainClosed's default: long enough for a client's retries
+// of a confirm or release to be answered from memory, short enough that a busy sale's closed
+// holds do not pile up in it.
+const DefaultRetainClosed = 10 * time.Minute
 
 type poolKey struct{ sale, sku string }
 
@@ -145,7 +161,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 		return err
 	}
 	w := &writer{
-		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow,
+		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
 		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, m: m,
 	}
 	w.onFail = func(err error) (*memState, bool) { return r.onBatchFailure(w, err) }

@@ -146,6 +146,7 @@ type writer struct {
 	epoch    int64
 	max      int
 	window   time.Duration
+	retain   time.Duration // how long a closed hold stays whole in memory (Config.RetainClosed)
 	in       chan *pending
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
@@ -338,7 +339,8 @@ func (w *writer) commit(ps []*pending) {
 		w.failAll(ps, err)
 		return
 	}
-	w.m.publish(b.overlay)
+	w.m.publish(b.overlay, b.now)
+	w.m.retireClosed(b.now.Add(-w.retain))
 	w.onCommit(b)
 	for i, p := range ps {
 		p.res, p.err = results[i].res, results[i].err

@@ -21,6 +21,8 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"dev", "--base-port", "-1"},
 		{"coordinator", "--region", "us=a"},
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-batch", "-1"},
+		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--retain-closed", "0s"},
+		{"dev", "--retain-closed", "-1m"},
 	} {
 		root := rootCmd()
 		root.SetArgs(args)

@@ -19,12 +19,16 @@ func addRegionTuning(cmd *cobra.Command) {
 	f.Int("max-batch", 256, "most operations one region transaction commits")
 	f.Duration("batch-window", 0, "how long a region's writer waits for more operations after the first (0: commit what is queued)")
 	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
+	f.Duration("retain-closed", region.DefaultRetainClosed, "how long a region's leader keeps a closed hold whole in memory, so retries of it need no database read (afterwards only a digest of its key stays)")
 	f.Bool("verify", false, "run expensive invariant checks after every region batch and crash on a breach (env QUOTA_VERIFY=1)")
 }
 
 func regionTuning(v *viper.Viper) (region.Config, error) {
 	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
-		SweepInterval: v.GetDuration("sweep-interval"), Verify: v.GetBool("verify")}
+		SweepInterval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed"), Verify: v.GetBool("verify")}
+	if c.RetainClosed <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
+		return c, fmt.Errorf("retain-closed %s: must be positive (default %s)", c.RetainClosed, region.DefaultRetainClosed)
+	}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

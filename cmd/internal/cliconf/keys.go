@@ -21,7 +21,7 @@ func init() {
 		"hold", "hold-ttl", "horizon", "host", "initial-cluster", "key", "lease-ttl", "listen",
 		"log-level", "max-batch", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "output", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
-		"quantity", "refuse", "region", "regions", "release", "request-id", "rounds", "sale", "seed",
+		"quantity", "refuse", "region", "regions", "release", "retain-closed", "request-id", "rounds", "sale", "seed",
 		"skew", "sku", "sql-conns", "stock", "strand-after", "sweep-interval", "timeout", "to",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "warmup",
 		"warmup-ops", "window",

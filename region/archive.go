@@ -1,0 +1,126 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A closed hold (sold, released, expired) never changes again, so the leader need not keep
+// it whole: once it has been closed for Config.RetainClosed, and at once for every hold
+// already closed when a leader loads, the leader drops it from memory and keeps only a
+// 64-bit digest of its idempotency key. The leader's memory then grows with the live holds,
+// not with every hold ever made. What a closed hold still decides is read from SQL:
+//
+//   - a reserve whose key's digest is retired looks the key up in SQL (a retry is answered
+//     with its hold, a reuse with ALREADY_EXISTS, and a digest collision goes on as new);
+//   - a confirm or release of a hold not in memory reads the hold from SQL and is decided on
+//     that stored, closed hold by the writer (I5, I6 as before: a closed hold never reopens).
+//
+// Per-user counts stay whole in memory (they are sums over held and sold holds, I2).
+
+// errHoldNotInMemory is the writer's answer for a hold id it does not have in memory: the
+// hold may be closed and retired, so the caller reads it from SQL and asks again with it.
+// It is also a NOT_FOUND, which is what a Core (which never retires) means by it.
+var errHoldNotInMemory = fmt.Errorf("not in the leader's memory: %w", ErrNotFound)
+
+// errKeyRetired is the writer's answer for a reserve whose idempotency key may belong to a
+// retired hold: the caller looks the key up in SQL before the reserve goes on.
+var errKeyRetired = errors.New("idempotency key of a retired hold")
+
+// closedAt is a committed closed hold the leader still keeps whole, and when it closed.
+type closedAt struct {
+	at time.Time
+	id string
+}
+
+// retireBatch bounds the holds one commit retires, so the writer never pauses long for it.
+const retireBatch = 4096
+
+// keyDigest is the in-memory trace of a retired hold's idempotency key.
+func (m *memState) keyDigest(k keyKey) uint64 { return maphash.Comparable(m.seed, k) }
+
+// isRetired tells whether k may be the key of a retired hold; safe from any goroutine.
+func (m *memState) isRetired(k keyKey) bool {
+	if !m.archive {
+		return false
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.retiredKey(k)
+}
+
+// retiredKey is isRetired for the writer, which alone changes retired: no lock.
+func (m *memState) retiredKey(k keyKey) bool {
+	if len(m.retired) == 0 {
+		return false
+	}
+	_, ok := m.retired[m.keyDigest(k)]
+	return ok
+}
+
+// retire drops a closed hold from memory, keeping its key's digest; the caller holds mu or
+// owns m. I5 is unaffected: the stored hold stays closed and a closed hold is decided from it.
+func (m *memState) retire(h *memHold) {
+	if h.State == Held {
+		panic(fmt.Sprintf("region: retire live hold %s", h.ID)) // only closed holds are queued: a programmer error
+	}
+	k := keyKey{h.Sale, h.User, h.RequestKey}
+	delete(m.holds, h.ID)
+	if m.keys[k] == h {
+		delete(m.keys, k)
+	}
+	m.retired[m.keyDigest(k)] = struct{}{}
+}
+
+// retireClosed retires the committed closed holds that closed at or before cutoff, oldest
+// first, at most retireBatch of them. Only the writer calls it, after a commit.
+func (m *memState) retireClosed(cutoff time.Time) {
+	if !m.archive || len(m.closing) == 0 || m.closing[0].at.After(cutoff) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for n < retireBatch && len(m.closing) > 0 && !m.closing[0].at.After(cutoff) {
+		if h := m.holds[m.closing[0].id]; h != nil && h.State != Held {
+			m.retire(h)
+		}
+		m.closing = m.closing[1:]
+		n++
+	}
+}
+
+// storedKey reads the hold of an idempotency key from SQL, with its request fingerprint.
+func storedKey(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, region string, k keyKey) (*memHold, bool, error) {
+	var hash string
+	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
+		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, k.sale, k.user, k.key), region, &hash)
+	if err == pgx.ErrNoRows {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read the hold of request_key %q: %w", k.key, err)
+	}
+	return &memHold{Hold: h, hash: hashOf(hash)}, true, nil
+}
+
+// holdOrStored returns the hold id as this batch sees it, or else stored, the hold as read
+// from SQL after memory missed it. A stored hold must be closed: one held in SQL but not in
+// memory means a newer leader made it (this one is deposed) or memory is wrong, so the batch
+// fails, and the leader reloads or, fenced, stops.
+func (b *batch) holdOrStored(id string, stored *memHold) (*memHold, error) {
+	if h := b.hold(id); h != nil {
+		return h, nil
+	}
+	if stored != nil && stored.State == Held {
+		return nil, fmt.Errorf("hold %s is held in the database but not in the leader's memory", id)
+	}
+	return stored, nil
+}

@@ -1,0 +1,163 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/internal/clock"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// memHolds lists which of ids the leader keeps whole in memory.
+func memHolds(r *Region, ids ...string) map[string]bool {
+	m := r.state.Load()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	in := map[string]bool{}
+	for _, id := range ids {
+		in[id] = m.holds[id] != nil
+	}
+	return in
+}
+
+func mustReserveIn(t *testing.T, r *Region, ctx context.Context, user, key string, q transfer.Units) Hold {
+	t.Helper()
+	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: q, RequestKey: key})
+	if err != nil || res.Replayed {
+		t.Fatalf("reserve %s/%s: %+v, %v", user, key, res, err)
+	}
+	return res.Hold
+}
+
+// TestClosedHoldsLeaveMemoryAfterRetention: a closed hold stays whole in the leader's memory
+// for RetainClosed after it closed, then only its key's digest stays; its replays, confirms
+// and releases are then answered from SQL exactly as before.
+func TestClosedHoldsLeaveMemoryAfterRetention(t *testing.T) {
+	r, ctx := newInternalRegion(t) // RetainClosed: the default, 10m
+	clk := r.cfg.Clock.(*clock.Manual)
+	sold, released, live := mustReserveIn(t, r, ctx, "ann", "k1", 1), mustReserveIn(t, r, ctx, "bob", "k1", 1), mustReserveIn(t, r, ctx, "cat", "k1", 1)
+	if res, err := r.Confirm(ctx, sold.ID, "pay-1"); err != nil || !res.Sold {
+		t.Fatalf("confirm: %+v, %v", res, err)
+	}
+	if _, err := r.Release(ctx, released.ID); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(DefaultRetainClosed - time.Second)
+	mustReserveIn(t, r, ctx, "dan", "k1", 1) // a commit: retirement runs after each
+	if in := memHolds(r, sold.ID, released.ID, live.ID); !in[sold.ID] || !in[released.ID] || !in[live.ID] {
+		t.Fatalf("before the retention ended: in memory %v, want all", in)
+	}
+	clk.Advance(2 * time.Second)
+	mustReserveIn(t, r, ctx, "eve", "k1", 1)
+	if in := memHolds(r, sold.ID, released.ID, live.ID); in[sold.ID] || in[released.ID] || !in[live.ID] {
+		t.Fatalf("after the retention: in memory %v, want only %s", in, live.ID)
+	}
+	checkRetiredAnswers(t, r, ctx, sold, released)
+}
+
+// checkRetiredAnswers asks about two retired holds, one sold to pay-1 and one released, and
+// checks every answer is what it was while they were in memory.
+func checkRetiredAnswers(t *testing.T, r *Region, ctx context.Context, sold, released Hold) {
+	t.Helper()
+	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: sold.User, Quantity: sold.Quantity, RequestKey: sold.RequestKey})
+	if err != nil || !res.Replayed || res.Hold.ID != sold.ID || res.Hold.State != Sold || res.Hold.PaymentID != "pay-1" {
+		t.Errorf("replay of a retired hold: %+v, %v", res, err)
+	}
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: sold.User, Quantity: sold.Quantity + 1, RequestKey: sold.RequestKey}); !errors.Is(err, ErrAlreadyExists) {
+		t.Errorf("a retired hold's key reused for another request: %v, want ErrAlreadyExists", err)
+	}
+	if c, err := r.Confirm(ctx, sold.ID, "pay-1"); err != nil || !c.Sold || c.Hold.State != Sold {
+		t.Errorf("confirm again with the same payment: %+v, %v", c, err)
+	}
+	if c, err := r.Confirm(ctx, sold.ID, "pay-2"); err != nil || c.Sold || c.Reason == "" {
+		t.Errorf("confirm with another payment: %+v, %v; want a refund", c, err)
+	}
+	if _, err := r.Release(ctx, sold.ID); !errors.Is(err, ErrConflict) {
+		t.Errorf("release of a retired sold hold: %v, want ErrConflict", err)
+	}
+	if h, err := r.Release(ctx, released.ID); err != nil || h.State != Released {
+		t.Errorf("release again: %+v, %v", h, err)
+	}
+	if c, err := r.Confirm(ctx, released.ID, "pay-3"); err != nil || c.Sold {
+		t.Errorf("confirm of a retired released hold: %+v, %v; want a refund", c, err)
+	}
+	var late int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM late_payments`).Scan(&late); err != nil || late != 2 {
+		t.Errorf("%d late payments recorded (%v), want 2 (pay-2, pay-3)", late, err)
+	}
+	if _, err := r.Confirm(ctx, "us.0000000000000000000000000000", "pay-4"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("confirm of a hold that never was: %v, want ErrNotFound", err)
+	}
+}
+
+// TestTakeoverLoadsOnlyLiveHolds: a new leader keeps the live holds whole and only the keys'
+// digests of closed ones, and still counts what each user bought (I2).
+func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
+	old, ctx := newInternalRegion(t) // limit 10 per user, 10 units
+	if _, err := old.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t2", Sale: "s", SKU: "x", Units: 10}); err != nil {
+		t.Fatal(err)
+	}
+	sold, released := mustReserveIn(t, old, ctx, "ann", "k1", 6), mustReserveIn(t, old, ctx, "bob", "k1", 1)
+	live := mustReserveIn(t, old, ctx, "ann", "k2", 1)
+	if _, err := old.Confirm(ctx, sold.ID, "pay-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Release(ctx, released.ID); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if err := r.Lead(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	m := r.state.Load()
+	if len(m.holds) != 1 || m.holds[live.ID] == nil || len(m.retired) != 2 {
+		t.Fatalf("after takeover: %d holds in memory (want only %s), %d retired (want 2)", len(m.holds), live.ID, len(m.retired))
+	}
+	// ann has 6 bought and 1 held of a limit of 10.
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 4, RequestKey: "k3"}); !errors.Is(err, ErrLimitExceeded) {
+		t.Errorf("ann over her limit after takeover: %v, want ErrLimitExceeded", err)
+	}
+	checkRetiredAnswers(t, r, ctx, sold, released)
+}
+
+// TestRetiredDigestCollision: a new key whose digest matches a retired one is looked up in SQL,
+// found to be new, and granted.
+func TestRetiredDigestCollision(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	m := r.state.Load()
+	k := keyKey{"s", "ann", "never-used"}
+	m.mu.Lock()
+	m.retired[m.keyDigest(k)] = struct{}{} // as if a retired hold's key hashed the same
+	m.mu.Unlock()
+	h := mustReserveIn(t, r, ctx, "ann", "never-used", 1)
+	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "never-used"})
+	if err != nil || !res.Replayed || res.Hold.ID != h.ID {
+		t.Errorf("retry: %+v, %v; want the hold granted first", res, err)
+	}
+}
+
+// TestHeldInSQLButNotInMemoryFailsTheBatch: a hold the database has as held but memory does
+// not (a newer leader made it, or memory is wrong) is never decided from SQL: the batch fails,
+// the leader reloads, and then the hold is decided from memory.
+func TestHeldInSQLButNotInMemoryFailsTheBatch(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	h := mustReserveIn(t, r, ctx, "ann", "k1", 1)
+	m := r.state.Load()
+	m.mu.Lock()
+	delete(m.holds, h.ID) // memory loses a live hold
+	m.mu.Unlock()
+	if c, err := r.Confirm(ctx, h.ID, "pay-1"); err == nil {
+		t.Fatalf("confirm of a hold memory lost: %+v; want an error", c)
+	}
+	if c, err := r.Confirm(ctx, h.ID, "pay-1"); err != nil || !c.Sold {
+		t.Fatalf("confirm after the reload: %+v, %v", c, err)
+	}
+}
