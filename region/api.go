@@ -163,10 +163,11 @@ func (r *Region) inWriter(k keyKey) bool {
 	return r.pending[k] > 0
 }
 
-// reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and without
-// SQL. The key is not in the writer (checked first), so the committed index has every hold it
-// ever got (the writer publishes a hold before it answers): a retry of a granted request gets
-// its hold back, a new one is told the region is exhausted.
+// reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and, but for
+// a retired key, without SQL. The key is not in the writer (checked first), so the committed
+// index has every hold it ever got (the writer publishes a hold before it answers), or its
+// digest once the hold retired: a retry of a granted request gets its hold back, a new one is
+// told the region is exhausted.
 func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
 	m := r.state.Load()
 	if m == nil {
