@@ -98,7 +98,10 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
 			return prior, err
 		}
-		o.keyLookedUp = true // SQL has no hold of this key: the digest was another key's
+		// SQL has no hold of this key: the digest was another key's. Between the two submits
+		// the key is not counted as in the writer, so a same-key request meanwhile may be
+		// answered by the empty-pool path as if it came first; no request is decided twice.
+		o.keyLookedUp = true
 		res, err = r.reserveInWriter(ctx, w, k, o)
 	}
 	return res, err

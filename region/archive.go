@@ -11,9 +11,9 @@ import (
 )
 
 // A closed hold (sold, released, expired) never changes again, so the leader need not keep
-// it whole: once it has been closed for Config.RetainClosed, and at once for every hold
-// already closed when a leader loads, the leader drops it from memory and keeps only a
-// 64-bit digest of its idempotency key. The leader's memory then grows with the live holds,
+// it whole: once it has been closed for Config.RetainClosed (counted from its closed_at,
+// also for the holds a leader loads), the leader drops it from memory and keeps only a
+// 64-bit digest of its idempotency key, for as long as it leads. The leader's memory then grows with the live holds,
 // not with every hold ever made. What a closed hold still decides is read from SQL:
 //
 //   - a reserve whose key's digest is retired looks the key up in SQL (a retry is answered
@@ -26,7 +26,7 @@ import (
 // errHoldNotInMemory is the writer's answer for a hold id it does not have in memory: the
 // hold may be closed and retired, so the caller reads it from SQL and asks again with it.
 // It is also a NOT_FOUND, which is what a Core (which never retires) means by it.
-var errHoldNotInMemory = fmt.Errorf("not in the leader's memory: %w", ErrNotFound)
+var errHoldNotInMemory = fmt.Errorf("hold not in memory: %w", ErrNotFound)
 
 // errKeyRetired is the writer's answer for a reserve whose idempotency key may belong to a
 // retired hold: the caller looks the key up in SQL before the reserve goes on.

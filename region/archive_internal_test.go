@@ -23,6 +23,8 @@ func memHolds(r *Region, ids ...string) map[string]bool {
 	return in
 }
 
+// mustReserveIn reserves q of sale s, SKU x for user under key and fails the test unless a
+// new hold is granted.
 func mustReserveIn(t *testing.T, r *Region, ctx context.Context, user, key string, q transfer.Units) Hold {
 	t.Helper()
 	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: q, RequestKey: key})
@@ -93,15 +95,16 @@ func checkRetiredAnswers(t *testing.T, r *Region, ctx context.Context, sold, rel
 	}
 }
 
-// TestTakeoverLoadsOnlyLiveHolds: a new leader keeps the live holds whole and only the keys'
-// digests of closed ones, and still counts what each user bought (I2).
-func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
+// closeAndTakeOver makes, in a fresh region, a hold sold (ann, 6 units), one released (bob)
+// and one live (ann, 1 unit), lets the clock run for idle, and hands the region to a new
+// leader, which it returns with the three holds.
+func closeAndTakeOver(t *testing.T, idle time.Duration) (r *Region, ctx context.Context, sold, released, live Hold) {
 	old, ctx := newInternalRegion(t) // limit 10 per user, 10 units
 	if _, err := old.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t2", Sale: "s", SKU: "x", Units: 10}); err != nil {
 		t.Fatal(err)
 	}
-	sold, released := mustReserveIn(t, old, ctx, "ann", "k1", 6), mustReserveIn(t, old, ctx, "bob", "k1", 1)
-	live := mustReserveIn(t, old, ctx, "ann", "k2", 1)
+	sold, released = mustReserveIn(t, old, ctx, "ann", "k1", 6), mustReserveIn(t, old, ctx, "bob", "k1", 1)
+	live = mustReserveIn(t, old, ctx, "ann", "k2", 1)
 	if _, err := old.Confirm(ctx, sold.ID, "pay-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +112,7 @@ func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
+	old.cfg.Clock.(*clock.Manual).Advance(idle)
 	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
@@ -117,15 +121,51 @@ func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
 	if err := r.Lead(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
+	return r, ctx, sold, released, live
+}
+
+// TestTakeoverLoadsOnlyLiveHolds: a new leader, loading after the closed holds' retention
+// ended, keeps the live holds whole and only the keys' digests of closed ones, and still
+// counts what each user bought (I2).
+func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
+	r, ctx, sold, released, live := closeAndTakeOver(t, DefaultRetainClosed+time.Second)
 	m := r.state.Load()
-	if len(m.holds) != 1 || m.holds[live.ID] == nil || len(m.retired) != 2 {
-		t.Fatalf("after takeover: %d holds in memory (want only %s), %d retired (want 2)", len(m.holds), live.ID, len(m.retired))
+	if len(m.holds) != 1 || m.holds[live.ID] == nil || len(m.retired) != 2 || len(m.closing) != 0 {
+		t.Fatalf("after takeover: %d holds in memory (want only %s), %d retired (want 2), %d queued to retire (want 0)",
+			len(m.holds), live.ID, len(m.retired), len(m.closing))
 	}
 	// ann has 6 bought and 1 held of a limit of 10.
 	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 4, RequestKey: "k3"}); !errors.Is(err, ErrLimitExceeded) {
 		t.Errorf("ann over her limit after takeover: %v, want ErrLimitExceeded", err)
 	}
 	checkRetiredAnswers(t, r, ctx, sold, released)
+	// With the pool empty, a retry is answered without the writer, from SQL.
+	mustReserveIn(t, r, ctx, "zed", "k1", 10)
+	mustReserveIn(t, r, ctx, "yan", "k1", 3)
+	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: sold.User, Quantity: sold.Quantity, RequestKey: sold.RequestKey})
+	if err != nil || !res.Replayed || res.Hold.ID != sold.ID || res.Hold.State != Sold {
+		t.Errorf("replay of a retired hold, pool empty: %+v, %v", res, err)
+	}
+}
+
+// TestTakeoverKeepsRecentlyClosedHolds: a leader that loads within the retention keeps the
+// recently closed holds whole, queued to retire when their retention, counted from their
+// stored closed_at, ends; until then their retries are answered from memory.
+func TestTakeoverKeepsRecentlyClosedHolds(t *testing.T) {
+	r, ctx, sold, released, live := closeAndTakeOver(t, DefaultRetainClosed/2)
+	m := r.state.Load()
+	if in := memHolds(r, sold.ID, released.ID, live.ID); !in[sold.ID] || !in[released.ID] || !in[live.ID] || len(m.retired) != 0 || len(m.closing) != 2 {
+		t.Fatalf("after takeover: in memory %v (want all), %d retired (want 0), %d queued (want 2)", in, len(m.retired), len(m.closing))
+	}
+	checkRetiredAnswers(t, r, ctx, sold, released) // answered from memory, and a commit
+	r.cfg.Clock.(*clock.Manual).Advance(DefaultRetainClosed / 2)
+	mustReserveIn(t, r, ctx, "cat", "k1", 1) // the first commit after the retention ended
+	if in := memHolds(r, sold.ID, released.ID, live.ID); in[sold.ID] || in[released.ID] || !in[live.ID] {
+		t.Fatalf("after the retention: in memory %v, want only %s", in, live.ID)
+	}
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 4, RequestKey: "k3"}); !errors.Is(err, ErrLimitExceeded) {
+		t.Errorf("ann over her limit after takeover: %v, want ErrLimitExceeded", err)
+	}
 }
 
 // TestRetiredDigestCollision: a new key whose digest matches a retired one is looked up in SQL,
@@ -141,6 +181,18 @@ func TestRetiredDigestCollision(t *testing.T) {
 	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "never-used"})
 	if err != nil || !res.Replayed || res.Hold.ID != h.ID {
 		t.Errorf("retry: %+v, %v; want the hold granted first", res, err)
+	}
+	// The same on the empty-pool path, which answers without the writer.
+	mustReserveIn(t, r, ctx, "zed", "k1", 9) // the last 9 of 10 units
+	k = keyKey{"s", "bob", "never-used"}
+	m.mu.Lock()
+	m.retired[m.keyDigest(k)] = struct{}{}
+	m.mu.Unlock()
+	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "bob", Quantity: 1, RequestKey: "never-used"}); !errors.Is(err, ErrRegionExhausted) {
+		t.Errorf("a new key colliding with a retired one, pool empty: %v, want ErrRegionExhausted", err)
+	}
+	if res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "never-used"}); err != nil || !res.Replayed || res.Hold.ID != h.ID {
+		t.Errorf("retry with the pool empty: %+v, %v; want the hold granted first", res, err)
 	}
 }
 

@@ -64,7 +64,9 @@ func (c *Core) Clone() *Core {
 
 // Restarted returns the region as a new leader loads it from its durable image: pools,
 // sales, fences and transfer records as stored, and per-user counts and deadlines rebuilt
-// from the holds by the same code as loadMem (addLoaded), not copied from memory.
+// from the holds by the same code as loadMem (addLoaded), not copied from memory. Unlike
+// loadMem it keeps closed holds whole: a Core never retires a hold (archive.go), so the model
+// it serves stands for a leader with an unbounded retention.
 func (c *Core) Restarted() *Core {
 	n := c.Clone()
 	n.m.users, n.m.due = map[userKey]*memUser{}, nil

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"hash/maphash"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -125,8 +127,11 @@ func newMemState() *memState {
 		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }
 
-// loadMem reads the region's state from SQL in one snapshot.
-func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, error) {
+// loadMem reads the region's state from SQL in one snapshot. A hold closed after keepAfter
+// is kept whole and queued to retire like one closed by this leader, so a reload (after a
+// failed batch, or a quick takeover) leaves recent retries answered from memory; one closed
+// earlier is retired at once (archive.go).
+func loadMem(ctx context.Context, db *pgxpool.Pool, region string, keepAfter time.Time) (*memState, error) {
 	m := newMemState()
 	m.archive = true
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -138,7 +143,7 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string) (*memState, e
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
 	in := interner{}
-	if err := loadHolds(ctx, tx, m, region, in); err != nil {
+	if err := loadHolds(ctx, tx, m, region, keepAfter, in); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
 	// Loading made garbage several times the size of what it kept: give it back now rather
@@ -162,31 +167,37 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	return err
 }
 
-func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, in interner) error {
-	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash FROM holds`)
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, keepAfter time.Time, in interner) error {
+	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var hash string
-		h, err := scanHold(rows, region, &hash)
+		var closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
+		h, err := scanHold(rows, region, &hash, &closed)
 		if err != nil {
 			return err
 		}
 		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
 		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
 		h.User = in.of(h.User)
-		if h.State != Held {
-			// Closed: only its user's bought count and its key's digest stay (archive.go).
+		if h.State != Held && (!closed.Valid || !closed.Time.After(keepAfter)) {
+			// Closed long enough: only its user's bought count and its key's digest stay.
 			m.count(&memHold{Hold: h})
 			m.retired[m.keyDigest(keyKey{h.Sale, h.User, h.RequestKey})] = struct{}{}
 			continue
 		}
 		h.RequestKey = in.of(h.RequestKey)
 		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
+		if h.State != Held {
+			m.closing = append(m.closing, closedAt{closed.Time, h.ID})
+		}
 	}
 	heap.Init(&m.due)
+	// retireClosed takes the queue oldest first.
+	slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
 	return rows.Err()
 }
 

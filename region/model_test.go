@@ -154,143 +154,26 @@ func TestRegionMatchesModel(t *testing.T) {
 	})
 }
 
+// checkRegionMatchesModel is TestRegionMatchesModel's check against the region of e.
 func checkRegionMatchesModel(t *testing.T, e *env) {
-	ctx := e.ctx
-	skus := []string{"a", "b"}
-	users := []string{"u0", "u1", "u2"}
-	keys := []string{"k0", "k1", "k2"}
-	payments := []string{"p0", "p1"}
-	const ttl = 10 * time.Second
 	iter := 0
 	seen := map[string]int{} // outcome → how often, to show what the runs covered
-
 	rapid.Check(t, func(rt *rapid.T) {
 		iter++
-		// Close everything a previous (possibly failed) case left open, so sweep counts
-		// are this case's alone.
-		e.clk.Advance(24 * time.Hour)
-		if _, err := e.r.SweepNow(ctx); err != nil {
-			rt.Fatalf("sweep: %v", err)
-		}
-		sale := fmt.Sprintf("m%d", iter)
-		m := &model{limit: 3, ttl: ttl, pools: map[string]*modelPool{}, byID: map[string]*modelHold{},
-			byKey: map[[2]string]*modelHold{}, late: map[[2]string]bool{}}
-		if err := e.r.PutSale(ctx, 1, region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: ttl,
-			OpensAt: e.clk.Now().Add(-time.Minute)}); err != nil {
-			rt.Fatalf("put sale: %v", err)
-		}
-		for _, sku := range skus {
-			// Drawn as a shortfall so that shrinking goes towards plenty: 9 means no
-			// credit (no pool row at all).
-			units := 8 - rapid.IntRange(0, 9).Draw(rt, "shortfall_"+sku)
-			p := &modelPool{}
-			m.pools[sku] = p
-			if units < 0 {
-				continue
-			}
-			if _, err := e.r.Credit(ctx, region.CreditRequest{Generation: 1, TransferID: sale + "-" + sku, Sale: sale, SKU: sku, Units: transfer.Units(units)}); err != nil {
-				rt.Fatalf("credit: %v", err)
-			}
-			p.credited, p.credit, p.avail = true, int64(units), int64(units)
-		}
-		checkModel(rt, e, sale, m)
-
+		c := &modelCase{rt: rt, e: e, sale: fmt.Sprintf("m%d", iter), seen: seen}
+		c.start()
 		steps := 30 - rapid.IntRange(0, 29).Draw(rt, "fewer_steps")
 		seen["steps"] += steps
 		for range steps {
-			now := e.clk.Now()
-			switch action := rapid.IntRange(0, 10).Draw(rt, "action"); {
-			case action <= 3:
-				user := rapid.SampledFrom(users).Draw(rt, "user")
-				sku := rapid.SampledFrom(skus).Draw(rt, "sku")
-				key := rapid.SampledFrom(keys).Draw(rt, "key")
-				// 1..3, and now and then 4: over the per-user limit of 3.
-				qty := 1 + rapid.Int64Range(0, 9).Draw(rt, "qty")%3
-				if rapid.IntRange(0, 9).Draw(rt, "over_limit") == 9 {
-					qty = 4
-				}
-				want, prior := m.reserve(user, sku, key, qty)
-				res, err := e.r.Reserve(ctx, region.ReserveRequest{Sale: sale, SKU: sku, User: user, Quantity: transfer.Units(qty), RequestKey: key})
-				seen["reserve "+want]++
-				if prior != nil {
-					seen["reserve replay"]++
-				}
-				if got := errClass(err); got != want {
-					rt.Fatalf("reserve %s/%s/%s x%d: %s (%v), model says %s", user, sku, key, qty, got, err, want)
-				}
-				if err != nil {
-					break
-				}
-				h := res.Hold
-				if h.Sale != sale || h.SKU != sku || h.User != user || int64(h.Quantity) != qty || h.RequestKey != key || h.Region != "us" {
-					rt.Fatalf("reserve returned %+v", h)
-				}
-				if prior != nil {
-					if !res.Replayed || h.ID != prior.id || h.State != prior.state || h.PaymentID != prior.payment || !h.ExpiresAt.Equal(prior.exp) {
-						rt.Fatalf("replay returned %+v (replayed %v), model hold %+v", h, res.Replayed, *prior)
-					}
-					break
-				}
-				if res.Replayed || h.State != region.Held || !h.ExpiresAt.Equal(now.Add(ttl)) || m.byID[h.ID] != nil {
-					rt.Fatalf("new grant returned %+v (replayed %v)", h, res.Replayed)
-				}
-				m.grant(h.ID, user, sku, key, qty, now)
-			case action <= 5:
-				id := pickHold(rt, m)
-				pay := rapid.SampledFrom(payments).Draw(rt, "payment")
-				want, sold, state, payment := m.confirm(id, pay, now)
-				seen[fmt.Sprintf("confirm %s sold=%v %s", want, sold, state)]++
-				res, err := e.r.Confirm(ctx, id, pay)
-				if got := errClass(err); got != want {
-					rt.Fatalf("confirm %s %s: %s (%v), model says %s", id, pay, got, err, want)
-				}
-				if err == nil && (res.Sold != sold || res.Hold.State != state || res.Hold.PaymentID != payment || res.Hold.ID != id) {
-					rt.Fatalf("confirm %s %s = sold %v %s %q, model says sold %v %s %q", id, pay,
-						res.Sold, res.Hold.State, res.Hold.PaymentID, sold, state, payment)
-				}
-			case action == 6:
-				id := pickHold(rt, m)
-				want, state := m.release(id)
-				seen[fmt.Sprintf("release %s %s", want, state)]++
-				h, err := e.r.Release(ctx, id)
-				if got := errClass(err); got != want {
-					rt.Fatalf("release %s: %s (%v), model says %s", id, got, err, want)
-				}
-				if err == nil && (h.State != state || h.ID != id) {
-					rt.Fatalf("release %s returned state %s, model says %s", id, h.State, state)
-				}
-			case action == 7:
-				ms := rapid.Int64Range(0, 15000).Draw(rt, "advance_ms")
-				e.clk.Advance(time.Duration(ms) * time.Millisecond)
-			case action == 8:
-				// Move exactly onto a hold's deadline, where sell and expire meet.
-				if len(m.holds) == 0 {
-					break
-				}
-				h := m.holds[rapid.IntRange(0, len(m.holds)-1).Draw(rt, "deadline_of")]
-				if d := h.exp.Sub(now); d > 0 {
-					e.clk.Advance(d)
-				}
-			case action == 10:
-				// A new leader loads from SQL: every closed hold is retired at once.
-				seen["takeover"]++
-				e.takeOver()
-			default:
-				want := m.sweep(now)
-				seen[fmt.Sprintf("sweep expired>0=%v", want > 0)]++
-				n, err := e.r.SweepNow(ctx)
-				if err != nil || n != want {
-					rt.Fatalf("sweep expired %d (%v), model says %d", n, err, want)
-				}
-			}
-			checkModel(rt, e, sale, m)
+			c.step()
+			checkModel(rt, e, c.sale, c.m)
 		}
 		var late int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM late_payments l JOIN holds h USING (hold_id) WHERE h.sale_id = $1`, sale).Scan(&late); err != nil {
+		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM late_payments l JOIN holds h USING (hold_id) WHERE h.sale_id = $1`, c.sale).Scan(&late); err != nil {
 			rt.Fatal(err)
 		}
-		if late != len(m.late) {
-			rt.Fatalf("%d late payments recorded, model says %d", late, len(m.late))
+		if late != len(c.m.late) {
+			rt.Fatalf("%d late payments recorded, model says %d", late, len(c.m.late))
 		}
 	})
 	outcomes := make([]string, 0, len(seen))
@@ -299,6 +182,166 @@ func checkRegionMatchesModel(t *testing.T, e *env) {
 	}
 	sort.Strings(outcomes)
 	t.Logf("%d cases; outcomes:\n%s", iter, strings.Join(outcomes, "\n"))
+}
+
+// The draws of TestRegionMatchesModel: few users, SKUs, keys and payments, so that retries,
+// key reuse and limits come up often.
+var (
+	modelSKUs     = []string{"a", "b"}
+	modelUsers    = []string{"u0", "u1", "u2"}
+	modelKeys     = []string{"k0", "k1", "k2"}
+	modelPayments = []string{"p0", "p1"}
+)
+
+const modelTTL = 10 * time.Second
+
+// modelCase is one case of TestRegionMatchesModel: a sale of its own, its model, and the
+// outcome counts shared by all cases.
+type modelCase struct {
+	rt   *rapid.T
+	e    *env
+	sale string
+	m    *model
+	seen map[string]int
+}
+
+// start closes what earlier cases left open, puts the case's sale and credits its pools.
+func (c *modelCase) start() {
+	rt, e, ctx := c.rt, c.e, c.e.ctx
+	// Close everything a previous (possibly failed) case left open, so sweep counts are
+	// this case's alone.
+	e.clk.Advance(24 * time.Hour)
+	if _, err := e.r.SweepNow(ctx); err != nil {
+		rt.Fatalf("sweep: %v", err)
+	}
+	c.m = &model{limit: 3, ttl: modelTTL, pools: map[string]*modelPool{}, byID: map[string]*modelHold{},
+		byKey: map[[2]string]*modelHold{}, late: map[[2]string]bool{}}
+	if err := e.r.PutSale(ctx, 1, region.SaleTerms{Sale: c.sale, SKUs: modelSKUs, PerUserLimit: 3, HoldTTL: modelTTL,
+		OpensAt: e.clk.Now().Add(-time.Minute)}); err != nil {
+		rt.Fatalf("put sale: %v", err)
+	}
+	for _, sku := range modelSKUs {
+		// Drawn as a shortfall so that shrinking goes towards plenty: 9 means no credit (no
+		// pool row at all).
+		units := 8 - rapid.IntRange(0, 9).Draw(rt, "shortfall_"+sku)
+		p := &modelPool{}
+		c.m.pools[sku] = p
+		if units < 0 {
+			continue
+		}
+		if _, err := e.r.Credit(ctx, region.CreditRequest{Generation: 1, TransferID: c.sale + "-" + sku, Sale: c.sale, SKU: sku, Units: transfer.Units(units)}); err != nil {
+			rt.Fatalf("credit: %v", err)
+		}
+		p.credited, p.credit, p.avail = true, int64(units), int64(units)
+	}
+	checkModel(rt, e, c.sale, c.m)
+}
+
+// step draws one action, runs it against the region and the model, and compares answers.
+func (c *modelCase) step() {
+	rt, e, m := c.rt, c.e, c.m
+	now := e.clk.Now()
+	switch action := rapid.IntRange(0, 10).Draw(rt, "action"); {
+	case action <= 3:
+		c.reserve(now)
+	case action <= 5:
+		c.confirm(now)
+	case action == 6:
+		c.release()
+	case action == 7:
+		ms := rapid.Int64Range(0, 15000).Draw(rt, "advance_ms")
+		e.clk.Advance(time.Duration(ms) * time.Millisecond)
+	case action == 8:
+		// Move exactly onto a hold's deadline, where sell and expire meet.
+		if len(m.holds) == 0 {
+			break
+		}
+		h := m.holds[rapid.IntRange(0, len(m.holds)-1).Draw(rt, "deadline_of")]
+		if d := h.exp.Sub(now); d > 0 {
+			e.clk.Advance(d)
+		}
+	case action == 10:
+		// A new leader loads from SQL: closed holds past their retention are retired at once.
+		c.seen["takeover"]++
+		e.takeOver()
+	default:
+		want := m.sweep(now)
+		c.seen[fmt.Sprintf("sweep expired>0=%v", want > 0)]++
+		n, err := e.r.SweepNow(e.ctx)
+		if err != nil || n != want {
+			rt.Fatalf("sweep expired %d (%v), model says %d", n, err, want)
+		}
+	}
+}
+
+// reserve draws a reserve (1..3 units, now and then 4: over the per-user limit of 3).
+func (c *modelCase) reserve(now time.Time) {
+	rt, m := c.rt, c.m
+	user := rapid.SampledFrom(modelUsers).Draw(rt, "user")
+	sku := rapid.SampledFrom(modelSKUs).Draw(rt, "sku")
+	key := rapid.SampledFrom(modelKeys).Draw(rt, "key")
+	qty := 1 + rapid.Int64Range(0, 9).Draw(rt, "qty")%3
+	if rapid.IntRange(0, 9).Draw(rt, "over_limit") == 9 {
+		qty = 4
+	}
+	want, prior := m.reserve(user, sku, key, qty)
+	res, err := c.e.r.Reserve(c.e.ctx, region.ReserveRequest{Sale: c.sale, SKU: sku, User: user, Quantity: transfer.Units(qty), RequestKey: key})
+	c.seen["reserve "+want]++
+	if prior != nil {
+		c.seen["reserve replay"]++
+	}
+	if got := errClass(err); got != want {
+		rt.Fatalf("reserve %s/%s/%s x%d: %s (%v), model says %s", user, sku, key, qty, got, err, want)
+	}
+	if err != nil {
+		return
+	}
+	h := res.Hold
+	if h.Sale != c.sale || h.SKU != sku || h.User != user || int64(h.Quantity) != qty || h.RequestKey != key || h.Region != "us" {
+		rt.Fatalf("reserve returned %+v", h)
+	}
+	if prior != nil {
+		if !res.Replayed || h.ID != prior.id || h.State != prior.state || h.PaymentID != prior.payment || !h.ExpiresAt.Equal(prior.exp) {
+			rt.Fatalf("replay returned %+v (replayed %v), model hold %+v", h, res.Replayed, *prior)
+		}
+		return
+	}
+	if res.Replayed || h.State != region.Held || !h.ExpiresAt.Equal(now.Add(modelTTL)) || m.byID[h.ID] != nil {
+		rt.Fatalf("new grant returned %+v (replayed %v)", h, res.Replayed)
+	}
+	m.grant(h.ID, user, sku, key, qty, now)
+}
+
+// confirm draws a confirm of a model hold (or of an unknown id) with one of two payments.
+func (c *modelCase) confirm(now time.Time) {
+	rt := c.rt
+	id := pickHold(rt, c.m)
+	pay := rapid.SampledFrom(modelPayments).Draw(rt, "payment")
+	want, sold, state, payment := c.m.confirm(id, pay, now)
+	c.seen[fmt.Sprintf("confirm %s sold=%v %s", want, sold, state)]++
+	res, err := c.e.r.Confirm(c.e.ctx, id, pay)
+	if got := errClass(err); got != want {
+		rt.Fatalf("confirm %s %s: %s (%v), model says %s", id, pay, got, err, want)
+	}
+	if err == nil && (res.Sold != sold || res.Hold.State != state || res.Hold.PaymentID != payment || res.Hold.ID != id) {
+		rt.Fatalf("confirm %s %s = sold %v %s %q, model says sold %v %s %q", id, pay,
+			res.Sold, res.Hold.State, res.Hold.PaymentID, sold, state, payment)
+	}
+}
+
+// release draws a release of a model hold (or of an unknown id).
+func (c *modelCase) release() {
+	rt := c.rt
+	id := pickHold(rt, c.m)
+	want, state := c.m.release(id)
+	c.seen[fmt.Sprintf("release %s %s", want, state)]++
+	h, err := c.e.r.Release(c.e.ctx, id)
+	if got := errClass(err); got != want {
+		rt.Fatalf("release %s: %s (%v), model says %s", id, got, err, want)
+	}
+	if err == nil && (h.State != state || h.ID != id) {
+		rt.Fatalf("release %s returned state %s, model says %s", id, h.State, state)
+	}
 }
 
 // pickHold draws one of the model's holds, or (sometimes) an id no hold has.

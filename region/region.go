@@ -127,7 +127,8 @@ type Region struct {
 
 	// state is the leader's memory (its committed holds by key are readable from any
 	// goroutine), and pending counts the reserves of each key on their way through the
-	// writer: together they let an empty pool answer without the writer and without SQL.
+	// writer: together they let an empty pool answer without the writer and, but for a key
+	// whose hold has left memory (archive.go), without SQL.
 	state     atomic.Pointer[memState]
 	pendingMu sync.Mutex
 	pending   map[keyKey]int
@@ -342,7 +343,7 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.CheckEpoch(ctx, tx, epoch) }); err != nil {
 		return nil, err
 	}
-	m, err := loadMem(ctx, r.pool, r.cfg.Name)
+	m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now().Add(-r.cfg.RetainClosed))
 	if err != nil {
 		return nil, err
 	}
