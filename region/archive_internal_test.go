@@ -111,17 +111,50 @@ func closeAndTakeOver(t *testing.T, idle time.Duration) (r *Region, ctx context.
 	if _, err := old.Release(ctx, released.ID); err != nil {
 		t.Fatal(err)
 	}
-	old.Close()
 	old.cfg.Clock.(*clock.Manual).Advance(idle)
+	return takeOverFrom(t, old, 2), ctx, sold, released, live
+}
+
+// takeOverFrom closes old and returns a new leader of its region at epoch, on its clock.
+func takeOverFrom(t *testing.T, old *Region, epoch int64) *Region {
+	old.Close()
 	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
-	if err := r.Lead(ctx, 2); err != nil {
+	if err := r.Lead(context.Background(), epoch); err != nil {
 		t.Fatal(err)
 	}
-	return r, ctx, sold, released, live
+	return r
+}
+
+// TestLoadedHoldClosedAheadOfTheClock: a hold whose stored closed_at is ahead of the new
+// leader's clock (the old leader's clock ran fast) does not hold up the retiring of the holds
+// the new leader closes after it.
+func TestLoadedHoldClosedAheadOfTheClock(t *testing.T) {
+	old, ctx := newInternalRegion(t)
+	early, late := mustReserveIn(t, old, ctx, "ann", "k1", 1), mustReserveIn(t, old, ctx, "bob", "k1", 1)
+	if _, err := old.Release(ctx, early.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.pool.Exec(ctx, `UPDATE holds SET closed_at = closed_at + interval '1 hour' WHERE hold_id = $1`, early.ID); err != nil {
+		t.Fatal(err)
+	}
+	r := takeOverFrom(t, old, 2)
+	if _, err := r.Release(ctx, late.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.cfg.Clock.(*clock.Manual).Advance(DefaultRetainClosed + time.Second)
+	mustReserveIn(t, r, ctx, "cat", "k1", 1) // a commit: retirement runs after each
+	if in := memHolds(r, early.ID, late.ID); in[early.ID] || in[late.ID] {
+		t.Fatalf("after the retention: in memory %v, want neither", in)
+	}
+	for _, h := range []Hold{early, late} {
+		if got, err := r.Release(ctx, h.ID); err != nil || got.State != Released {
+			t.Errorf("release again of retired %s: %+v, %v", h.ID, got, err)
+		}
+	}
 }
 
 // TestTakeoverLoadsOnlyLiveHolds: a new leader, loading after the closed holds' retention

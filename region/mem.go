@@ -127,11 +127,11 @@ func newMemState() *memState {
 		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }
 
-// loadMem reads the region's state from SQL in one snapshot. A hold closed after keepAfter
-// is kept whole and queued to retire like one closed by this leader, so a reload (after a
-// failed batch, or a quick takeover) leaves recent retries answered from memory; one closed
+// loadMem reads the region's state from SQL in one snapshot. A hold closed within retain of
+// now is kept whole and queued to retire like one closed by this leader, so a reload (after
+// a failed batch, or a quick takeover) leaves recent retries answered from memory; one closed
 // earlier is retired at once (archive.go).
-func loadMem(ctx context.Context, db *pgxpool.Pool, region string, keepAfter time.Time) (*memState, error) {
+func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time, retain time.Duration) (*memState, error) {
 	m := newMemState()
 	m.archive = true
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -143,7 +143,7 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string, keepAfter tim
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
 	in := interner{}
-	if err := loadHolds(ctx, tx, m, region, keepAfter, in); err != nil {
+	if err := loadHolds(ctx, tx, m, region, now, retain, in); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
 	// Loading made garbage several times the size of what it kept: give it back now rather
@@ -167,7 +167,8 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	return err
 }
 
-func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, keepAfter time.Time, in interner) error {
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration, in interner) error {
+	keepAfter := now.Add(-retain)
 	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
 	if err != nil {
 		return err
@@ -192,7 +193,14 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, keepA
 		h.RequestKey = in.of(h.RequestKey)
 		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
 		if h.State != Held {
-			m.closing = append(m.closing, closedAt{closed.Time, h.ID})
+			// Another leader's clock may have run ahead of this one's: queued at a later
+			// time than now, the hold would hold up the retiring of every hold queued after
+			// it. Retiring it sooner is safe, since a retired hold is read back from SQL.
+			at := closed.Time
+			if at.After(now) {
+				at = now
+			}
+			m.closing = append(m.closing, closedAt{at, h.ID})
 		}
 	}
 	heap.Init(&m.due)

@@ -41,7 +41,8 @@ type Config struct {
 	// RetainClosed is how long the leader keeps a closed (sold, released, expired) hold
 	// whole in memory after it closed, so retries of it are answered without SQL; afterwards
 	// it keeps only a digest of its key and reads the hold from SQL when asked (archive.go).
-	// Holds already closed when a leader loads are not kept. Default 10m.
+	// The time counts from the hold's stored closed_at, also for the holds a leader loads.
+	// Default 10m.
 	RetainClosed time.Duration
 	// Logger receives operational messages; default slog.Default().
 	Logger *slog.Logger
@@ -343,7 +344,7 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.CheckEpoch(ctx, tx, epoch) }); err != nil {
 		return nil, err
 	}
-	m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now().Add(-r.cfg.RetainClosed))
+	m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now(), r.cfg.RetainClosed)
 	if err != nil {
 		return nil, err
 	}
