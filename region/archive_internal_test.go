@@ -239,8 +239,8 @@ func TestHeldInSQLButNotInMemoryFailsTheBatch(t *testing.T) {
 	m.mu.Lock()
 	delete(m.holds, h.ID) // memory loses a live hold
 	m.mu.Unlock()
-	if c, err := r.Confirm(ctx, h.ID, "pay-1"); err == nil {
-		t.Fatalf("confirm of a hold memory lost: %+v; want an error", c)
+	if c, err := r.Confirm(ctx, h.ID, "pay-1"); !errors.Is(err, ErrAborted) {
+		t.Fatalf("confirm of a hold memory lost: %+v, %v; want ErrAborted (the batch failed, nothing changed)", c, err)
 	}
 	if c, err := r.Confirm(ctx, h.ID, "pay-1"); err != nil || !c.Sold {
 		t.Fatalf("confirm after the reload: %+v, %v", c, err)

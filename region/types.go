@@ -22,6 +22,7 @@ var (
 	ErrFenced          = apierr.ErrFenced
 	ErrConflict        = apierr.ErrConflict
 	ErrUnknownOutcome  = apierr.ErrUnknownOutcome
+	ErrAborted         = apierr.ErrAborted
 )
 
 // HoldState is where a hold is in its life: held, then exactly one of sold, released or

@@ -333,8 +333,13 @@ func (w *writer) commit(ps []*pending) {
 		// not the one this batch left in memory.
 		var deposed bool
 		w.m, deposed = w.onFail(err)
-		if deposed {
+		switch {
+		case deposed:
 			err = fmt.Errorf("%w: %w", errDeposed, err)
+		case !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrFenced):
+			// Surely not committed (a commit that may have is an unknown outcome): every
+			// request in the batch may be asked again as it was.
+			err = fmt.Errorf("%w: %w", ErrAborted, err)
 		}
 		w.failAll(ps, err)
 		return

@@ -109,8 +109,8 @@ func TestWriterFatalOpFailsWholeBatch(t *testing.T) {
 		if p.err == nil {
 			t.Errorf("op %d of a failed batch answered success: %v", i, p.res)
 		}
-		if errors.Is(p.err, ErrUnknownOutcome) {
-			t.Errorf("op %d: %v; a failure inside the transaction is definite, not unknown", i, p.err)
+		if errors.Is(p.err, ErrUnknownOutcome) || !errors.Is(p.err, ErrAborted) {
+			t.Errorf("op %d: %v; a failure inside the transaction is definite (ABORTED), not unknown", i, p.err)
 		}
 	}
 	if n := holdRows(t, r, ctx); n != 0 {

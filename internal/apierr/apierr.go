@@ -35,6 +35,10 @@ var (
 	// ErrUnknownOutcome: the change may or may not have committed (a commit whose reply was
 	// lost). It is never a failure: the caller asks again with the same idempotency key or id.
 	ErrUnknownOutcome = errors.New("outcome unknown: ask again with the same key")
+	// ErrAborted: the request was not carried out because something else failed with it
+	// (the region's batch it was decided in did not commit, surely); nothing changed, and
+	// asking again with the same key or id is safe.
+	ErrAborted = errors.New("not carried out: its batch failed; ask again")
 )
 
 // InvalidError names the field of a bad request and why it is bad.

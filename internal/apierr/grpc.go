@@ -24,6 +24,7 @@ type mapping struct {
 // for errors wrapping several sentinels; the first match wins.
 var table = []mapping{
 	{ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT"},
+	{ErrAborted, codes.Aborted, "ABORTED"}, // before the sentinels a batch's failure may wrap
 	{ErrSoldOut, codes.FailedPrecondition, "SOLD_OUT"},
 	{ErrRegionExhausted, codes.ResourceExhausted, "REGION_EXHAUSTED"},
 	{ErrLimitExceeded, codes.ResourceExhausted, "LIMIT_EXCEEDED"},

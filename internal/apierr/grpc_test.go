@@ -31,6 +31,7 @@ func TestToStatusTable(t *testing.T) {
 		{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN"},
 		{ErrConflict, codes.FailedPrecondition, "CONFLICT"},
 		{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME"},
+		{fmt.Errorf("%w: hold h: %w", ErrAborted, ErrNotFound), codes.Aborted, "ABORTED"}, // the batch's failure wins
 		{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
 		{context.Canceled, codes.Canceled, "CANCELED"},
 		{errors.New("disk on fire"), codes.Internal, "INTERNAL"},
