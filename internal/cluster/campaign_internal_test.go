@@ -97,3 +97,53 @@ func TestCachedHintAsksEtcdOncePerTTL(t *testing.T) {
 		t.Fatalf("after the TTL: hint %q after %d lookups; want the new leader after 2", got, calls.Load())
 	}
 }
+
+// TestCachedHintServesStaleWhileRefreshing: once there is an answer, a slow lookup (etcd slow
+// or gone) holds up no caller but the one making it; the others get the last answer.
+func TestCachedHintServesStaleWhileRefreshing(t *testing.T) {
+	var calls atomic.Int64
+	release := make(chan struct{})
+	hint := cachedHint(time.Millisecond, func() string {
+		if calls.Add(1) == 1 {
+			return "127.0.0.1:1"
+		}
+		<-release // the second lookup hangs until released
+		return "127.0.0.1:2"
+	})
+	if got := hint(); got != "127.0.0.1:1" {
+		t.Fatalf("first hint %q", got)
+	}
+	time.Sleep(5 * time.Millisecond) // past the ttl
+	refreshed := make(chan string)
+	go func() { refreshed <- hint() }() // makes the hanging lookup
+	for calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	served := make(chan string, 100)
+	go func() {
+		for range 100 {
+			served <- hint()
+		}
+	}()
+	for range 100 {
+		select {
+		case got := <-served:
+			if got != "127.0.0.1:1" {
+				t.Fatalf("hint during a slow lookup %q, want the last answer", got)
+			}
+		case <-time.After(2 * time.Second):
+			close(release) // let the held-up callers go
+			t.Fatal("a hint waited for another caller's slow lookup")
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d lookups, want 2: one at a time", n)
+	}
+	close(release)
+	if got := <-refreshed; got != "127.0.0.1:2" {
+		t.Fatalf("the refreshing caller got %q", got)
+	}
+	if got := hint(); got != "127.0.0.1:2" {
+		t.Fatalf("hint after the refresh %q", got)
+	}
+}

@@ -60,22 +60,41 @@ func leaderOf(etcd *fencing.Client, role string) string {
 // again: a standby, or a leader just deposed, may answer thousands of requests a second.
 const hintTTL = 250 * time.Millisecond
 
-// cachedHint wraps fetch so that it runs at most once per ttl; callers meanwhile share the
-// last answer, and callers arriving during a fetch wait for it rather than start another.
-// A client sent to an address that is already stale is told NOT_LEADER there and asks again.
+// cachedHint wraps fetch so that it runs at most once per ttl and never twice at once. Once
+// there is an answer, callers are never held up by a fetch: the last answer serves until a
+// new one is in, even past the ttl while the one caller that saw it stale fetches (with etcd
+// slow or gone, a fetch takes up to leaderOf's timeout, and a standby answers thousands of
+// requests a second). Only callers arriving before the first answer wait for it. A client
+// sent to an address that is already stale is told NOT_LEADER there and asks again.
 func cachedHint(ttl time.Duration, fetch func() string) func() string {
 	var (
-		mu   sync.Mutex
-		addr string
-		at   time.Time
+		mu       sync.Mutex
+		addr     string
+		at       time.Time     // when addr was fetched; zero until the first answer
+		fetching chan struct{} // closed when the running fetch ends; nil when none runs
 	)
 	return func() string {
 		mu.Lock()
-		defer mu.Unlock()
-		if at.IsZero() || time.Since(at) >= ttl {
-			addr, at = fetch(), time.Now()
+		if !at.IsZero() && (fetching != nil || time.Since(at) < ttl) {
+			defer mu.Unlock()
+			return addr
 		}
-		return addr
+		if wait := fetching; wait != nil { // the first fetch is under way
+			mu.Unlock()
+			<-wait
+			mu.Lock()
+			defer mu.Unlock()
+			return addr
+		}
+		done := make(chan struct{})
+		fetching = done
+		mu.Unlock()
+		got := fetch()
+		mu.Lock()
+		addr, at, fetching = got, time.Now(), nil
+		mu.Unlock()
+		close(done)
+		return got
 	}
 }
 
