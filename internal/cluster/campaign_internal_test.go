@@ -103,6 +103,9 @@ func TestCachedHintAsksEtcdOncePerTTL(t *testing.T) {
 func TestCachedHintServesStaleWhileRefreshing(t *testing.T) {
 	var calls atomic.Int64
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	defer letGo() // also on a failure, so no lookup hangs past the test
 	hint := cachedHint(time.Millisecond, func() string {
 		if calls.Add(1) == 1 {
 			return "127.0.0.1:1"
@@ -114,7 +117,7 @@ func TestCachedHintServesStaleWhileRefreshing(t *testing.T) {
 		t.Fatalf("first hint %q", got)
 	}
 	time.Sleep(5 * time.Millisecond) // past the ttl
-	refreshed := make(chan string)
+	refreshed := make(chan string, 1)
 	go func() { refreshed <- hint() }() // makes the hanging lookup
 	for calls.Load() < 2 {
 		time.Sleep(time.Millisecond)
@@ -132,14 +135,13 @@ func TestCachedHintServesStaleWhileRefreshing(t *testing.T) {
 				t.Fatalf("hint during a slow lookup %q, want the last answer", got)
 			}
 		case <-time.After(2 * time.Second):
-			close(release) // let the held-up callers go
 			t.Fatal("a hint waited for another caller's slow lookup")
 		}
 	}
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("%d lookups, want 2: one at a time", n)
 	}
-	close(release)
+	letGo()
 	if got := <-refreshed; got != "127.0.0.1:2" {
 		t.Fatalf("the refreshing caller got %q", got)
 	}

@@ -89,11 +89,14 @@ func cachedHint(ttl time.Duration, fetch func() string) func() string {
 		done := make(chan struct{})
 		fetching = done
 		mu.Unlock()
-		got := fetch()
-		mu.Lock()
-		addr, at, fetching = got, time.Now(), nil
-		mu.Unlock()
-		close(done)
+		got := ""
+		defer func() { // even if fetch panics, so no caller waits on it for ever
+			mu.Lock()
+			addr, at, fetching = got, time.Now(), nil
+			mu.Unlock()
+			close(done)
+		}()
+		got = fetch()
 		return got
 	}
 }
