@@ -169,6 +169,7 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 
 func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration, in interner) error {
 	keepAfter := now.Add(-retain)
+	names := interner{}
 	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
 	if err != nil {
 		return err
@@ -181,16 +182,18 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 		if err != nil {
 			return err
 		}
-		// Holds share sales, SKUs, states, request keys and users: keep one copy of each string.
-		h.Sale, h.SKU, h.State = in.of(h.Sale), in.of(h.SKU), HoldState(in.of(string(h.State)))
-		h.User = in.of(h.User)
+		// Holds share sales, SKUs and states: keep one copy of each string, from a table of
+		// its own, which stays small and quick.
+		h.Sale, h.SKU, h.State = names.of(h.Sale), names.of(h.SKU), HoldState(names.of(string(h.State)))
 		if h.State != Held && (!closed.Valid || !closed.Time.After(keepAfter)) {
-			// Closed long enough: only its user's bought count and its key's digest stay.
+			// Closed long enough: only its user's bought count and its key's digest stay, so
+			// its user and key are not interned (a user's count keeps the user's first copy).
 			m.count(&memHold{Hold: h})
 			m.retired[m.keyDigest(keyKey{h.Sale, h.User, h.RequestKey})] = struct{}{}
 			continue
 		}
-		h.RequestKey = in.of(h.RequestKey)
+		// Holds kept whole share users and request keys too.
+		h.User, h.RequestKey = in.of(h.User), in.of(h.RequestKey)
 		m.addLoaded(&memHold{Hold: h, hash: hashOf(hash)})
 		if h.State != Held {
 			// Another leader's clock may have run ahead of this one's: queued at a later
