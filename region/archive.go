@@ -13,8 +13,9 @@ import (
 // A closed hold (sold, released, expired) never changes again, so the leader need not keep
 // it whole: once it has been closed for Config.RetainClosed (counted from its closed_at,
 // also for the holds a leader loads), the leader drops it from memory and keeps only a
-// 64-bit digest of its idempotency key, for as long as it leads. The leader's memory then grows with the live holds,
-// not with every hold ever made. What a closed hold still decides is read from SQL:
+// 64-bit digest of its idempotency key, for as long as it leads. The leader's memory then
+// grows with the live holds, not with every hold ever made. What a closed hold still decides
+// is read from SQL:
 //
 //   - a reserve whose key's digest is retired looks the key up in SQL (a retry is answered
 //     with its hold, a reuse with ALREADY_EXISTS, and a digest collision goes on as new);
@@ -96,9 +97,7 @@ func (m *memState) retireClosed(cutoff time.Time) {
 }
 
 // storedKey reads the hold of an idempotency key from SQL, with its request fingerprint.
-func storedKey(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, region string, k keyKey) (*memHold, bool, error) {
+func storedKey(ctx context.Context, q rowQuerier, region string, k keyKey) (*memHold, bool, error) {
 	var hash string
 	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
 		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, k.sale, k.user, k.key), region, &hash)

@@ -70,9 +70,7 @@ func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
 	return nh
 }
 
-func readHold(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, region, id string) (Hold, error) {
+func readHold(ctx context.Context, q rowQuerier, region, id string) (Hold, error) {
 	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+` FROM holds WHERE hold_id = $1`, id), region)
 	if err == pgx.ErrNoRows {
 		return Hold{}, fmt.Errorf("hold_id %q: %w", id, ErrNotFound)

@@ -46,9 +46,7 @@ func sameTerms(a, b SaleTerms) bool {
 		a.HoldTTL == b.HoldTTL && a.OpensAt.Equal(b.OpensAt)
 }
 
-func readTerms(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, sale string) (SaleTerms, error) {
+func readTerms(ctx context.Context, q rowQuerier, sale string) (SaleTerms, error) {
 	t := SaleTerms{Sale: sale}
 	var limit, ttl int64
 	err := q.QueryRow(ctx, `SELECT skus, per_user_limit, hold_ttl_ms, opens_at FROM sales WHERE sale_id = $1`, sale).

@@ -18,6 +18,11 @@ func requestHash(sku string, q transfer.Units) [16]byte {
 	return [16]byte(h[:16])
 }
 
+// rowQuerier is what a one-row read needs: a pool, a connection or a transaction.
+type rowQuerier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
 const holdColumns = `hold_id, sale_id, sku, user_id, quantity, request_key, state, created_at, expires_at, coalesce(payment_id, '')`
 
 // scanHold reads holdColumns, then any further columns into extra.
@@ -50,11 +55,12 @@ type reserveOp struct {
 func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	req := o.req
 	hash := requestHash(req.SKU, req.Quantity)
-	if prior, ok := b.key(keyKey{req.Sale, req.User, req.RequestKey}); ok {
+	k := keyKey{req.Sale, req.User, req.RequestKey}
+	if prior, ok := b.key(k); ok {
 		res, err := replayOf(prior, req)
 		return res, err, nil
 	}
-	if !o.keyLookedUp && b.m.retiredKey(keyKey{req.Sale, req.User, req.RequestKey}) {
+	if !o.keyLookedUp && b.m.retiredKey(k) {
 		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
 	}
 	pk := poolKey{req.Sale, req.SKU}
