@@ -142,13 +142,11 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time
 	if err := loadPools(ctx, tx, m); err != nil {
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
-	in := interner{}
-	if err := loadHolds(ctx, tx, m, region, now, retain, in); err != nil {
+	if err := loadHolds(ctx, tx, m, region, now, retain); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
-	// Loading made garbage several times the size of what it kept: give it back now rather
-	// than carry it as resident memory until the next collections.
-	in = nil
+	// Loading made garbage several times the size of what it kept (the interner among it):
+	// give it back now rather than carry it as resident memory until the next collections.
 	debug.FreeOSMemory()
 	return m, nil
 }
@@ -167,9 +165,14 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	return err
 }
 
-func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration, in interner) error {
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration) error {
 	keepAfter := now.Add(-retain)
 	names := interner{}
+	kept, err := m.presize(ctx, tx, keepAfter)
+	if err != nil {
+		return err
+	}
+	in := make(interner, 2*kept)
 	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
 	if err != nil {
 		return err
@@ -210,6 +213,30 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	// retireClosed takes the queue oldest first.
 	slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
 	return rows.Err()
+}
+
+// presize makes the maps a load fills as large as the stored holds need, counted in the
+// load's own snapshot: growing them a row at a time rehashed every entry again and again,
+// which took about a third of a takeover's CPU. The count is one scan that PostgreSQL runs
+// on its own; users are sized for one per held or sold hold, an upper bound, and the
+// interner of kept holds' users and keys for two strings per kept hold.
+func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) (kept int64, err error) {
+	var total, held, counted int64
+	err = tx.QueryRow(ctx, `SELECT count(*),
+		count(*) FILTER (WHERE state = 'held' OR closed_at > $1),
+		count(*) FILTER (WHERE state = 'held'),
+		count(*) FILTER (WHERE state IN ('held', 'sold'))
+		FROM holds`, keepAfter).Scan(&total, &kept, &held, &counted)
+	if err != nil {
+		return 0, fmt.Errorf("count holds: %w", err)
+	}
+	m.holds = make(map[string]*memHold, kept)
+	m.keys = make(map[keyKey]*memHold, kept)
+	m.users = make(map[userKey]*memUser, counted)
+	m.retired = make(map[uint64]struct{}, total-kept)
+	m.due = make(expiryHeap, 0, held)
+	m.closing = make([]closedAt, 0, kept-held)
+	return kept, nil
 }
 
 // addLoaded adds a stored hold to a state being loaded: the hold and its key, its user's
