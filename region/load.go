@@ -1,0 +1,244 @@
+package region
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// loadMem reads the region's state from SQL in one snapshot. A hold closed within retain of
+// now is kept whole and queued to retire like one closed by this leader, so a reload (after
+// a failed batch, or a quick takeover) leaves recent retries answered from memory; one closed
+// earlier is retired at once (archive.go).
+func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time, retain time.Duration) (*memState, error) {
+	m := newMemState()
+	m.archive = true
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
+	if err := loadPools(ctx, tx, m); err != nil {
+		return nil, fmt.Errorf("load pools: %w", err)
+	}
+	if err := loadHolds(ctx, tx, m, region, now, retain); err != nil {
+		return nil, fmt.Errorf("load holds: %w", err)
+	}
+	// Loading made garbage several times the size of what it kept (the interner among it):
+	// give it back now rather than carry it as resident memory until the next collections.
+	debug.FreeOSMemory()
+	return m, nil
+}
+
+func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, sku, available, held, sold FROM pools`)
+	if err != nil {
+		return err
+	}
+	var k poolKey
+	var a, h, s int64
+	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &a, &h, &s}, func() error {
+		m.pools[k] = &memPool{available: transfer.Units(a), held: transfer.Units(h), sold: transfer.Units(s)}
+		return nil
+	})
+	return err
+}
+
+func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration) error {
+	kept, err := m.presize(ctx, tx, now.Add(-retain))
+	if err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	// Decoding the rows and filling the maps each take about half of a takeover's CPU, so a
+	// goroutine of its own fills the maps, a chunk of rows at a time, while this one decodes
+	// the next rows. It has ended before loadHolds returns, on every path.
+	f := newFiller(m, now, retain, kept)
+	defer f.stop()
+	chunk := f.empty()
+	for rows.Next() {
+		chunk = append(chunk, loadedRow{})
+		r := &chunk[len(chunk)-1]
+		var hash string
+		if r.hold, err = scanHold(rows, region, &hash, &r.closed); err != nil {
+			return err
+		}
+		r.hash = hashOf(hash)
+		if len(chunk) == cap(chunk) {
+			f.full <- chunk
+			chunk = f.empty()
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	f.full <- chunk
+	f.stop()
+	heap.Init(&m.due)
+	// retireClosed takes the queue oldest first.
+	slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
+	return nil
+}
+
+// loadedRow is a stored hold as read, on its way from the rows to the maps.
+type loadedRow struct {
+	hold   Hold
+	hash   [16]byte
+	closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
+}
+
+// loadChunk rows go to the filler at a time; loadChunks of them wait at most.
+const loadChunk, loadChunks = 256, 4
+
+// filler owns a state being loaded, from newFiller to stop: its goroutine adds each row it
+// is sent to the state's maps. Chunks go back and forth between the two goroutines, so the
+// load allocates no chunk per row or per chunk.
+type filler struct {
+	m         *memState
+	now       time.Time
+	keepAfter time.Time
+	names     interner // sales, SKUs and states: a table of its own stays small and quick
+	in        interner // users and request keys of the holds kept whole
+	full      chan []loadedRow
+	free      chan []loadedRow
+	done      chan struct{}
+	stopped   bool
+}
+
+// newFiller starts the goroutine that fills m; kept holds are to stay whole, as counted.
+func newFiller(m *memState, now time.Time, retain time.Duration, kept int64) *filler {
+	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), names: interner{}, in: make(interner, 2*kept),
+		full: make(chan []loadedRow, loadChunks), free: make(chan []loadedRow, loadChunks+1), done: make(chan struct{})}
+	// One chunk more than full holds: a send to free never blocks.
+	for range loadChunks + 1 {
+		f.free <- make([]loadedRow, 0, loadChunk)
+	}
+	go f.run()
+	return f
+}
+
+// empty returns a chunk to fill with rows, once the filler has one to spare.
+func (f *filler) empty() []loadedRow { return <-f.free }
+
+// stop sends no more rows and waits until the filler has added those sent; idempotent.
+// Only then may the caller touch the state again.
+func (f *filler) stop() {
+	if f.stopped {
+		return
+	}
+	f.stopped = true
+	close(f.full)
+	<-f.done
+}
+
+func (f *filler) run() {
+	defer close(f.done)
+	for chunk := range f.full {
+		for i := range chunk {
+			f.add(&chunk[i])
+		}
+		clear(chunk) // the spare chunk keeps no retired hold's strings alive
+		f.free <- chunk[:0]
+	}
+}
+
+// add puts one stored hold into the state: whole if held or closed within the retention,
+// else only its user's count and its key's digest (archive.go).
+func (f *filler) add(r *loadedRow) {
+	h, m := r.hold, f.m
+	h.Sale, h.SKU, h.State = f.names.of(h.Sale), f.names.of(h.SKU), HoldState(f.names.of(string(h.State)))
+	if h.State != Held && (!r.closed.Valid || !r.closed.Time.After(f.keepAfter)) {
+		// Closed long enough: its user and key are not interned (a user's count keeps the
+		// user's first copy).
+		m.count(&memHold{Hold: h})
+		m.retired[m.keyDigest(keyKey{h.Sale, h.User, h.RequestKey})] = struct{}{}
+		return
+	}
+	h.User, h.RequestKey = f.in.of(h.User), f.in.of(h.RequestKey)
+	m.addLoaded(&memHold{Hold: h, hash: r.hash})
+	if h.State != Held {
+		// Another leader's clock may have run ahead of this one's: queued at a later time
+		// than now, the hold would hold up the retiring of every hold queued after it.
+		// Retiring it sooner is safe, since a retired hold is read back from SQL.
+		at := r.closed.Time
+		if at.After(f.now) {
+			at = f.now
+		}
+		m.closing = append(m.closing, closedAt{at, h.ID})
+	}
+}
+
+// presize makes the maps a load fills as large as the stored holds need, counted in the
+// load's own snapshot: growing them a row at a time rehashed every entry again and again,
+// which took about a third of a takeover's CPU. The count is one scan that PostgreSQL runs
+// on its own; users are sized for one per held or sold hold, an upper bound, and the
+// interner of kept holds' users and keys for two strings per kept hold.
+func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) (kept int64, err error) {
+	var total, held, counted int64
+	err = tx.QueryRow(ctx, `SELECT count(*),
+		count(*) FILTER (WHERE state = 'held' OR closed_at > $1),
+		count(*) FILTER (WHERE state = 'held'),
+		count(*) FILTER (WHERE state IN ('held', 'sold'))
+		FROM holds`, keepAfter).Scan(&total, &kept, &held, &counted)
+	if err != nil {
+		return 0, fmt.Errorf("count holds: %w", err)
+	}
+	m.holds = make(map[string]*memHold, kept)
+	m.keys = make(map[keyKey]*memHold, kept)
+	m.users = make(map[userKey]*memUser, counted)
+	m.retired = make(map[uint64]struct{}, total-kept)
+	m.due = make(expiryHeap, 0, held)
+	m.closing = make([]closedAt, 0, kept-held)
+	return kept, nil
+}
+
+// addLoaded adds a stored hold to a state being loaded: the hold and its key, its user's
+// counts, and (while held) its deadline. The caller heap.Inits due once every hold is in.
+func (m *memState) addLoaded(h *memHold) {
+	m.put(h)
+	m.count(h)
+	if h.State == Held {
+		m.due = append(m.due, dueHold{h.ExpiresAt, h.ID})
+	}
+}
+
+// count adds a loaded hold to its user's counts: what a user holds and has bought are sums
+// over the user's holds (I2's per-user limit is checked against them).
+func (m *memState) count(h *memHold) {
+	if h.State != Held && h.State != Sold {
+		return
+	}
+	k := userKey{h.Sale, h.SKU, h.User}
+	u := m.users[k]
+	if u == nil {
+		u = &memUser{}
+		m.users[k] = u
+	}
+	if h.State == Held {
+		u.held += h.Quantity
+	} else {
+		u.bought += h.Quantity
+	}
+}
+
+type interner map[string]string
+
+func (in interner) of(s string) string {
+	if c, ok := in[s]; ok {
+		return c
+	}
+	in[s] = s
+	return s
+}
