@@ -3,6 +3,7 @@ package region
 import (
 	"container/heap"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"runtime/debug"
 	"slices"
@@ -32,8 +33,8 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time
 	if err := loadHolds(ctx, tx, m, region, now, retain); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}
-	// Loading made garbage several times the size of what it kept (the interner among it):
-	// give it back now rather than carry it as resident memory until the next collections.
+	// Loading made garbage (the rows, the interner): give it back now rather than carry it
+	// as resident memory until the next collections.
 	debug.FreeOSMemory()
 	return m, nil
 }
@@ -67,15 +68,13 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	// the next rows. It has ended before loadHolds returns, on every path.
 	f := newFiller(m, now, retain, kept)
 	defer f.stop()
+	names := interner{} // sales, SKUs and states: a table of its own stays small and quick
 	chunk := f.empty()
 	for rows.Next() {
 		chunk = append(chunk, loadedRow{})
-		r := &chunk[len(chunk)-1]
-		var hash string
-		if r.hold, err = scanHold(rows, region, &hash, &r.closed); err != nil {
+		if err := scanLoaded(rows, region, names, &chunk[len(chunk)-1]); err != nil {
 			return err
 		}
-		r.hash = hashOf(hash)
 		if len(chunk) == cap(chunk) {
 			f.full <- chunk
 			chunk = f.empty()
@@ -99,6 +98,25 @@ type loadedRow struct {
 	closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
 }
 
+// scanLoaded reads a row of holdColumns, request_hash and closed_at into r. Holds share
+// sales, SKUs and states, so those are read as the driver's bytes and interned in names, and
+// the fingerprint is decoded from them: no string is made of any of the four.
+func scanLoaded(rows pgx.Rows, region string, names interner, r *loadedRow) error {
+	var sale, sku, state, hash pgtype.DriverBytes
+	var q int64
+	h := &r.hold
+	err := rows.Scan(&h.ID, &sale, &sku, &h.User, &q, &h.RequestKey, &state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &hash, &r.closed)
+	if err != nil {
+		return err
+	}
+	h.Region, h.Quantity = region, transfer.Units(q)
+	h.Sale, h.SKU, h.State = names.ofBytes(sale), names.ofBytes(sku), HoldState(names.ofBytes(state))
+	if _, err := hex.Decode(r.hash[:], hash); err != nil {
+		return fmt.Errorf("hold %s: request_hash: %w", h.ID, err)
+	}
+	return nil
+}
+
 // loadChunk rows go to the filler at a time; loadChunks of them wait at most.
 const loadChunk, loadChunks = 256, 4
 
@@ -109,7 +127,6 @@ type filler struct {
 	m         *memState
 	now       time.Time
 	keepAfter time.Time
-	names     interner // sales, SKUs and states: a table of its own stays small and quick
 	in        interner // users and request keys of the holds kept whole
 	full      chan []loadedRow
 	free      chan []loadedRow
@@ -119,7 +136,7 @@ type filler struct {
 
 // newFiller starts the goroutine that fills m; kept holds are to stay whole, as counted.
 func newFiller(m *memState, now time.Time, retain time.Duration, kept int64) *filler {
-	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), names: interner{}, in: make(interner, 2*kept),
+	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), in: make(interner, 2*kept),
 		full: make(chan []loadedRow, loadChunks), free: make(chan []loadedRow, loadChunks+1), done: make(chan struct{})}
 	// One chunk more than full holds: a send to free never blocks.
 	for range loadChunks + 1 {
@@ -158,7 +175,6 @@ func (f *filler) run() {
 // else only its user's count and its key's digest (archive.go).
 func (f *filler) add(r *loadedRow) {
 	h, m := r.hold, f.m
-	h.Sale, h.SKU, h.State = f.names.of(h.Sale), f.names.of(h.SKU), HoldState(f.names.of(string(h.State)))
 	if h.State != Held && (!r.closed.Valid || !r.closed.Time.After(f.keepAfter)) {
 		// Closed long enough: its user and key are not interned (a user's count keeps the
 		// user's first copy).
@@ -239,6 +255,16 @@ func (in interner) of(s string) string {
 	if c, ok := in[s]; ok {
 		return c
 	}
+	in[s] = s
+	return s
+}
+
+// ofBytes is of for bytes that are not kept: a string is made of them only the first time.
+func (in interner) ofBytes(b []byte) string {
+	if c, ok := in[string(b)]; ok {
+		return c
+	}
+	s := string(b)
 	in[s] = s
 	return s
 }
