@@ -99,8 +99,10 @@ type loadedRow struct {
 }
 
 // scanLoaded reads a row of holdColumns, request_hash and closed_at into r. Holds share
-// sales, SKUs and states, so those are read as the driver's bytes and interned in names, and
-// the fingerprint is decoded from them: no string is made of any of the four.
+// sales, SKUs and states, so those are read as the driver's bytes and interned in names (a
+// string is made the first time a value is seen, not per row), and the fingerprint is decoded
+// from its bytes. A fingerprint that is not 32 hex digits fails the load, naming the hold:
+// a leader that took it as some other value would answer that key's retries wrongly.
 func scanLoaded(rows pgx.Rows, region string, names interner, r *loadedRow) error {
 	var sale, sku, state, hash pgtype.DriverBytes
 	var q int64
@@ -111,6 +113,9 @@ func scanLoaded(rows pgx.Rows, region string, names interner, r *loadedRow) erro
 	}
 	h.Region, h.Quantity = region, transfer.Units(q)
 	h.Sale, h.SKU, h.State = names.ofBytes(sale), names.ofBytes(sku), HoldState(names.ofBytes(state))
+	if len(hash) != 2*len(r.hash) {
+		return fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", h.ID, len(hash), 2*len(r.hash))
+	}
 	if _, err := hex.Decode(r.hash[:], hash); err != nil {
 		return fmt.Errorf("hold %s: request_hash: %w", h.ID, err)
 	}
@@ -221,7 +226,7 @@ func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) 
 }
 
 // addLoaded adds a stored hold to a state being loaded: the hold and its key, its user's
-// counts, and (while held) its deadline. The caller heap.Inits due once every hold is in.
+// counts, and (while held) its deadline. Whoever loads heap.Inits due once every hold is in.
 func (m *memState) addLoaded(h *memHold) {
 	m.put(h)
 	m.count(h)

@@ -12,22 +12,34 @@ import (
 
 // TestLoadRebuildsTheLeadersMemory: a takeover that reads the holds in many chunks (the
 // reading and the filling of the maps run in two goroutines) rebuilds exactly the memory of
-// the leader that made them: pools, every hold and key, users' counts, deadlines and the
-// queue of closed holds to retire; and past the retention, the live holds, the users' counts
-// and one digest per closed hold.
+// the leader that made them, over two sales: pools, every hold and key, users' counts,
+// deadlines and the queue of closed holds to retire, oldest first; and past the retention,
+// the live holds and their keys, the users' counts and one digest per closed hold.
 func TestLoadRebuildsTheLeadersMemory(t *testing.T) {
 	const users = 3*loadChunk + 40 // two holds each: several chunks, the last one short
 	old, ctx := newInternalRegion(t)
-	if _, err := old.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t2", Sale: "s", SKU: "x", Units: 2 * users}); err != nil {
+	clk := old.cfg.Clock.(*clock.Manual)
+	second := SaleTerms{Sale: "t", SKUs: []string{"y"}, PerUserLimit: 10, HoldTTL: time.Minute, OpensAt: clk.Now().Add(-time.Hour)}
+	if err := old.PutSale(ctx, 1, second); err != nil {
 		t.Fatal(err)
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(32)
-	for i := range users {
-		g.Go(func() error { return reserveTwoAndClose(gctx, old, i) })
+	for _, c := range []CreditRequest{{Sale: "s", SKU: "x", TransferID: "t2"}, {Sale: "t", SKU: "y", TransferID: "t3"}} {
+		c.Generation, c.Units = 1, users
+		if _, err := old.Credit(ctx, c); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
+	// Four rounds a second apart: holds close at different times.
+	for round := range 4 {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(32)
+		for i := round; i < users; i += 4 {
+			g.Go(func() error { return reserveTwoAndClose(gctx, old, i) })
+		}
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Second)
 	}
 	// Each state is read once its leader has closed, or before its leader handles anything.
 	want := old.state.Load()
@@ -43,13 +55,15 @@ func TestLoadRebuildsTheLeadersMemory(t *testing.T) {
 	if len(got.holds) != 2*users || len(got.closing) != closed {
 		t.Fatalf("within the retention: %d holds, %d queued to retire; want %d and %d", len(got.holds), len(got.closing), 2*users, closed)
 	}
-	if len(later.retired) != closed || len(later.closing) != 0 || len(later.holds) != 2*users-closed || len(later.due) != 2*users-closed {
-		t.Fatalf("past the retention: %d retired, %d queued, %d whole, %d deadlines; want %d, 0, %d, %d",
-			len(later.retired), len(later.closing), len(later.holds), len(later.due), closed, 2*users-closed, 2*users-closed)
+	live := 2*users - closed
+	if len(later.retired) != closed || len(later.closing) != 0 || len(later.holds) != live || len(later.keys) != live || len(later.due) != live {
+		t.Fatalf("past the retention: %d retired, %d queued, %d whole, %d keys, %d deadlines; want %d, 0, and %d of each",
+			len(later.retired), len(later.closing), len(later.holds), len(later.keys), len(later.due), closed, live)
 	}
 	for id, h := range later.holds {
-		if w := want.holds[id]; h.State != Held || w == nil || !sameHold(h.Hold, w.Hold) || h.hash != w.hash {
-			t.Fatalf("past the retention, hold %s: %+v, want it held as %+v", id, h, w)
+		if w := want.holds[id]; h.State != Held || w == nil || !sameHold(h.Hold, w.Hold) || h.hash != w.hash ||
+			later.keys[keyKey{h.Sale, h.User, h.RequestKey}] != h {
+			t.Fatalf("past the retention, hold %s: %+v, want it held as %+v, under its key", id, h, w)
 		}
 	}
 	if err := sameUsers(later.users, want.users); err != nil {
@@ -57,13 +71,17 @@ func TestLoadRebuildsTheLeadersMemory(t *testing.T) {
 	}
 }
 
-// reserveTwoAndClose makes user i two holds and closes some: every user's first hold is
-// sold, and every third user's second one released.
+// reserveTwoAndClose makes user i two holds, of sale s or t by i's parity, and closes some:
+// every user's first hold is sold, and every third user's second one released.
 func reserveTwoAndClose(ctx context.Context, r *Region, i int) error {
 	user := fmt.Sprintf("u%04d", i)
+	sale, sku := "s", "x"
+	if i%2 == 1 {
+		sale, sku = "t", "y"
+	}
 	var holds [2]Hold
 	for k := range holds {
-		res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: 1, RequestKey: fmt.Sprint("k", k)})
+		res, err := r.Reserve(ctx, ReserveRequest{Sale: sale, SKU: sku, User: user, Quantity: 1, RequestKey: fmt.Sprint("k", k)})
 		if err != nil {
 			return err
 		}
@@ -101,14 +119,19 @@ func sameMemory(got, want *memState) error {
 			return fmt.Errorf("key of hold %s leads to %+v", id, k)
 		}
 	}
-	held := 0
+	deadlines := map[string]time.Time{}
 	for _, h := range want.holds {
 		if h.State == Held {
-			held++
+			deadlines[h.ID] = h.ExpiresAt
 		}
 	}
-	if len(got.due) != held {
-		return fmt.Errorf("%d deadlines, want one per held hold, %d", len(got.due), held)
+	if len(got.due) != len(deadlines) || len(got.retired) != 0 {
+		return fmt.Errorf("%d deadlines, %d retired; want one per held hold, %d, and none", len(got.due), len(got.retired), len(deadlines))
+	}
+	for _, d := range got.due {
+		if at, ok := deadlines[d.id]; !ok || !at.Equal(d.at) {
+			return fmt.Errorf("deadline of %s: %v, want %v", d.id, d.at, at)
+		}
 	}
 	queued := map[string]time.Time{}
 	for _, c := range want.closing {
