@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -72,6 +74,10 @@ func TestUsageErrorNamesTheVariable(t *testing.T) {
 // TestErrorsAsJSON: with -o json an error is one JSON object (on stderr), so a script can
 // read the failure as it reads the success.
 func TestErrorsAsJSON(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "quotactl.yaml")
+	if err := os.WriteFile(config, []byte("output: json\ncoordinator: 127.0.0.1:1\ntimeout: 2s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args     []string
 		exit     int
@@ -81,6 +87,10 @@ func TestErrorsAsJSON(t *testing.T) {
 		{[]string{"regions", "-o", "json", "--timeout", "-1s"}, 2, ""},
 		{[]string{"regions", "--bogus", "-o", "json"}, 2, ""}, // refused before -o is parsed
 		{[]string{"-o", "json", "bogus"}, 2, ""},
+		// output: json in the config file, for errors before the file is read too
+		{[]string{"--config", config, "regions"}, 1, "Unavailable"},
+		{[]string{"--config", config, "regions", "--bogus"}, 2, ""},
+		{[]string{"regions", "--bogus", "--config=" + config}, 2, ""},
 	} {
 		var out bytes.Buffer
 		root := rootCmd(&out)

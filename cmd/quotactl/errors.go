@@ -15,6 +15,7 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
 	"google.golang.org/grpc/status"
 )
 
@@ -43,11 +44,13 @@ type errorJSON struct {
 }
 
 // wantsJSON tells whether the user asked for -o json. An error in the flags themselves comes
-// before the flag is parsed, so the command line and QUOTA_OUTPUT are read here too.
+// before the flag is parsed, so the command line, QUOTA_OUTPUT and the --config file's
+// output key are read here too, in the order that settles a setting (flag, variable, file).
 func wantsJSON(cmd *cobra.Command, args []string) bool {
 	if f := cmd.Flags().Lookup("output"); f != nil && f.Changed {
 		return f.Value.String() == "json"
 	}
+	config := ""
 	for i, a := range args {
 		switch {
 		case a == "--":
@@ -56,9 +59,30 @@ func wantsJSON(cmd *cobra.Command, args []string) bool {
 			return true
 		case (a == "-o" || a == "--output") && i+1 < len(args):
 			return args[i+1] == "json"
+		case a == "--config" && i+1 < len(args):
+			config = args[i+1]
+		case strings.HasPrefix(a, "--config="):
+			config = strings.TrimPrefix(a, "--config=")
 		}
 	}
-	return os.Getenv("QUOTA_OUTPUT") == "json"
+	if o := os.Getenv("QUOTA_OUTPUT"); o != "" { // viper, too, takes an empty variable as unset
+		return o == "json"
+	}
+	if config == "" {
+		config = os.Getenv("QUOTA_CONFIG")
+	}
+	return config != "" && configOutput(config) == "json"
+}
+
+// configOutput is the output key of a config file, or "" if the file cannot be read (that
+// error is reported as such once the flags parse).
+func configOutput(file string) string {
+	v := viper.New()
+	v.SetConfigFile(file)
+	if v.ReadInConfig() != nil {
+		return ""
+	}
+	return v.GetString("output")
 }
 
 // printError writes err for a person, or with -o json as one JSON object.
