@@ -68,11 +68,11 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	// the next rows. It has ended before loadHolds returns, on every path.
 	f := newFiller(m, now, retain, kept)
 	defer f.stop()
-	names := interner{} // sales, SKUs and states: a table of its own stays small and quick
+	sc := newRowScanner(region)
 	chunk := f.empty()
 	for rows.Next() {
 		chunk = append(chunk, loadedRow{})
-		if err := scanLoaded(rows, region, names, &chunk[len(chunk)-1]); err != nil {
+		if err := sc.scan(rows, &chunk[len(chunk)-1]); err != nil {
 			return err
 		}
 		if len(chunk) == cap(chunk) {
@@ -98,27 +98,44 @@ type loadedRow struct {
 	closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
 }
 
-// scanLoaded reads a row of holdColumns, request_hash and closed_at into r. Holds share
-// sales, SKUs and states, so those are read as the driver's bytes and interned in names (a
-// string is made the first time a value is seen, not per row), and the fingerprint is decoded
-// from its bytes. A fingerprint that is not 32 hex digits fails the load, naming the hold:
-// a leader that took it as some other value would answer that key's retries wrongly.
-func scanLoaded(rows pgx.Rows, region string, names interner, r *loadedRow) error {
-	var sale, sku, state, hash pgtype.DriverBytes
-	var q int64
-	h := &r.hold
-	err := rows.Scan(&h.ID, &sale, &sku, &h.User, &q, &h.RequestKey, &state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &hash, &r.closed)
-	if err != nil {
+// rowScanner reads rows of holdColumns, request_hash and closed_at. Its destinations are
+// set up once: a Scan's argument list made per row put a dozen values on the heap per row,
+// garbage that the collector had to keep up with as the load went on.
+type rowScanner struct {
+	region                 string
+	names                  interner // sales, SKUs and states: a table of its own stays small and quick
+	row                    loadedRow
+	sale, sku, state, hash pgtype.DriverBytes
+	quantity               int64
+	dest                   []any
+}
+
+func newRowScanner(region string) *rowScanner {
+	s := &rowScanner{region: region, names: interner{}}
+	h := &s.row.hold
+	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &s.hash, &s.row.closed}
+	return s
+}
+
+// scan reads the current row into r. Holds share sales, SKUs and states, so those are read
+// as the driver's bytes and interned (a string is made the first time a value is seen, not
+// per row), and the fingerprint is decoded from its bytes. A fingerprint that is not 32 hex
+// digits fails the load, naming the hold: a leader that took it as some other value would
+// answer that key's retries wrongly.
+func (s *rowScanner) scan(rows pgx.Rows, r *loadedRow) error {
+	if err := rows.Scan(s.dest...); err != nil {
 		return err
 	}
-	h.Region, h.Quantity = region, transfer.Units(q)
-	h.Sale, h.SKU, h.State = names.ofBytes(sale), names.ofBytes(sku), HoldState(names.ofBytes(state))
-	if len(hash) != 2*len(r.hash) {
-		return fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", h.ID, len(hash), 2*len(r.hash))
+	h := &s.row.hold
+	h.Region, h.Quantity = s.region, transfer.Units(s.quantity)
+	h.Sale, h.SKU, h.State = s.names.ofBytes(s.sale), s.names.ofBytes(s.sku), HoldState(s.names.ofBytes(s.state))
+	if len(s.hash) != 2*len(s.row.hash) {
+		return fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", h.ID, len(s.hash), 2*len(s.row.hash))
 	}
-	if _, err := hex.Decode(r.hash[:], hash); err != nil {
+	if _, err := hex.Decode(s.row.hash[:], s.hash); err != nil {
 		return fmt.Errorf("hold %s: request_hash: %w", h.ID, err)
 	}
+	*r = s.row
 	return nil
 }
 
