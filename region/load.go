@@ -56,7 +56,8 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 // loadHolds reads every stored hold into m, in tx's snapshot: whole, or retired at once if it
 // closed before now minus retain (see loadMem).
 func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now time.Time, retain time.Duration) error {
-	kept, err := m.presize(ctx, tx, now.Add(-retain))
+	keepAfter := now.Add(-retain)
+	kept, err := m.presize(ctx, tx, keepAfter)
 	if err != nil {
 		return err
 	}
@@ -68,7 +69,7 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	// Decoding the rows and filling the maps each take about half of a takeover's CPU, so a
 	// goroutine of its own fills the maps, a chunk of rows at a time, while this one decodes
 	// the next rows. It has ended before loadHolds returns, on every path.
-	f := newFiller(m, now, retain, kept)
+	f := newFiller(m, now, keepAfter, kept)
 	defer f.stop()
 	sc := newRowScanner(region)
 	chunk := f.empty()
@@ -158,9 +159,10 @@ type filler struct {
 	stopped   bool
 }
 
-// newFiller starts the goroutine that fills m; kept holds are to stay whole, as counted.
-func newFiller(m *memState, now time.Time, retain time.Duration, kept int64) *filler {
-	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), in: make(interner, 2*kept),
+// newFiller starts the goroutine that fills m: holds closed after keepAfter stay whole, and
+// kept of them (held ones included) are to, as counted.
+func newFiller(m *memState, now, keepAfter time.Time, kept int64) *filler {
+	f := &filler{m: m, now: now, keepAfter: keepAfter, in: make(interner, 2*kept),
 		full: make(chan []loadedRow, loadChunks), free: make(chan []loadedRow, loadChunks+1), done: make(chan struct{})}
 	// One chunk more than full holds: a send to free never blocks.
 	for range loadChunks + 1 {
@@ -273,8 +275,10 @@ func (m *memState) count(h *memHold) {
 	}
 }
 
+// interner keeps one copy of each string it is given, so that many holds share it.
 type interner map[string]string
 
+// of returns the copy of s kept, s itself the first time.
 func (in interner) of(s string) string {
 	if c, ok := in[s]; ok {
 		return c
