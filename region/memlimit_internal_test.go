@@ -3,7 +3,9 @@ package region
 import (
 	"bytes"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
 )
@@ -28,5 +30,40 @@ func TestLoadWarnsNearTheMemoryLimit(t *testing.T) {
 	r.warnNearMemoryLimit(42)
 	if out.Len() != 0 {
 		t.Fatalf("warned under a roomy limit or none: %q", out.String())
+	}
+}
+
+// The live heap the last collection measured may be from before the state grew (a load ends
+// with no collection): a state grown since, that comes near the limit, is still warned of.
+func TestLoadWarnsOfAStateGrownSinceTheLastCollection(t *testing.T) {
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection while the state grows
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	before := s[0].Value.Uint64()
+	state := make([]byte, 64<<20) // the "state", live, and not yet measured by a collection
+	for i := range state {
+		state[i] = 1
+	}
+	metrics.Read(s)
+	if s[0].Value.Uint64() != before {
+		t.Fatalf("test setup: a collection ran while the state grew (live heap %d → %d), with the collector off", before, s[0].Value.Uint64())
+	}
+	// A limit the state with the rest of the heap passes 70 % of, the last measure does not,
+	// and the heap as a whole stays under (so the limit itself starts no collection).
+	limit := int64(float64(before+uint64(len(state))) / memoryLimitWarnShare * 0.95)
+	if float64(before) > memoryLimitWarnShare*float64(limit) {
+		t.Fatalf("test setup: live heap %d already near the limit %d", before, limit)
+	}
+	debug.SetMemoryLimit(limit)
+	var out bytes.Buffer
+	r := &Region{cfg: Config{Name: "us", Logger: slog.New(slog.NewTextHandler(&out, nil))}}
+	r.warnNearMemoryLimit(7)
+	runtime.KeepAlive(state)
+	if got := out.String(); !strings.Contains(got, "--memory-limit") || !strings.Contains(got, "holds=7") {
+		t.Fatalf("no warning for a %d MiB state under a %d MiB limit (last measured live heap %d MiB); logged %q",
+			len(state)>>20, limit>>20, before>>20, got)
 	}
 }

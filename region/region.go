@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -173,7 +174,12 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	r.w, r.cancel, r.stopped = w, cancel, make(chan struct{})
 	r.mu.Unlock()
 	r.wg.Add(1)
-	go r.sweep(sctx, w)
+	holds := len(m.holds)
+	go func() {
+		// Off the takeover's path: measuring the live heap may take a collection.
+		r.warnNearMemoryLimit(holds)
+		r.sweep(sctx, w)
+	}()
 	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
 	return nil
 }
@@ -348,7 +354,6 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.warnNearMemoryLimit(len(m.holds))
 	fresh := make(map[poolKey]*atomic.Int64, len(m.pools))
 	for k, p := range m.pools {
 		v := &atomic.Int64{}
@@ -363,23 +368,38 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	return m, nil
 }
 
-// warnNearMemoryLimit logs when the heap right after a load (loadMem ends with a
-// collection, so it is what the leader keeps) comes near the process's Go memory limit
-// (quotad --memory-limit): past the limit the collector would run almost all the time.
+// warnNearMemoryLimit logs when the live heap right after a takeover comes near the process's Go
+// memory limit (quotad --memory-limit): past the limit the collector would run almost all the
+// time. The load does not end with a collection (load.go), so the live heap the last one
+// measured may be from before the state grew. The heap's objects, uncollected garbage
+// included, bound the live heap from above: only when they come near the limit does this
+// collect, to measure the live heap itself, so a state far below the limit costs nothing;
+// Lead runs it on the sweeper's goroutine, after the leader serves.
 func (r *Region) warnNearMemoryLimit(holds int) {
 	limit := gcconf.Current().MemoryLimit
 	if limit == 0 {
 		return
 	}
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
+	if _, near := heapNear("/memory/classes/heap/objects:bytes", limit); !near {
 		return
 	}
-	if live := s[0].Value.Uint64(); float64(live) > memoryLimitWarnShare*float64(limit) {
+	runtime.GC()
+	if live, near := heapNear("/gc/heap/live:bytes", limit); near {
 		r.cfg.Logger.Warn("region state is near the process's memory limit: raise quotad --memory-limit",
 			"region", r.cfg.Name, "live_heap_mib", live>>20, "memory_limit_mib", limit>>20, "holds", holds)
 	}
+}
+
+// heapNear reads a runtime/metrics byte count and tells whether it passes
+// memoryLimitWarnShare of limit.
+func heapNear(metric string, limit int64) (uint64, bool) {
+	s := []metrics.Sample{{Name: metric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0, false
+	}
+	v := s[0].Value.Uint64()
+	return v, float64(v) > memoryLimitWarnShare*float64(limit)
 }
 
 // memoryLimitWarnShare is the share of the memory limit a loaded state may take before the
