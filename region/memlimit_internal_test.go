@@ -51,15 +51,13 @@ func TestLoadWarnsOfAStateGrownSinceTheLastCollection(t *testing.T) {
 	if s[0].Value.Uint64() != before {
 		t.Fatalf("test setup: a collection ran while the state grew (live heap %d → %d), with the collector off", before, s[0].Value.Uint64())
 	}
-	// A limit the state with the rest of the heap passes 70 % of, the last measure does not,
-	// and the heap as a whole stays under (so the limit itself starts no collection).
-	limit := int64(float64(before+uint64(len(state))) / memoryLimitWarnShare * 0.95)
-	if float64(before) > memoryLimitWarnShare*float64(limit) {
-		t.Fatalf("test setup: live heap %d already near the limit %d", before, limit)
-	}
-	debug.SetMemoryLimit(limit)
+	// A limit whose warning share lies 48 MiB above the last measure and 16 MiB below the
+	// state with the rest of the heap (room for the heap to shrink meanwhile), while the heap
+	// as a whole stays under the limit, so that the limit itself starts no collection.
 	var out bytes.Buffer
 	r := &Region{cfg: Config{Name: "us", Logger: slog.New(slog.NewTextHandler(&out, nil))}}
+	limit := int64(float64(before+48<<20) / memoryLimitWarnShare)
+	debug.SetMemoryLimit(limit)
 	r.warnNearMemoryLimit(7)
 	runtime.KeepAlive(state)
 	if got := out.String(); !strings.Contains(got, "--memory-limit") || !strings.Contains(got, "holds=7") {
