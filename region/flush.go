@@ -57,12 +57,12 @@ func (w *writes) pool(k poolKey) *poolDelta {
 // statement is guarded (a hold closes only from held; counters keep their CHECKs) and must
 // change exactly the rows the decisions expect: otherwise memory and the database disagree
 // and the batch must not commit.
-func (w *writes) flush(ctx context.Context, tx pgx.Tx, now time.Time) error {
+func (w *writes) flush(ctx context.Context, tx pgx.Tx, now time.Time, stamp int64) error {
 	if w.empty() {
 		return nil
 	}
 	b := &pgx.Batch{}
-	want := w.queue(b, now, false)
+	want := w.queue(b, now, stamp, false)
 	if err := execAll(ctx, tx, b, want...); err != nil {
 		return fmt.Errorf("flush batch: %w", err)
 	}
@@ -71,9 +71,9 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx, now time.Time) error {
 }
 
 // queue adds the writes' statements to b and returns the rows each must change (-1: any).
-// With serverGuards the guards are part of the statements (quota_expect fails the one that
+// Every hold inserted or closed gets stamp in its changed column (standby.go). With serverGuards the guards are part of the statements (quota_expect fails the one that
 // changed another count), for a batch whose commit happens before the client reads a count.
-func (w *writes) queue(b *pgx.Batch, now time.Time, serverGuards bool) []int64 {
+func (w *writes) queue(b *pgx.Batch, now time.Time, stamp int64, serverGuards bool) []int64 {
 	var want []int64
 	guard := func(sql, what string, n int64, args ...any) {
 		if serverGuards {
@@ -87,11 +87,11 @@ func (w *writes) queue(b *pgx.Batch, now time.Time, serverGuards bool) []int64 {
 		// No server guard: INSERT ... SELECT FROM unnest of n-element arrays (no ON
 		// CONFLICT, no trigger or rule on holds) writes all n rows or fails, and a guard's
 		// RETURNING would cost the server a tuple per hold.
-		b.Queue(insertHoldsSQL, holdColumnsOf(w.newHolds)...)
+		b.Queue(insertHoldsSQL, append(holdColumnsOf(w.newHolds), stamp)...)
 		want = append(want, int64(n))
 	}
 	if n := len(w.closes); n > 0 {
-		guard(closeHoldsSQL, "hold closes", int64(n), closeArgs(w.closes, now)...)
+		guard(closeHoldsSQL, "hold closes", int64(n), closeArgs(w.closes, now, stamp)...)
 	}
 	for k, d := range w.pools {
 		guard(`UPDATE pools SET available = available + $3, held = held + $4, sold = sold + $5 WHERE sale_id = $1 AND sku = $2`,
@@ -116,7 +116,7 @@ func (b *batch) flushOnce(ctx context.Context) error {
 	}
 	pb := &pgx.Batch{}
 	fencing.QueueEpochCheck(pb, b.epoch)
-	b.w.queue(pb, b.now, true)
+	b.w.queue(pb, b.now, b.stamp, true)
 	conn, err := b.db.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("flush batch: %w", err) // nothing was sent
@@ -209,8 +209,8 @@ func endBackendStarted(ctx context.Context, db *pgxpool.Pool, pid uint32, starte
 	}
 }
 
-const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
-		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires
+const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at, changed)
+		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires, $10::bigint
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::timestamptz[], $9::timestamptz[])
 			AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires)`
 
@@ -226,16 +226,16 @@ func holdColumnsOf(hs []*memHold) []any {
 	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires}
 }
 
-const closeHoldsSQL = `UPDATE holds h SET state = v.state, payment_id = nullif(v.pay, ''), closed_at = $4
+const closeHoldsSQL = `UPDATE holds h SET state = v.state, payment_id = nullif(v.pay, ''), closed_at = $4, changed = $5::bigint
 		FROM unnest($1::text[], $2::text[], $3::text[]) AS v(id, state, pay)
 		WHERE h.hold_id = v.id AND h.state = 'held'`
 
-func closeArgs(cs []closeRec, now time.Time) []any {
+func closeArgs(cs []closeRec, now time.Time, stamp int64) []any {
 	ids, states, pays := make([]string, len(cs)), make([]string, len(cs)), make([]string, len(cs))
 	for i, c := range cs {
 		ids[i], states[i], pays[i] = c.id, c.state, c.payment
 	}
-	return []any{ids, states, pays, now}
+	return []any{ids, states, pays, now, stamp}
 }
 
 func queueLate(b *pgx.Batch, ls []lateRec, now time.Time) {

@@ -61,7 +61,7 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	if err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `SELECT `+holdColumns+`, request_hash, closed_at FROM holds`)
+	rows, err := tx.Query(ctx, `SELECT `+loadColumns+` FROM holds`)
 	if err != nil {
 		return err
 	}
@@ -88,6 +88,7 @@ func loadHolds(ctx context.Context, tx pgx.Tx, m *memState, region string, now t
 	}
 	f.full <- chunk
 	f.stop()
+	m.changed = max(m.changed, sc.changed)
 	heap.Init(&m.due)
 	// retireClosed takes the queue oldest first.
 	slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
@@ -101,7 +102,10 @@ type loadedRow struct {
 	closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
 }
 
-// rowScanner reads rows of holdColumns, request_hash and closed_at. Its destinations are
+// loadColumns are the columns of a hold a load reads (rowScanner).
+const loadColumns = holdColumns + `, request_hash, closed_at, changed`
+
+// rowScanner reads rows of loadColumns, and the highest changed stamp among them. Its destinations are
 // set up once: a Scan's argument list made per row put a dozen values on the heap per row,
 // garbage that the collector had to keep up with as the load went on.
 type rowScanner struct {
@@ -110,13 +114,15 @@ type rowScanner struct {
 	row                    loadedRow
 	sale, sku, state, hash pgtype.DriverBytes
 	quantity               int64
+	stamp                  pgtype.Int8 // NULL in rows older than the changed column
+	changed                int64       // the highest stamp scanned
 	dest                   []any
 }
 
 func newRowScanner(region string) *rowScanner {
 	s := &rowScanner{region: region, names: interner{}}
 	h := &s.row.hold
-	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &s.hash, &s.row.closed}
+	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &s.hash, &s.row.closed, &s.stamp}
 	return s
 }
 
@@ -131,6 +137,9 @@ func (s *rowScanner) scan(rows pgx.Rows, r *loadedRow) error {
 	}
 	h := &s.row.hold
 	h.Region, h.Quantity = s.region, transfer.Units(s.quantity)
+	if s.stamp.Valid {
+		s.changed = max(s.changed, s.stamp.Int64)
+	}
 	h.Sale, h.SKU, h.State = s.names.ofBytes(s.sale), s.names.ofBytes(s.sku), HoldState(s.names.ofBytes(s.state))
 	if len(s.hash) != 2*len(s.row.hash) {
 		return fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", h.ID, len(s.hash), 2*len(s.row.hash))
@@ -237,6 +246,7 @@ func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) 
 	if err != nil {
 		return 0, fmt.Errorf("count holds: %w", err)
 	}
+	m.rows = total
 	m.holds = make(map[string]*memHold, kept)
 	m.keys = make(map[keyKey]*memHold, kept)
 	m.users = make(map[userKey]*memUser, counted)

@@ -45,6 +45,10 @@ type Config struct {
 	// The time counts from the hold's stored closed_at, also for the holds a leader loads.
 	// Default 10m.
 	RetainClosed time.Duration
+	// StandbyRefresh is how often a process that does not lead refreshes its warm copy of
+	// the region's state (KeepWarm), so that taking over reads only what changed since.
+	// Default 1s; negative: no copy, a takeover loads every hold.
+	StandbyRefresh time.Duration
 	// Logger receives operational messages; default slog.Default().
 	Logger *slog.Logger
 	// Verify runs the expensive invariant checks after every batch (QUOTA_VERIFY=1).
@@ -92,6 +96,12 @@ func (c *Config) Validate() error {
 	if c.RetainClosed < 0 {
 		return fmt.Errorf("retain closed %s: must not be negative", c.RetainClosed)
 	}
+	if c.StandbyRefresh == 0 {
+		c.StandbyRefresh = time.Second
+	}
+	if c.StandbyRefresh > 0 && c.StandbyRefresh < time.Millisecond {
+		return fmt.Errorf("standby refresh %s: must be at least 1ms, or negative for none", c.StandbyRefresh)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -134,6 +144,16 @@ type Region struct {
 	state     atomic.Pointer[memState]
 	pendingMu sync.Mutex
 	pending   map[keyKey]int
+
+	// warm is a standby's copy of the state (standby.go), and warmPaused is set while this
+	// process leads; both belong to whoever holds warmSem, a one-slot semaphore held for a
+	// whole refresh (a channel, so a takeover can give up waiting with its context).
+	warmSem    chan struct{}
+	warm       *memState
+	warmPaused bool
+	// fullTakeovers and warmTakeovers count the takeovers that loaded every hold and those
+	// that caught up a warm copy.
+	fullTakeovers, warmTakeovers atomic.Int64
 }
 
 // New builds a region on pool, whose schema must be migrated (Migrate).
@@ -141,7 +161,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, pending: map[keyKey]int{}}, nil
+	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, pending: map[keyKey]int{}, warmSem: make(chan struct{}, 1)}, nil
 }
 
 // Name is the region's name.
@@ -159,9 +179,16 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	if err := r.raiseEpoch(ctx, epoch); err != nil {
 		return err
 	}
-	m, err := r.reload(ctx, epoch)
+	start := time.Now()
+	m, how, err := r.reloadWith(ctx, epoch, r.loadForTakeover)
 	if err != nil {
+		r.resumeWarm()
 		return err
+	}
+	if how == "warm" {
+		r.warmTakeovers.Add(1)
+	} else {
+		r.fullTakeovers.Add(1)
 	}
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
@@ -180,7 +207,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 		r.warnNearMemoryLimit(holds)
 		r.sweep(sctx, w)
 	}()
-	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch)
+	r.cfg.Logger.Info("region leading", "region", r.cfg.Name, "epoch", epoch, "load", how, "load_ms", time.Since(start).Milliseconds(), "holds", holds)
 	return nil
 }
 
@@ -261,6 +288,7 @@ func (r *Region) stepDownFrom(only *writer) {
 	cancel()
 	r.wg.Wait()
 	w.close()
+	r.resumeWarm()
 	close(stopped)
 	r.cfg.Logger.Info("region stepped down", "region", r.cfg.Name)
 }
@@ -284,6 +312,12 @@ func (r *Region) Stopped() <-chan struct{} {
 func (r *Region) Close() {
 	r.StepDown()
 	r.selfStops.Wait()
+}
+
+// Takeovers counts this process's takeovers: those that loaded every hold, and those that
+// caught up the warm copy it kept as a standby (KeepWarm).
+func (r *Region) Takeovers() (full, warm int64) {
+	return r.fullTakeovers.Load(), r.warmTakeovers.Load()
 }
 
 // Leading reports whether this process is the region's writer right now.
@@ -347,12 +381,21 @@ func submitAs[T any](ctx context.Context, r *Region, o op) (T, error) {
 // still in doubt (a COMMIT whose reply was lost holds the epoch row until it ends), so the
 // snapshot includes it, and it fails with ErrFenced when a newer leader has taken over.
 func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
+	m, _, err := r.reloadWith(ctx, epoch, func(ctx context.Context) (*memState, string, error) {
+		m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now(), r.cfg.RetainClosed)
+		return m, "full", err
+	})
+	return m, err
+}
+
+// reloadWith is reload with the state read by load, which also says how it read it.
+func (r *Region) reloadWith(ctx context.Context, epoch int64, load func(context.Context) (*memState, string, error)) (*memState, string, error) {
 	if err := pgutil.Tx(ctx, r.pool, func(tx pgx.Tx) error { return fencing.CheckEpoch(ctx, tx, epoch) }); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now(), r.cfg.RetainClosed)
+	m, how, err := load(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	fresh := make(map[poolKey]*atomic.Int64, len(m.pools))
 	for k, p := range m.pools {
@@ -365,7 +408,7 @@ func (r *Region) reload(ctx context.Context, epoch int64) (*memState, error) {
 	r.avail = fresh
 	r.availMu.Unlock()
 	r.sales.Clear()
-	return m, nil
+	return m, how, nil
 }
 
 // warnNearMemoryLimit logs when the live heap right after a takeover comes near the process's Go

@@ -35,6 +35,7 @@ type batch struct {
 	keys    map[keyKey]*memHold // the same, by idempotency key
 	db      *pgxpool.Pool
 	epoch   int64
+	stamp   int64 // the changed stamp of the holds this batch writes (standby.go)
 	tx      pgx.Tx
 }
 
@@ -65,7 +66,7 @@ func (b *batch) flush(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return b.w.flush(ctx, tx, b.now)
+	return b.w.flush(ctx, tx, b.now, b.stamp)
 }
 
 // sqlOp prepares for an op that reads and writes SQL itself: the database must first hold
@@ -305,7 +306,7 @@ func (w *writer) commit(ps []*pending) {
 	// is answered with is the hold a read or a replay returns, and a deadline compares the
 	// same before and after it was stored.
 	b := &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
-		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
+		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, stamp: w.m.changed + 1, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
 	results := make([]result, len(ps))
 	err := func() error {
 		for i, p := range ps {
@@ -345,6 +346,7 @@ func (w *writer) commit(ps []*pending) {
 		return
 	}
 	w.m.publish(b.overlay, b.now)
+	w.m.changed = b.stamp
 	w.m.retireClosed(b.now.Add(-w.retain))
 	w.onCommit(b)
 	for i, p := range ps {

@@ -23,6 +23,8 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-batch", "-1"},
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--retain-closed", "0s"},
 		{"dev", "--retain-closed", "-1m"},
+		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--standby-refresh", "-1s"},
+		{"dev", "--standby-refresh", "500us"},
 	} {
 		root := rootCmd()
 		root.SetArgs(args)

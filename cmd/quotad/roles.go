@@ -20,12 +20,20 @@ func addRegionTuning(cmd *cobra.Command) {
 	f.Duration("batch-window", 0, "how long a region's writer waits for more operations after the first (0: commit what is queued)")
 	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
 	f.Duration("retain-closed", region.DefaultRetainClosed, "how long a region's leader keeps a closed hold whole in memory, so retries of it need no database read (afterwards only a digest of its key stays)")
+	f.Duration("standby-refresh", time.Second, "how often a region process that does not lead refreshes its copy of the region's state, so a takeover reads only what changed since (0: keep no copy; a takeover then loads every hold)")
 	f.Bool("verify", false, "run expensive invariant checks after every region batch and crash on a breach (env QUOTA_VERIFY=1)")
 }
 
 func regionTuning(v *viper.Viper) (region.Config, error) {
 	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
-		SweepInterval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed"), Verify: v.GetBool("verify")}
+		SweepInterval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed"), Verify: v.GetBool("verify"),
+		StandbyRefresh: v.GetDuration("standby-refresh")}
+	switch {
+	case c.StandbyRefresh == 0: // no copy; in a region.Config 0 means the default
+		c.StandbyRefresh = -1
+	case c.StandbyRefresh < 0:
+		return c, fmt.Errorf("standby-refresh %s: must not be negative (0: no copy)", c.StandbyRefresh)
+	}
 	if c.RetainClosed <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
 		return c, fmt.Errorf("retain-closed %s: must be positive (default %s)", c.RetainClosed, region.DefaultRetainClosed)
 	}

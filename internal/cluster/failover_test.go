@@ -18,7 +18,8 @@ import (
 // TestRegionFailover crashes the region leader (its lease left to expire, as after kill -9)
 // while buyers reserve and pay. The standby serves within the lease TTL plus 2 s, clients
 // follow it through the NOT_LEADER answer's leader address, every acknowledged hold is
-// there, and the audit is clean with nothing oversold.
+// there, and the audit is clean with nothing oversold. The standby takes over from the warm
+// copy of the state it kept (region.KeepWarm), not by loading every hold.
 func TestRegionFailover(t *testing.T) {
 	const ttl = 2 * time.Second
 	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
@@ -88,6 +89,9 @@ func TestRegionFailover(t *testing.T) {
 	a.Crash()
 	waitFor(t, "the standby to lead", ttl+2*time.Second, func() bool { return b.R.Leading() })
 	t.Logf("standby leads %s after the crash (lease TTL %s)", time.Since(killed).Round(time.Millisecond), ttl)
+	if full, warm := b.R.Takeovers(); full != 0 || warm != 1 {
+		t.Fatalf("the standby's takeovers: %d loading every hold, %d from its warm copy; want its warm copy caught up", full, warm)
+	}
 	st := <-done
 	t.Logf("load: %d buyers, %d holds acknowledged, %d confirmed, %d failed, %d retries", st.Buyers, len(st.Holds), st.Confirmed, st.Failed, st.Retries)
 	rb := quotav1.NewRegionServiceClient(dial(t, b.Addr()))

@@ -149,9 +149,13 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.campaign(cctx)
 	go n.watchSoldOut(cctx, flags)
+	go func() {
+		defer n.wg.Done()
+		r.KeepWarm(cctx)
+	}()
 	return n, nil
 }
 

@@ -22,7 +22,7 @@ func init() {
 		"log-level", "max-batch", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "output", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
 		"quantity", "refuse", "region", "regions", "release", "retain-closed", "request-id", "rounds", "sale", "seed",
-		"skew", "sku", "sql-conns", "stock", "strand-after", "sweep-interval", "timeout", "to",
+		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "timeout", "to",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "warmup",
 		"warmup-ops", "window",
 	} {

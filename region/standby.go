@@ -1,0 +1,269 @@
+package region
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// A warm standby keeps its own copy of the region's state while another process leads, and
+// refreshes it every Config.StandbyRefresh from the holds stamped since (holds.changed, one
+// stamp per batch, rising: memState.changed). At takeover it reads only what changed since
+// its last refresh instead of every hold, so a failover stays within the lease TTL plus a
+// little even for a region with a million live holds (a full load takes seconds there).
+//
+// Why catching up is exact: the writer commits one batch at a time, each stamped one higher
+// than the highest stamp it knows to be stored, and a new leader starts from what it loads
+// after the epoch fence has stopped the old one. So a batch that a snapshot does not show
+// has a higher stamp than every batch it does, and reading `changed > m.changed` in a later
+// snapshot finds every hold written since. Each row read is the hold's current version, and
+// a hold only ever goes from held to closed, so applying a row twice changes nothing.
+
+// KeepWarm keeps a warm copy of the region's state while this process does not lead, until
+// ctx ends; the caller owns the goroutine it runs on. It returns at once when
+// Config.StandbyRefresh is negative (a cold standby: a takeover loads every hold).
+func (r *Region) KeepWarm(ctx context.Context) {
+	if r.cfg.StandbyRefresh < 0 {
+		return
+	}
+	t := time.NewTicker(r.cfg.StandbyRefresh)
+	defer t.Stop()
+	defer r.dropWarm()
+	for {
+		r.refreshWarm(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refreshWarm loads the warm copy, or brings it up to date, unless this process leads. A
+// copy whose refresh failed is dropped and loaded whole the next time.
+func (r *Region) refreshWarm(ctx context.Context) {
+	select {
+	case r.warmSem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-r.warmSem }()
+	if r.warmPaused {
+		return
+	}
+	m, err := r.warmed(ctx, r.warm)
+	r.warm = m
+	if err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("region standby could not refresh its copy of the state; loading it whole next time",
+			"region", r.cfg.Name, "err", err)
+	}
+}
+
+// warmed returns m brought up to date, or the state loaded whole when m is nil; nil on error.
+func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
+	now := r.cfg.Clock.Now()
+	if m == nil {
+		return loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+	}
+	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) error { return m.catchUp(ctx, tx, r.cfg.Name, now, r.cfg.RetainClosed) })
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that),
+// and hands over the warm copy: nil when there is none. A refresh under way is waited for.
+func (r *Region) takeWarm(ctx context.Context) (*memState, error) {
+	select {
+	case r.warmSem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-r.warmSem }()
+	m := r.warm
+	r.warm, r.warmPaused = nil, true
+	return m, nil
+}
+
+// resumeWarm lets KeepWarm load a copy again, once this process no longer leads.
+func (r *Region) resumeWarm() {
+	r.warmSem <- struct{}{}
+	r.warmPaused = false
+	<-r.warmSem
+}
+
+// dropWarm lets the warm copy go, for the collector.
+func (r *Region) dropWarm() {
+	r.warmSem <- struct{}{}
+	r.warm = nil
+	<-r.warmSem
+}
+
+// catchUp brings m, a state loaded earlier, up to tx's snapshot: the pools as stored, and
+// every hold stamped after m.changed applied over the version m has (filler.update). It
+// then does what the leader would have done meanwhile to holds no longer needed whole:
+// retires those closed before now minus retain, and drops the deadlines of closed holds.
+func (m *memState) catchUp(ctx context.Context, tx pgx.Tx, region string, now time.Time, retain time.Duration) error {
+	fresh := newMemState()
+	if err := loadPools(ctx, tx, fresh); err != nil {
+		return fmt.Errorf("load pools: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT `+loadColumns+` FROM holds WHERE changed > $1`, m.changed)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), in: interner{}}
+	sc := newRowScanner(region)
+	closing := len(m.closing)
+	var row loadedRow
+	for rows.Next() {
+		if err := sc.scan(rows, &row); err != nil {
+			return err
+		}
+		if err := f.update(&row); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	m.changed = max(m.changed, sc.changed)
+	m.pools = fresh.pools
+	if len(m.closing) > closing {
+		slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
+	}
+	for m.archive && len(m.closing) > 0 && !m.closing[0].at.After(f.keepAfter) {
+		m.retireClosed(f.keepAfter)
+	}
+	m.dropClosedDeadlines(now)
+	return nil
+}
+
+// update applies a hold stamped since m was loaded or last caught up. A hold m does not know
+// is added as a load adds it; a held one that has closed since is replaced, its old version's
+// counts taken off its user first. One m already has in this state is left as it is.
+func (f *filler) update(r *loadedRow) error {
+	m, h := f.m, &r.hold
+	old := m.holds[h.ID]
+	switch {
+	case old == nil:
+		m.rows++
+		due := len(m.due)
+		f.add(r)
+		if len(m.due) > due {
+			heap.Fix(&m.due, len(m.due)-1)
+		}
+	case old.State == h.State:
+	case old.State != Held:
+		// Closed holds never change: the copy and the database disagree.
+		return fmt.Errorf("hold %s is stored %s, but this copy has it closed as %s", h.ID, h.State, old.State)
+	default:
+		m.uncount(old)
+		delete(m.holds, old.ID)
+		delete(m.keys, keyKey{old.Sale, old.User, old.RequestKey})
+		f.add(r)
+	}
+	return nil
+}
+
+// uncount takes a hold's units off its user's counts (the reverse of count).
+func (m *memState) uncount(h *memHold) {
+	if h.State != Held && h.State != Sold {
+		return
+	}
+	u := m.users[userKey{h.Sale, h.SKU, h.User}]
+	if u == nil {
+		panic(fmt.Sprintf("region: hold %s counted for no user", h.ID)) // count added it: a programmer error
+	}
+	if h.State == Held {
+		u.held -= h.Quantity
+	} else {
+		u.bought -= h.Quantity
+	}
+}
+
+// dropClosedDeadlines drops the deadlines that have passed and whose hold is no longer held,
+// as the leader's sweeper would: a standby has no sweeper, and without this every hold that
+// closed would leave its entry behind. Those of holds still held stay, for the new leader's
+// sweeper to expire; the leader's own sweeper keeps them few.
+func (m *memState) dropClosedDeadlines(now time.Time) {
+	var held []dueHold
+	for m.due.Len() > 0 && !now.Before(m.due[0].at) {
+		d := heap.Pop(&m.due).(dueHold)
+		if h := m.holds[d.id]; h != nil && h.State == Held {
+			held = append(held, d)
+		}
+	}
+	for _, d := range held {
+		heap.Push(&m.due, d)
+	}
+}
+
+// checkCaughtUp compares a caught-up copy with tx's snapshot before a new leader serves from
+// it: as many holds as stored, and each pool's held and sold units equal to the sums over its
+// users' counts (I2). A copy that missed a change (a writer that does not stamp holds, such
+// as a binary older than the changed column during a rolling upgrade) fails here.
+func (m *memState) checkCaughtUp(ctx context.Context, tx pgx.Tx) error {
+	var rows int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&rows); err != nil {
+		return fmt.Errorf("count holds: %w", err)
+	}
+	if rows != m.rows {
+		return fmt.Errorf("%d holds stored, %d in the copy", rows, m.rows)
+	}
+	type sums struct{ held, sold transfer.Units }
+	got := map[poolKey]sums{}
+	for k, u := range m.users {
+		s := got[poolKey{k.sale, k.sku}]
+		s.held, s.sold = s.held+u.held, s.sold+u.bought
+		got[poolKey{k.sale, k.sku}] = s
+	}
+	for k, p := range m.pools {
+		if s := got[k]; s.held != p.held || s.sold != p.sold {
+			return fmt.Errorf("pool %s/%s stores %d held and %d sold, the copy's users %d and %d", k.sale, k.sku, p.held, p.sold, s.held, s.sold)
+		}
+		delete(got, k)
+	}
+	for k, s := range got {
+		if s != (sums{}) {
+			return fmt.Errorf("no pool %s/%s stored, but the copy's users hold %d and bought %d of it", k.sale, k.sku, s.held, s.sold)
+		}
+	}
+	return nil
+}
+
+// loadForTakeover is a new leader's load, after the epoch fence: the warm copy caught up and
+// checked in one snapshot when there is one, else every hold. A copy that fails either step
+// is reported and loaded whole instead. It says which it did.
+func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error) {
+	m, err := r.takeWarm(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	now := r.cfg.Clock.Now()
+	if m != nil {
+		err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) error {
+			if err := m.catchUp(ctx, tx, r.cfg.Name, now, r.cfg.RetainClosed); err != nil {
+				return err
+			}
+			return m.checkCaughtUp(ctx, tx)
+		})
+		if err == nil {
+			return m, "warm", nil
+		}
+		if ctx.Err() != nil {
+			return nil, "", err
+		}
+		r.cfg.Logger.Error("region standby's copy of the state is unusable; loading every hold", "region", r.cfg.Name, "err", err)
+	}
+	m, err = loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+	return m, "full", err
+}
