@@ -49,10 +49,12 @@ type memState struct {
 	closing []closedAt
 	retired map[uint64]struct{}
 	seed    maphash.Seed
-	// changed is the highest stamp stored in holds.changed as this state knows them: the
-	// writer stamps its next batch one higher, so stamps rise with every commit, across
-	// leaders too (a new leader loads after the old one is fenced). rows counts the stored
-	// holds, retired ones included. Both let a warm standby catch up (standby.go).
+	// changed is at least the highest stamp stored in holds.changed: the highest loaded or
+	// caught up to, then (in a leader's state) the stamp of its last committed batch, holds or
+	// none. The writer stamps its next batch one higher, so stamps rise with every commit,
+	// across leaders too (a new leader loads after the old one is fenced). rows counts the
+	// stored holds, retired ones included, as loaded and caught up: a leader's writer does not
+	// keep it. Both are for a warm standby (standby.go).
 	changed int64
 	rows    int64
 }

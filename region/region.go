@@ -145,12 +145,15 @@ type Region struct {
 	pendingMu sync.Mutex
 	pending   map[keyKey]int
 
-	// warm is a standby's copy of the state (standby.go), and warmPaused is set while this
-	// process leads; both belong to whoever holds warmSem, a one-slot semaphore held for a
-	// whole refresh (a channel, so a takeover can give up waiting with its context).
+	// warm is a standby's copy of the state (standby.go). It belongs to whoever holds
+	// warmSem, a one-slot semaphore held for a whole refresh (a channel, so a takeover can
+	// give up waiting with its context). warmMu guards warmPaused, set while this process
+	// leads, and warmCancel, which cancels the refresh under way.
 	warmSem    chan struct{}
 	warm       *memState
+	warmMu     sync.Mutex
 	warmPaused bool
+	warmCancel context.CancelFunc
 	// fullTakeovers and warmTakeovers count the takeovers that loaded every hold and those
 	// that caught up a warm copy.
 	fullTakeovers, warmTakeovers atomic.Int64
@@ -288,6 +291,7 @@ func (r *Region) stepDownFrom(only *writer) {
 	cancel()
 	r.wg.Wait()
 	w.close()
+	r.forget() // this state is no longer kept up to date: let it go before a standby's copy loads
 	r.resumeWarm()
 	close(stopped)
 	r.cfg.Logger.Info("region stepped down", "region", r.cfg.Name)

@@ -46,7 +46,9 @@ func (r *Region) KeepWarm(ctx context.Context) {
 }
 
 // refreshWarm loads the warm copy, or brings it up to date, unless this process leads. A
-// copy whose refresh failed is dropped and loaded whole the next time.
+// takeover cancels a refresh under way (takeWarm): a catch-up applies nothing until it has
+// read all it needs, so its copy stays as it was; a copy that fails to apply what it read is
+// dropped, and loaded whole the next time.
 func (r *Region) refreshWarm(ctx context.Context) {
 	select {
 	case r.warmSem <- struct{}{}:
@@ -54,33 +56,58 @@ func (r *Region) refreshWarm(ctx context.Context) {
 		return
 	}
 	defer func() { <-r.warmSem }()
+	r.warmMu.Lock()
 	if r.warmPaused {
+		r.warmMu.Unlock()
 		return
 	}
-	m, err := r.warmed(ctx, r.warm)
-	r.warm = m
-	if err != nil && ctx.Err() == nil {
-		r.cfg.Logger.Warn("region standby could not refresh its copy of the state; loading it whole next time",
-			"region", r.cfg.Name, "err", err)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.warmCancel = cancel
+	r.warmMu.Unlock()
+	defer func() {
+		r.warmMu.Lock()
+		r.warmCancel = nil
+		r.warmMu.Unlock()
+	}()
+	var err error
+	r.warm, err = r.warmed(rctx, r.warm)
+	if err != nil && rctx.Err() == nil {
+		r.cfg.Logger.Warn("region standby could not refresh its copy of the state", "region", r.cfg.Name, "err", err)
 	}
 }
 
-// warmed returns m brought up to date, or the state loaded whole when m is nil; nil on error.
+// warmed returns m brought up to date, or the state loaded whole when m is nil. When the
+// read fails it returns m as it was; when applying fails, nil.
 func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
 	now := r.cfg.Clock.Now()
 	if m == nil {
 		return loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
 	}
-	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) error { return m.catchUp(ctx, tx, r.cfg.Name, now, r.cfg.RetainClosed) })
+	var ch *changes
+	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
+		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, false)
+		return err
+	})
 	if err != nil {
+		return m, err
+	}
+	if err := m.catchUp(ch, now, r.cfg.RetainClosed); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that),
-// and hands over the warm copy: nil when there is none. A refresh under way is waited for.
+// takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that) and
+// hands over the warm copy, nil when there is none. It cancels a refresh under way and waits
+// for it to return, which a canceled read does at once.
 func (r *Region) takeWarm(ctx context.Context) (*memState, error) {
+	r.warmMu.Lock()
+	r.warmPaused = true
+	if r.warmCancel != nil {
+		r.warmCancel()
+	}
+	r.warmMu.Unlock()
 	select {
 	case r.warmSem <- struct{}{}:
 	case <-ctx.Done():
@@ -88,15 +115,16 @@ func (r *Region) takeWarm(ctx context.Context) (*memState, error) {
 	}
 	defer func() { <-r.warmSem }()
 	m := r.warm
-	r.warm, r.warmPaused = nil, true
+	r.warm = nil
 	return m, nil
 }
 
-// resumeWarm lets KeepWarm load a copy again, once this process no longer leads.
+// resumeWarm lets KeepWarm load a copy again, once this process no longer leads. It never
+// waits: Lead and StepDown call it holding leadMu.
 func (r *Region) resumeWarm() {
-	r.warmSem <- struct{}{}
+	r.warmMu.Lock()
 	r.warmPaused = false
-	<-r.warmSem
+	r.warmMu.Unlock()
 }
 
 // dropWarm lets the warm copy go, for the collector.
@@ -106,45 +134,82 @@ func (r *Region) dropWarm() {
 	<-r.warmSem
 }
 
-// catchUp brings m, a state loaded earlier, up to tx's snapshot: the pools as stored, and
-// every hold stamped after m.changed applied over the version m has (filler.update). It
-// then does what the leader would have done meanwhile to holds no longer needed whole:
-// retires those closed before now minus retain, and drops the deadlines of closed holds.
-func (m *memState) catchUp(ctx context.Context, tx pgx.Tx, region string, now time.Time, retain time.Duration) error {
+// changes are what a catch-up reads in one snapshot: every pool's counters, the holds stamped
+// after a given stamp, and, for a takeover's check, how many holds are stored.
+type changes struct {
+	pools   map[poolKey]*memPool
+	holds   []loadedRow
+	changed int64 // the highest stamp among holds
+	rows    int64 // -1 when not counted
+}
+
+// readChanges reads, in tx's snapshot, the pools and the holds stamped after since; count
+// also counts the stored holds.
+func readChanges(ctx context.Context, tx pgx.Tx, region string, since int64, count bool) (*changes, error) {
 	fresh := newMemState()
 	if err := loadPools(ctx, tx, fresh); err != nil {
-		return fmt.Errorf("load pools: %w", err)
+		return nil, fmt.Errorf("load pools: %w", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT `+loadColumns+` FROM holds WHERE changed > $1`, m.changed)
+	ch := &changes{pools: fresh.pools, rows: -1}
+	rows, err := tx.Query(ctx, `SELECT `+loadColumns+` FROM holds WHERE changed > $1`, since)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
-	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), in: interner{}}
 	sc := newRowScanner(region)
-	closing := len(m.closing)
-	var row loadedRow
 	for rows.Next() {
-		if err := sc.scan(rows, &row); err != nil {
-			return err
-		}
-		if err := f.update(&row); err != nil {
-			return err
+		ch.holds = append(ch.holds, loadedRow{})
+		if err := sc.scan(rows, &ch.holds[len(ch.holds)-1]); err != nil {
+			return nil, err
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	m.changed = max(m.changed, sc.changed)
-	m.pools = fresh.pools
-	if len(m.closing) > closing {
-		slices.SortFunc(m.closing, func(a, b closedAt) int { return a.at.Compare(b.at) })
+	ch.changed = sc.changed
+	if count {
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&ch.rows); err != nil {
+			return nil, fmt.Errorf("count holds: %w", err)
+		}
 	}
+	return ch, nil
+}
+
+// catchUp brings m, a state loaded earlier, up to the snapshot ch was read in: the pools as
+// stored, and every hold stamped after m.changed applied over the version m has
+// (filler.update). It then does what the leader would have done meanwhile to holds no
+// longer needed whole: retires those closed before now minus retain, and drops the passed
+// deadlines of closed holds. An error leaves m half caught up: the caller drops it.
+func (m *memState) catchUp(ch *changes, now time.Time, retain time.Duration) error {
+	f := &filler{m: m, now: now, keepAfter: now.Add(-retain), in: interner{}}
+	queued := len(m.closing)
+	for i := range ch.holds {
+		if err := f.update(&ch.holds[i]); err != nil {
+			return err
+		}
+	}
+	m.changed = max(m.changed, ch.changed)
+	m.pools = ch.pools
+	sortNewlyClosed(m.closing, queued)
 	for m.archive && len(m.closing) > 0 && !m.closing[0].at.After(f.keepAfter) {
 		m.retireClosed(f.keepAfter)
 	}
 	m.dropClosedDeadlines(now)
 	return nil
+}
+
+// sortNewlyClosed keeps the queue of closed holds oldest first once entries from queued on
+// were appended: only those are sorted, unless one of them closed before the last of the rest
+// (another leader's clock), which needs the whole queue sorted.
+func sortNewlyClosed(q []closedAt, queued int) {
+	if len(q) == queued {
+		return
+	}
+	byTime := func(a, b closedAt) int { return a.at.Compare(b.at) }
+	slices.SortFunc(q[queued:], byTime)
+	if queued > 0 && q[queued].at.Before(q[queued-1].at) {
+		slices.SortStableFunc(q, byTime)
+	}
 }
 
 // update applies a hold stamped since m was loaded or last caught up. A hold m does not know
@@ -207,15 +272,11 @@ func (m *memState) dropClosedDeadlines(now time.Time) {
 	}
 }
 
-// checkCaughtUp compares a caught-up copy with tx's snapshot before a new leader serves from
-// it: as many holds as stored, and each pool's held and sold units equal to the sums over its
-// users' counts (I2). A copy that missed a change (a writer that does not stamp holds, such
+// checkCaughtUp compares a caught-up copy with the snapshot it was caught up to (rows holds
+// stored) before a new leader serves from it: as many holds as stored, and each pool's held
+// and sold units equal to the sums over its users' counts (I2). A copy that missed a change (a writer that does not stamp holds, such
 // as a binary older than the changed column during a rolling upgrade) fails here.
-func (m *memState) checkCaughtUp(ctx context.Context, tx pgx.Tx) error {
-	var rows int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&rows); err != nil {
-		return fmt.Errorf("count holds: %w", err)
-	}
+func (m *memState) checkCaughtUp(rows int64) error {
 	if rows != m.rows {
 		return fmt.Errorf("%d holds stored, %d in the copy", rows, m.rows)
 	}
@@ -241,8 +302,8 @@ func (m *memState) checkCaughtUp(ctx context.Context, tx pgx.Tx) error {
 }
 
 // loadForTakeover is a new leader's load, after the epoch fence: the warm copy caught up and
-// checked in one snapshot when there is one, else every hold. A copy that fails either step
-// is reported and loaded whole instead. It says which it did.
+// checked against one snapshot when there is one, else every hold. A copy that fails is
+// reported and let go, and every hold is loaded instead. It says which it did.
 func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error) {
 	m, err := r.takeWarm(ctx)
 	if err != nil {
@@ -250,20 +311,31 @@ func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error)
 	}
 	now := r.cfg.Clock.Now()
 	if m != nil {
-		err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) error {
-			if err := m.catchUp(ctx, tx, r.cfg.Name, now, r.cfg.RetainClosed); err != nil {
-				return err
-			}
-			return m.checkCaughtUp(ctx, tx)
-		})
-		if err == nil {
+		if err = r.catchUpForTakeover(ctx, m, now); err == nil {
 			return m, "warm", nil
 		}
 		if ctx.Err() != nil {
 			return nil, "", err
 		}
 		r.cfg.Logger.Error("region standby's copy of the state is unusable; loading every hold", "region", r.cfg.Name, "err", err)
+		m = nil // not live during the load
 	}
 	m, err = loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
 	return m, "full", err
+}
+
+// catchUpForTakeover catches m up to one snapshot and checks it against the same snapshot.
+func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) error {
+	var ch *changes
+	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
+		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, true)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := m.catchUp(ch, now, r.cfg.RetainClosed); err != nil {
+		return err
+	}
+	return m.checkCaughtUp(ch.rows)
 }
