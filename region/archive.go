@@ -107,7 +107,11 @@ func storedKey(ctx context.Context, q rowQuerier, region string, k keyKey) (*mem
 	if err != nil {
 		return nil, false, fmt.Errorf("read the hold of request_key %q: %w", k.key, err)
 	}
-	return &memHold{Hold: h, hash: hashOf(hash)}, true, nil
+	fp, err := fingerprint(h.ID, []byte(hash))
+	if err != nil {
+		return nil, false, err
+	}
+	return &memHold{Hold: h, hash: fp}, true, nil
 }
 
 // holdOrStored returns the hold id as this batch sees it, or else stored, the hold as read

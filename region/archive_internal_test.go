@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,5 +245,60 @@ func TestHeldInSQLButNotInMemoryFailsTheBatch(t *testing.T) {
 	}
 	if c, err := r.Confirm(ctx, h.ID, "pay-1"); err != nil || !c.Sold {
 		t.Fatalf("confirm after the reload: %+v, %v", c, err)
+	}
+}
+
+// TestBadStoredFingerprint: a stored request fingerprint that is not 32 hex digits is an
+// error naming the hold wherever the leader reads it, not a value taken as some other
+// fingerprint: a takeover's load fails, and so does a retry of a retired hold's key, which
+// changes nothing (the leader goes on leading: the retry reads SQL outside the writer).
+func TestBadStoredFingerprint(t *testing.T) {
+	for _, bad := range []string{"abc", "zz" + strings.Repeat("0", 30), strings.Repeat("0", 34)} {
+		t.Run("load "+bad, func(t *testing.T) {
+			old, ctx := newInternalRegion(t)
+			h := mustReserveIn(t, old, ctx, "ann", "k1", 1)
+			old.Close()
+			if _, err := old.pool.Exec(ctx, `UPDATE holds SET request_hash = $2 WHERE hold_id = $1`, h.ID, bad); err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(r.Close)
+			if err := r.Lead(ctx, 2); err == nil || !strings.Contains(err.Error(), h.ID) || !strings.Contains(err.Error(), "request_hash") {
+				t.Fatalf("takeover over a bad fingerprint: %v, want an error naming hold %s and request_hash", err, h.ID)
+			}
+		})
+		t.Run("retired "+bad, func(t *testing.T) {
+			r, ctx := newInternalRegion(t)
+			h := mustReserveIn(t, r, ctx, "ann", "k1", 1)
+			if _, err := r.Release(ctx, h.ID); err != nil {
+				t.Fatal(err)
+			}
+			r.cfg.Clock.(*clock.Manual).Advance(DefaultRetainClosed + time.Second)
+			mustReserveIn(t, r, ctx, "bob", "k1", 1) // a commit: retirement runs after each
+			if in := memHolds(r, h.ID); in[h.ID] {
+				t.Fatal("the released hold is still in memory")
+			}
+			if _, err := r.pool.Exec(ctx, `UPDATE holds SET request_hash = $2 WHERE hold_id = $1`, h.ID, bad); err != nil {
+				t.Fatal(err)
+			}
+			pools := func() (row [3]int64) {
+				t.Helper()
+				if err := r.pool.QueryRow(ctx, `SELECT available, held, sold FROM pools WHERE sale_id = 's' AND sku = 'x'`).Scan(&row[0], &row[1], &row[2]); err != nil {
+					t.Fatal(err)
+				}
+				return row
+			}
+			before := pools()
+			_, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "k1"})
+			if err == nil || !strings.Contains(err.Error(), h.ID) || !strings.Contains(err.Error(), "request_hash") {
+				t.Fatalf("retry of a retired key with a bad fingerprint: %v, want an error naming hold %s and request_hash", err, h.ID)
+			}
+			if after := pools(); after != before || !r.Leading() {
+				t.Fatalf("stock %+v after the failed retry, %+v before; leading %v", after, before, r.Leading())
+			}
+		})
 	}
 }

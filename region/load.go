@@ -3,7 +3,6 @@ package region
 import (
 	"container/heap"
 	"context"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"time"
@@ -128,9 +127,8 @@ func newRowScanner(region string) *rowScanner {
 
 // scan reads the current row into r. Holds share sales, SKUs and states, so those are read
 // as the driver's bytes and interned (a string is made the first time a value is seen, not
-// per row), and the fingerprint is decoded from its bytes. A fingerprint that is not 32 hex
-// digits fails the load, naming the hold: a leader that took it as some other value would
-// answer that key's retries wrongly.
+// per row), and the fingerprint is decoded from its bytes (fingerprint: a bad one fails the
+// load).
 func (s *rowScanner) scan(rows pgx.Rows, r *loadedRow) error {
 	if err := rows.Scan(s.dest...); err != nil {
 		return err
@@ -141,11 +139,9 @@ func (s *rowScanner) scan(rows pgx.Rows, r *loadedRow) error {
 		s.changed = max(s.changed, s.stamp.Int64)
 	}
 	h.Sale, h.SKU, h.State = s.names.ofBytes(s.sale), s.names.ofBytes(s.sku), HoldState(s.names.ofBytes(s.state))
-	if len(s.hash) != 2*len(s.row.hash) {
-		return fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", h.ID, len(s.hash), 2*len(s.row.hash))
-	}
-	if _, err := hex.Decode(s.row.hash[:], s.hash); err != nil {
-		return fmt.Errorf("hold %s: request_hash: %w", h.ID, err)
+	var err error
+	if s.row.hash, err = fingerprint(h.ID, s.hash); err != nil {
+		return err
 	}
 	*r = s.row
 	return nil

@@ -2,6 +2,7 @@ package region
 
 import (
 	"encoding/hex"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -115,11 +116,18 @@ func (m *memState) publish(overlay map[string]*memHold, at time.Time) {
 	}
 }
 
-// hashOf is the 16-byte form of a request fingerprint kept in memory.
-func hashOf(hexHash string) [16]byte {
+// fingerprint decodes a stored request fingerprint (request_hash: 32 hex digits) to the 16
+// bytes kept in memory. Anything else is an error naming the hold: a leader that took it as
+// some other value would answer that key's retries wrongly.
+func fingerprint(holdID string, hexHash []byte) ([16]byte, error) {
 	var h [16]byte
-	_, _ = hex.Decode(h[:], []byte(hexHash))
-	return h
+	if len(hexHash) != 2*len(h) {
+		return h, fmt.Errorf("hold %s: request_hash: %d characters, want %d hex digits", holdID, len(hexHash), 2*len(h))
+	}
+	if _, err := hex.Decode(h[:], hexHash); err != nil {
+		return h, fmt.Errorf("hold %s: request_hash: %w", holdID, err)
+	}
+	return h, nil
 }
 
 // newMemState returns an empty state: no pools, users or holds.
