@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -149,6 +151,15 @@ func TestLocalRegionFailover(t *testing.T) {
 	}
 	if probeErr != nil {
 		t.Errorf("the standby's first answer after the failover: %v, want a hold", probeErr)
+	}
+	// It took over from the warm copy it kept (quotad --standby-refresh, on by default), not by
+	// loading every hold: its log says so.
+	if b, err := os.ReadFile(filepath.Join(c.dir, "region-us-2.log")); err != nil {
+		t.Error(err)
+	} else if lines := linesWith(string(b), "region leading"); len(lines) != 1 || !strings.Contains(lines[0], "load=warm") {
+		t.Errorf("the standby's log, lines with \"region leading\": %q; want one, with load=warm", lines)
+	} else {
+		t.Logf("the standby's takeover: %s", lines[0])
 	}
 	// Clients that find regions through the coordinator's list reach the new leader too.
 	c.eventually(5*time.Second, "the coordinator lists us at the standby", func() error {
@@ -335,4 +346,15 @@ func (h *holdTally) check(t *testing.T, confirmed int64) {
 	if int64(h.sold) < confirmed {
 		t.Errorf("%d of the acknowledged holds are sold, but %d confirms were acknowledged", h.sold, confirmed)
 	}
+}
+
+// linesWith returns the lines of text that contain sub.
+func linesWith(text, sub string) []string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
