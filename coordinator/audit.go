@@ -2,10 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/puddle/v2"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
@@ -73,6 +75,9 @@ func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 			return Report{}, apierr.NotFound("sale_id", sale)
 		}
 		books := c.readRegions(ctx, snap.sales)
+		if err := closedOwnPool(books); err != nil {
+			return Report{}, err
+		}
 		var stale bool
 		final := attempt == auditReads
 		rep, stale = evaluate(snap, books, c.cfg.Regions, final)
@@ -90,6 +95,21 @@ func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 	}
 	rep.At = c.cfg.Clock.Now()
 	return rep, nil
+}
+
+// closedOwnPool is an error when a region's books could not be read because this process
+// closed its own pool to that database, as it does when it stops: that says nothing about
+// the region's books, so the audit fails (the caller may ask another coordinator) instead
+// of reporting I1 unproven.
+func closedOwnPool(books map[string]map[string]regionRead) error {
+	for region, reads := range books {
+		for _, rr := range reads {
+			if errors.Is(rr.err, puddle.ErrClosedPool) {
+				return fmt.Errorf("audit: this coordinator's pool to region %s's database is closed (it is stopping): %w", region, rr.err)
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Coordinator) readLedger(ctx context.Context, sale string) (ledgerSnapshot, error) {

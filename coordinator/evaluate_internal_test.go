@@ -1,10 +1,15 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -31,5 +36,25 @@ func TestUnreadRegionIsTheOnlyViolation(t *testing.T) {
 	rep, _ = evaluate(snap, books, regions, true)
 	if rep.OK || len(rep.Violations) != 1 || !strings.Contains(rep.Violations[0].Detail, "total 100 != ") {
 		t.Fatalf("eu read, 10 short: %+v; want the I1 sum violation", rep.Violations)
+	}
+}
+
+// TestAuditThroughAClosedPoolIsAnError: a region read that fails because this process closed
+// its own pool to the region's database (it is stopping) makes the audit an error, not a
+// report of I1 unproven; any other read failure stays a violation in the report.
+func TestAuditThroughAClosedPoolIsAnError(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	readErr := pgutil.ReadTx(context.Background(), pool, func(pgx.Tx) error { return nil }) // as region.ReadBooks reads
+	closed := map[string]map[string]regionRead{"us": {"s": {err: fmt.Errorf("read books of region us: %w", readErr)}}}
+	if err := closedOwnPool(closed); err == nil || !strings.Contains(err.Error(), "region us") {
+		t.Fatalf("a read through a closed pool (%v): %v, want an error naming region us", readErr, err)
+	}
+	other := map[string]map[string]regionRead{"us": {"s": {err: errors.New("lock timeout")}}}
+	if err := closedOwnPool(other); err != nil {
+		t.Fatalf("another read failure: %v, want it left to the report", err)
 	}
 }
