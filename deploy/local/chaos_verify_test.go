@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -153,11 +154,11 @@ func (r *chaosRun) report(violations int, wall time.Duration) {
 	}
 	line := fmt.Sprintf("CHAOS: seed=%d duration=%s wall=%s faults: kill=%d pause=%d cut=%d blackhole=%d slow=%d "+
 		"ops: reserves=%d confirms=%d releases=%d transfers=%d/%d rebalances=%d/%d acknowledged holds checked=%d "+
-		"transfers posted/voided/stranded=%d/%d/%d violations=%d linearizability=%s",
+		"transfers posted/voided/stranded=%d/%d/%d region takeovers warm/full=%s violations=%d linearizability=%s",
 		r.seed, r.duration, wall.Round(time.Second), n["kill"], n["pause"], n["cut"], n["blackhole"], n["slow"],
 		r.load.Buyers+int64(reserves), r.load.Confirmed+r.load.Refunded+int64(confirms), releases,
 		o.transfersAcked, o.transfers, o.rebalancesAcked, o.rebalances, o.holdsChecked,
-		o.posted, o.voided, o.stranded, violations, lin)
+		o.posted, o.voided, o.stranded, r.takeovers(), violations, lin)
 	r.t.Log(line)
 	fmt.Println(line)
 	if p := os.Getenv("QUOTA_CHAOS_REPORT"); p != "" {
@@ -165,4 +166,29 @@ func (r *chaosRun) report(violations int, wall time.Duration) {
 			r.t.Logf("QUOTA_CHAOS_REPORT: %v", err)
 		}
 	}
+}
+
+// takeovers counts, in the region processes' logs, the terms that started from a standby's
+// warm copy and those that loaded every hold ("region leading" ... load=warm or load=full).
+func (r *chaosRun) takeovers() string {
+	logs, err := filepath.Glob(filepath.Join(r.c.dir, "region-*.log"))
+	if err != nil || len(logs) == 0 {
+		return "?"
+	}
+	var warm, full int
+	for _, p := range logs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "?"
+		}
+		for _, line := range linesWith(string(b), `msg="region leading"`) {
+			switch {
+			case strings.Contains(line, "load=warm"):
+				warm++
+			case strings.Contains(line, "load=full"):
+				full++
+			}
+		}
+	}
+	return fmt.Sprintf("%d/%d", warm, full)
 }
