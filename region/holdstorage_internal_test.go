@@ -119,3 +119,47 @@ func holdKeyCollation(t *testing.T, ctx context.Context, pool *pgxpool.Pool) str
 	}
 	return *c
 }
+
+// TestMigrationSevenRebuildsAnInvalidIndex: an index holds_by_change that a concurrent build
+// left invalid (here a unique build that met duplicates, as a killed build would leave one)
+// is dropped and built again by migration 7, not taken for done.
+func TestMigrationSevenRebuildsAnInvalidIndex(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := testpg.NewPool(t, "invalidindex", 4)
+	p, done, err := migrator(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
+			SELECT 'us.' || g, 's', 'x', 'u' || g, 1, 'k', md5(''), 'held', now(), now() FROM generate_series(1, 2) g`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY holds_by_change ON holds (sale_id)`); err == nil {
+		t.Fatal("a unique index over duplicates was built")
+	}
+	indexDef := func() (def string, valid bool) {
+		t.Helper()
+		err := pool.QueryRow(ctx, `SELECT pg_get_indexdef(indexrelid), indisvalid FROM pg_index WHERE indexrelid = to_regclass('holds_by_change')`).Scan(&def, &valid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return def, valid
+	}
+	if _, valid := indexDef(); valid {
+		t.Fatal("the failed build left a valid index")
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if def, valid := indexDef(); !valid || !strings.Contains(def, "(changed)") || strings.Contains(def, "UNIQUE") {
+		t.Fatalf("after migration 7: %q, valid %v; want a valid index on (changed)", def, valid)
+	}
+}

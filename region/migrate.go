@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -35,7 +36,7 @@ func migrator(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return pgutil.Migrator(pool, sub, holdKeysInByteOrder)
+	return pgutil.Migrator(pool, sub, holdKeysInByteOrder, holdsByChange)
 }
 
 // holdKeysInByteOrder is migration 5. Every hold insert is on a batch's critical path, and a
@@ -65,6 +66,47 @@ func collateHoldKeys(ctx context.Context, tx *sql.Tx, collation string) error {
 	}
 	if _, err := tx.ExecContext(ctx, "ALTER TABLE holds "+strings.Join(alters, ", ")); err != nil {
 		return fmt.Errorf("migration 5: holds' keys in collation %s: %w", collation, err)
+	}
+	return nil
+}
+
+// holdsByChange is migration 7: the index a warm standby reads the holds changed since its
+// last refresh through (region/standby.go; stamps rise, so entries go in at its right edge).
+// It is built CONCURRENTLY, outside a transaction, so that a leader serving from the same
+// database during a rolling upgrade is not held up for the whole build. A concurrent build
+// that failed (the process killed during it) leaves an invalid index of the same name, which
+// IF NOT EXISTS would take for done: such an index is dropped and built again, and the step
+// fails unless the index it leaves is valid, so a standby never reads every hold on every
+// refresh unnoticed.
+var holdsByChange = goose.NewGoMigration(7,
+	&goose.GoFunc{RunDB: createHoldsByChange},
+	&goose.GoFunc{RunDB: func(ctx context.Context, db *sql.DB) error {
+		_, err := db.ExecContext(ctx, `DROP INDEX CONCURRENTLY IF EXISTS holds_by_change`)
+		return err
+	}})
+
+func createHoldsByChange(ctx context.Context, db *sql.DB) error {
+	valid := func() (exists, ok bool, err error) {
+		err = db.QueryRowContext(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('holds_by_change')`).Scan(&ok)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, false, nil
+		}
+		return err == nil, ok, err
+	}
+	exists, ok, err := valid()
+	if err != nil {
+		return fmt.Errorf("migration 7: %w", err)
+	}
+	if exists && !ok {
+		if _, err := db.ExecContext(ctx, `DROP INDEX CONCURRENTLY holds_by_change`); err != nil {
+			return fmt.Errorf("migration 7: drop the invalid index holds_by_change: %w", err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `CREATE INDEX CONCURRENTLY IF NOT EXISTS holds_by_change ON holds (changed)`); err != nil {
+		return fmt.Errorf("migration 7: %w", err)
+	}
+	if _, ok, err = valid(); err != nil || !ok {
+		return fmt.Errorf("migration 7: index holds_by_change is not valid after its build (%v): drop it and start again", err)
 	}
 	return nil
 }

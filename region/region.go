@@ -148,11 +148,12 @@ type Region struct {
 	// warm is a standby's copy of the state (standby.go). It belongs to whoever holds
 	// warmSem, a one-slot semaphore held for a whole refresh (a channel, so a takeover can
 	// give up waiting with its context). warmMu guards warmPaused, set while this process
-	// leads, and warmCancel, which cancels the refresh under way.
+	// leads, warmClosed, set by Close, and warmCancel, which cancels the refresh under way.
 	warmSem    chan struct{}
 	warm       *memState
 	warmMu     sync.Mutex
 	warmPaused bool
+	warmClosed bool
 	warmCancel context.CancelFunc
 	// fullTakeovers and warmTakeovers count the takeovers that loaded every hold and those
 	// that caught up a warm copy.
@@ -311,9 +312,11 @@ func (r *Region) Stopped() <-chan struct{} {
 	return r.stopped
 }
 
-// Close stops the region, and waits for a failed writer that is stepping itself down. It
-// does not close the database pool, which the caller owns.
+// Close stops the region, and waits for a failed writer that is stepping itself down; a
+// KeepWarm still running loads no copy from then on. It does not close the database pool,
+// which the caller owns.
 func (r *Region) Close() {
+	r.closeWarm()
 	r.StepDown()
 	r.selfStops.Wait()
 }

@@ -57,7 +57,7 @@ func (r *Region) refreshWarm(ctx context.Context) {
 	}
 	defer func() { <-r.warmSem }()
 	r.warmMu.Lock()
-	if r.warmPaused {
+	if r.warmPaused || r.warmClosed {
 		r.warmMu.Unlock()
 		return
 	}
@@ -125,6 +125,18 @@ func (r *Region) resumeWarm() {
 	r.warmMu.Lock()
 	r.warmPaused = false
 	r.warmMu.Unlock()
+}
+
+// closeWarm stops the refreshing for good (Region.Close): a refresh under way is canceled,
+// and the copy let go.
+func (r *Region) closeWarm() {
+	r.warmMu.Lock()
+	r.warmClosed = true
+	if r.warmCancel != nil {
+		r.warmCancel()
+	}
+	r.warmMu.Unlock()
+	r.dropWarm()
 }
 
 // dropWarm lets the warm copy go, for the collector.
@@ -302,8 +314,10 @@ func (m *memState) checkCaughtUp(rows int64) error {
 }
 
 // loadForTakeover is a new leader's load, after the epoch fence: the warm copy caught up and
-// checked against one snapshot when there is one, else every hold. A copy that fails is
-// reported and let go, and every hold is loaded instead. It says which it did.
+// checked against one snapshot when there is one, else every hold. A copy that fails to
+// apply or to check is reported and let go, and every hold is loaded instead; when the
+// changes cannot even be read, the takeover fails and the copy is kept. It says which load
+// it did.
 func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error) {
 	m, err := r.takeWarm(ctx)
 	if err != nil {
@@ -311,11 +325,15 @@ func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error)
 	}
 	now := r.cfg.Clock.Now()
 	if m != nil {
-		if err = r.catchUpForTakeover(ctx, m, now); err == nil {
+		read, err := r.catchUpForTakeover(ctx, m, now)
+		if err == nil {
 			return m, "warm", nil
 		}
-		if ctx.Err() != nil {
-			return nil, "", err
+		if !read {
+			// Nothing was applied, and a full load would read the same database: this
+			// takeover fails, and the copy stays, as good as before, for the next one.
+			r.putWarmBack(m)
+			return nil, "", fmt.Errorf("catch up the standby's copy: %w", err)
 		}
 		r.cfg.Logger.Error("region standby's copy of the state is unusable; loading every hold", "region", r.cfg.Name, "err", err)
 		m = nil // not live during the load
@@ -325,17 +343,29 @@ func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error)
 }
 
 // catchUpForTakeover catches m up to one snapshot and checks it against the same snapshot.
-func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) error {
+// read says whether the snapshot was read, and so whether m may have been changed.
+func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) (read bool, err error) {
 	var ch *changes
-	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
+	err = pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
 		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, true)
 		return err
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := m.catchUp(ch, now, r.cfg.RetainClosed); err != nil {
-		return err
+		return true, err
 	}
-	return m.checkCaughtUp(ch.rows)
+	return true, m.checkCaughtUp(ch.rows)
 }
+
+// putWarmBack keeps m as the warm copy again, after a takeover failed before it changed m: a
+// later takeover, or the next refresh once this process stands by again, starts from it.
+func (r *Region) putWarmBack(m *memState) {
+	r.warmSem <- struct{}{}
+	if r.warm == nil {
+		r.warm = m
+	}
+	<-r.warmSem
+}
+

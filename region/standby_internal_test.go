@@ -246,6 +246,42 @@ func TestWarmStandbyMissingAChangeLoadsEverything(t *testing.T) {
 	}
 }
 
+// TestTakeoverThatCannotReadKeepsTheCopy: a takeover whose catch-up cannot read the changes
+// fails without loading every hold, and keeps the standby's copy, from which the next
+// takeover starts.
+func TestTakeoverThatCannotReadKeepsTheCopy(t *testing.T) {
+	old, ctx := newInternalRegion(t)
+	a := mustReserveIn(t, old, ctx, "ann", "k1", 1)
+	sb := newStandby(t, old)
+	b := mustReserveIn(t, old, ctx, "bob", "k1", 1)
+	old.Close()
+	rename := func(from, to string) {
+		t.Helper()
+		if _, err := old.pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE holds RENAME COLUMN %s TO %s`, from, to)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("changed", "changed_away")
+	if err := sb.Lead(ctx, 2); err == nil {
+		t.Fatal("a takeover that could not read the changes led")
+	}
+	if full, warm := sb.Takeovers(); full != 0 || warm != 0 || sb.warm == nil {
+		t.Fatalf("after the failed takeover: %d full, %d warm takeovers, copy kept %v; want none, and the copy", full, warm, sb.warm != nil)
+	}
+	rename("changed_away", "changed")
+	if err := sb.Lead(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if full, warm := sb.Takeovers(); full != 0 || warm != 1 {
+		t.Fatalf("the second takeover: %d full, %d warm; want it warm", full, warm)
+	}
+	for _, h := range []Hold{a, b} {
+		if got := sb.state.Load().holds[h.ID]; got == nil || got.State != Held {
+			t.Fatalf("hold %s after the takeover: %+v, want it held", h.ID, got)
+		}
+	}
+}
+
 // checkPoolBooks compares every pool's stored counters with the sums over its holds (I2).
 func checkPoolBooks(ctx context.Context, r *Region) error {
 	var bad int
