@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,17 +32,7 @@ func BenchmarkTakeover(b *testing.B) {
 	if err := Migrate(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
-	for _, q := range []string{
-		`INSERT INTO sales VALUES ('m', ARRAY['p'], 2, 3600000, now())`,
-		`INSERT INTO pools VALUES ('m', 'p', $2::bigint, $1::bigint, 0, $1::bigint + $2::bigint, 0)`,
-		`INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at)
-			SELECT 'us.' || lpad(g::text, 24, '0'), 'm', 'p', 'buyer-' || g, 1, 'checkout-1', md5(g::text), 'held', now(), now() + interval '1 hour'
-			FROM generate_series(1, $1) g`,
-	} {
-		if _, err := pool.Exec(ctx, q, argsOf(q, n, churn)...); err != nil {
-			b.Fatal(err)
-		}
-	}
+	StoreBenchHolds(b, pool, n, churn, "held")
 	quiet := slog.New(slog.DiscardHandler)
 	newRegion := func(refresh time.Duration) *Region {
 		r, err := New(Config{Name: "us", SweepInterval: time.Hour, Logger: quiet, StandbyRefresh: refresh}, pool)
@@ -116,15 +105,4 @@ func benchEnv(name string, def int) int {
 		return v
 	}
 	return def
-}
-
-// argsOf gives q the holds' count as $1 and the churn as $2, those it uses.
-func argsOf(q string, n, churn int) []any {
-	switch {
-	case strings.Contains(q, "$2"):
-		return []any{n, churn}
-	case strings.Contains(q, "$1"):
-		return []any{n}
-	}
-	return nil
 }
