@@ -368,4 +368,3 @@ func (r *Region) putWarmBack(m *memState) {
 	}
 	<-r.warmSem
 }
-
