@@ -104,9 +104,9 @@ type loadedRow struct {
 // loadColumns are the columns of a hold a load reads (rowScanner).
 const loadColumns = holdColumns + `, request_hash, closed_at, changed`
 
-// rowScanner reads rows of loadColumns, and the highest changed stamp among them. Its destinations are
-// set up once: a Scan's argument list made per row put a dozen values on the heap per row,
-// garbage that the collector had to keep up with as the load went on.
+// rowScanner reads rows of loadColumns, and keeps the highest changed stamp among them. Its
+// destinations are set up once: a Scan's argument list made per row put a dozen values on the
+// heap per row, garbage that the collector had to keep up with as the load went on.
 type rowScanner struct {
 	region                 string
 	names                  interner // sales, SKUs and states: a table of its own stays small and quick

@@ -172,8 +172,9 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 func (r *Region) Name() string { return r.cfg.Name }
 
 // Lead makes this process the region's writer under epoch. It first raises the stored epoch
-// (so a previous leader's batches commit nothing from then on: I4), then loads the pools'
-// counters, then serves. epoch must come from the region's election.
+// (so a previous leader's batches commit nothing from then on: I4), then loads the state it
+// decides from (its warm copy caught up, or every hold: loadForTakeover), then serves. epoch
+// must come from the region's election.
 func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	r.leadMu.Lock()
 	defer r.leadMu.Unlock()
