@@ -65,3 +65,22 @@ func TestLoadWarnsOfAStateGrownSinceTheLastCollection(t *testing.T) {
 			len(state)>>20, limit>>20, before>>20, got)
 	}
 }
+
+// A standby's warm copy takes as much memory as the leader's state: near the limit, the
+// standby says so when it loads the copy, not only once it takes over.
+func TestStandbyCopyWarnsNearTheMemoryLimit(t *testing.T) {
+	old, ctx := newInternalRegion(t)
+	mustReserveIn(t, old, ctx, "ann", "k1", 1)
+	var out bytes.Buffer
+	sb, err := New(Config{Name: "us", Clock: old.cfg.Clock, Logger: slog.New(slog.NewTextHandler(&out, nil))}, old.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sb.Close)
+	prev := debug.SetMemoryLimit(1 << 20) // far below any test binary's live heap
+	sb.refreshWarm(ctx)
+	debug.SetMemoryLimit(prev)
+	if got := out.String(); sb.warm == nil || !strings.Contains(got, "--memory-limit") || !strings.Contains(got, "holds=1") {
+		t.Fatalf("a standby's copy under a 1 MiB limit: copy loaded %v, logged %q", sb.warm != nil, got)
+	}
+}

@@ -82,7 +82,13 @@ func (r *Region) refreshWarm(ctx context.Context) {
 func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
 	now := r.cfg.Clock.Now()
 	if m == nil {
-		return loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+		m, err := loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+		if err == nil {
+			// The copy takes as much memory as the leader's state: a standby near its limit
+			// is told now, not when it takes over.
+			r.warnNearMemoryLimit(len(m.holds))
+		}
+		return m, err
 	}
 	var ch *changes
 	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
