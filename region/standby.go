@@ -90,18 +90,28 @@ func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
 		}
 		return m, err
 	}
-	var ch *changes
-	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
-		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, false)
-		return err
-	})
-	if err != nil {
-		return m, err
-	}
-	if err := m.catchUp(ch, now, r.cfg.RetainClosed); err != nil {
+	if _, read, err := r.catchUpCopy(ctx, m, now, false); err != nil {
+		if !read {
+			return m, err
+		}
 		return nil, err
 	}
 	return m, nil
+}
+
+// catchUpCopy reads the changes since m's stamp in one snapshot (with count, also how many
+// holds are stored: rows) and applies them to m. read says whether the snapshot was read, and
+// so whether m may have been changed: a failed read leaves m as it was.
+func (r *Region) catchUpCopy(ctx context.Context, m *memState, now time.Time, count bool) (rows int64, read bool, err error) {
+	var ch *changes
+	err = pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
+		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, count)
+		return err
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	return ch.rows, true, m.catchUp(ch, now, r.cfg.RetainClosed)
 }
 
 // takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that) and
@@ -351,18 +361,11 @@ func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error)
 // catchUpForTakeover catches m up to one snapshot and checks it against the same snapshot.
 // read says whether the snapshot was read, and so whether m may have been changed.
 func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) (read bool, err error) {
-	var ch *changes
-	err = pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
-		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, true)
-		return err
-	})
+	rows, read, err := r.catchUpCopy(ctx, m, now, true)
 	if err != nil {
-		return false, err
+		return read, err
 	}
-	if err := m.catchUp(ch, now, r.cfg.RetainClosed); err != nil {
-		return true, err
-	}
-	return true, m.checkCaughtUp(ch.rows)
+	return true, m.checkCaughtUp(rows)
 }
 
 // putWarmBack keeps m as the warm copy again, after a takeover failed before it changed m: a
