@@ -77,7 +77,8 @@ func collateHoldKeys(ctx context.Context, tx *sql.Tx, collation string) error {
 // that failed (the process killed during it) leaves an invalid index of the same name, which
 // IF NOT EXISTS would take for done: such an index is dropped and built again, and the step
 // fails unless the index it leaves is valid, so a standby never reads every hold on every
-// refresh unnoticed.
+// refresh unnoticed. An invalid index is never another process's build under way: a
+// migration runs under the migration lock (pgutil.Migrator) from its first step to its last.
 var holdsByChange = goose.NewGoMigration(7,
 	&goose.GoFunc{RunDB: createHoldsByChange},
 	&goose.GoFunc{RunDB: func(ctx context.Context, db *sql.DB) error {
