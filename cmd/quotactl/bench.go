@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,15 +41,19 @@ generator and every server run in this one process; PostgreSQL is wherever --pg-
 Each variant also reports the CPU this process used per operation, and on Linux how busy the
 whole machine was and its CPU per operation (PostgreSQL included), which take (d)/(e) apart
 into utilization × cost. --rounds N runs them all
-N times and takes the ratios over each variant's medians, for a machine whose speed drifts.`,
+N times and takes the ratios over each variant's medians, for a machine whose speed drifts.
+A list of --concurrency values sweeps: each round runs every variant at each concurrency; the
+ratios then compare each variant at its peak (the concurrency where its median throughput is
+highest; (d)'s p99 against (e)'s at (d)'s peak), and are also printed at each concurrency.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
+  quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
   quotactl bench --variants b,d,e --stock 5000 -o json`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runBench),
 	}
 	f := cmd.Flags()
-	f.Int("concurrency", 64, "callers in flight at once, in every variant")
+	f.String("concurrency", "64", "callers in flight at once, in every variant; a list (64,256,1024) sweeps: every variant at each, ratios at each variant's peak")
 	f.Int64("stock", 20000, "units each of (a)-(d) starts with")
 	f.Int64("probe-ops", 0, "calls (e) and (f) make; default 5 × --stock")
 	f.Duration("duration", bench.DefaultDuration, "cap on each variant's run")
@@ -99,7 +105,7 @@ func runBench(e *env) error {
 }
 
 func benchConfig(e *env) (bench.Config, error) {
-	cfg := bench.Config{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Concurrency: e.v.GetInt("concurrency"),
+	cfg := bench.Config{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"),
 		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
 		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
 		Seed: e.v.GetUint64("seed"), Rounds: e.v.GetInt("rounds")}
@@ -109,7 +115,14 @@ func benchConfig(e *env) (bench.Config, error) {
 	}
 	cfg.GC = gc
 	cfg.Region = region.Config{MaxBatch: e.v.GetInt("max-batch"), BatchWindow: e.v.GetDuration("batch-window")}
-	if cfg.Concurrency <= 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 || cfg.Rounds <= 0 {
+	for _, s := range splitList(e.v.GetString("concurrency")) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return cfg, usage("--concurrency: %q is not a positive number", s)
+		}
+		cfg.Concurrencies = append(cfg.Concurrencies, n)
+	}
+	if len(cfg.Concurrencies) == 0 || cfg.Stock <= 0 || cfg.ProbeOps < 0 || cfg.Duration <= 0 || cfg.WarmupOps < 0 || cfg.SQLConns < 0 || cfg.Rounds <= 0 {
 		return cfg, usage("--concurrency, --stock, --duration and --rounds must be positive; --probe-ops, --warmup-ops and --sql-conns not negative")
 	}
 	cfg.Variants = splitList(e.v.GetString("variants"))
@@ -181,29 +194,33 @@ func splitList(s string) []string {
 
 func printBench(w io.Writer, rep *bench.Report) {
 	s := rep.Setup
-	fmt.Fprintf(w, "quotactl bench: concurrency %d, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
-		"warm-up %.1fs or %d ops, seed %d%s\n", s.Concurrency, s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed,
+	fmt.Fprintf(w, "quotactl bench: concurrency %s, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
+		"warm-up %.1fs or %d ops, seed %d%s\n", joinInts(s.Concurrencies), s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed,
 		roundsNote(s.Rounds))
 	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %d connections\n",
 		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, s.SQLConns)
 	fmt.Fprintf(w, "region: %s\n", s.Region)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
-	fmt.Fprintf(w, "%-4s %-58s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
+	fmt.Fprintf(w, "%-10s %-57s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
 		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "busy%", "mach µs/op", "check")
+	sweep := len(s.Concurrencies) > 1
 	for i, v := range rep.Variants {
 		name := v.Variant
+		if sweep {
+			name = fmt.Sprintf("%s@%d", name, v.Concurrency)
+		}
 		if s.Rounds > 1 {
-			if i > 0 && v.Round != rep.Variants[i-1].Round {
-				fmt.Fprintln(w)
-			}
-			name = fmt.Sprintf("%s/%d", v.Variant, v.Round)
+			name = fmt.Sprintf("%s/%d", name, v.Round)
+		}
+		if i > 0 && (v.Round != rep.Variants[i-1].Round || v.Concurrency != rep.Variants[i-1].Concurrency) {
+			fmt.Fprintln(w)
 		}
 		if v.Skipped != "" {
-			fmt.Fprintf(w, "%-4s %-58s skipped: %s\n", name, v.Label, v.Skipped)
+			fmt.Fprintf(w, "%-10s %-57s skipped: %s\n", name, v.Label, v.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-5s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
+		fmt.Fprintf(w, "%-10s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
 			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp,
 			v.MachineBusyPct, v.MachineCPUPerOp, v.Check)
 		if v.FirstError != "" {
@@ -214,24 +231,61 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
 	if len(rep.Ratios) > 0 {
-		fmt.Fprintln(w, "\nratios (issue 4 targets):")
+		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peaksNote(rep.Peaks))
 		if s.Rounds > 1 {
 			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
 		}
 	}
 	for _, r := range rep.Ratios {
-		cmp, verdict := "≥", "met"
+		cmp := "≥"
 		if r.AtMost {
 			cmp = "≤"
 		}
-		if !r.Met {
-			verdict = "NOT met"
+		fmt.Fprintf(w, "  %-12s %8.3f   target %s %-5g %-8s %s\n", r.Name, r.Value, cmp, r.Target, verdictOf(r), r.Meaning)
+	}
+	for i, at := range rep.AtConcurrency {
+		if i == 0 {
+			fmt.Fprintln(w, "\nthe same ratios at each concurrency alone:")
 		}
-		fmt.Fprintf(w, "  %-12s %8.3f   target %s %-5g %-8s %s\n", r.Name, r.Value, cmp, r.Target, verdict, r.Meaning)
+		fmt.Fprintf(w, "  %5d callers:", at.Concurrency)
+		for _, r := range at.Ratios {
+			fmt.Fprintf(w, "  %s %.3f (%s)", r.Name, r.Value, verdictOf(r))
+		}
+		fmt.Fprintln(w)
 	}
 	if b := rep.Budget; b != nil {
 		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+
 			"  a reservation cost it %.1f µs of CPU (this process %.1f, the rest PostgreSQL and the kernel), a no-op call %.1f (this process %.1f)\n",
 			b.Utilization, b.Cost, b.BusyPctD, b.BusyPctE, b.MachineCPUPerOpD, b.ProcessCPUPerOpD, b.MachineCPUPerOpE, b.ProcessCPUPerOpE)
 	}
+}
+
+// verdictOf says whether a ratio met its target.
+func verdictOf(r bench.Ratio) string {
+	if r.Met {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// joinInts prints ns as a list: 64,256,1024.
+func joinInts(ns []int) string {
+	parts := make([]string, len(ns))
+	for i, n := range ns {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
+}
+
+// peaksNote says, in a sweep, that the ratios take each variant at its peak, and where.
+func peaksNote(peaks map[string]int) string {
+	if len(peaks) == 0 {
+		return ""
+	}
+	names := slices.Sorted(maps.Keys(peaks))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s at %d", n, peaks[n])
+	}
+	return ", each variant at its peak (callers: " + strings.Join(parts, ", ") + ")"
 }

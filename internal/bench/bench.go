@@ -18,6 +18,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,8 +67,13 @@ type Config struct {
 	// DBPrefix prefixes every database the run creates (and drops at the end); default
 	// quota_bench_<random>.
 	DBPrefix string
-	// Concurrency is how many callers run at once in every variant; default 64.
+	// Concurrency is how many callers run at once in every variant; default 64. With
+	// Concurrencies set, it is the one running now (Run sets it).
 	Concurrency int
+	// Concurrencies, with more than one value, make a sweep: every round runs every variant
+	// at each of them, and the ratios compare each variant at its peak (Report.finish).
+	// Default: [Concurrency].
+	Concurrencies []int
 	// Stock is the units each stock variant (a–d) starts with; default 20,000.
 	Stock transfer.Units
 	// ProbeOps is how many calls (e) and (f) make; default 5 × Stock (they are fast, and a
@@ -83,7 +89,7 @@ type Config struct {
 	Variants []string
 	// Buckets are the K of variant (c); default 4, 16, 64.
 	Buckets []int
-	// SQLConns is the pgx pool size of (a)–(c); default min(Concurrency, 64).
+	// SQLConns is the pgx pool size of (a)–(c); default min(the least concurrency, 64).
 	SQLConns int
 	// Seed makes users and bucket choices reproducible.
 	Seed uint64
@@ -113,8 +119,8 @@ func (c *Config) Validate() error {
 		return errors.New("pg-url: must be set")
 	case !prefixPattern.MatchString(c.DBPrefix):
 		return fmt.Errorf("db-prefix %q: must be 1..40 lowercase letters, digits and _, starting with a letter", c.DBPrefix)
-	case c.Concurrency < 1 || c.Concurrency > 10_000:
-		return fmt.Errorf("concurrency %d: must be 1..10000", c.Concurrency)
+	case c.checkConcurrencies() != nil:
+		return c.checkConcurrencies()
 	case c.Stock < 1 || c.Stock > 100_000_000:
 		return fmt.Errorf("stock %d: must be 1..100000000", c.Stock)
 	case c.ProbeOps < 1 || c.ProbeOps > 500_000_000:
@@ -125,8 +131,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("warmup %s / %d ops: must be non-negative and shorter than the duration %s", c.Warmup, c.WarmupOps, c.Duration)
 	case c.Rounds < 1 || c.Rounds > 20:
 		return fmt.Errorf("rounds %d: must be 1..20", c.Rounds)
-	case c.SQLConns < 1 || c.SQLConns > c.Concurrency:
-		return fmt.Errorf("sql conns %d: must be 1..concurrency (%d)", c.SQLConns, c.Concurrency)
+	case c.SQLConns < 1 || c.SQLConns > slices.Min(c.Concurrencies):
+		return fmt.Errorf("sql conns %d: must be 1..concurrency (%d)", c.SQLConns, slices.Min(c.Concurrencies))
 	}
 	if _, err := pgutil.WithDatabase(c.PGURL, "x"); err != nil {
 		return fmt.Errorf("pg-url: %w", err)
@@ -151,9 +157,10 @@ func (c *Config) fillDefaults() {
 	if c.DBPrefix == "" {
 		c.DBPrefix = fmt.Sprintf("quota_bench_%d_%d", os.Getpid(), time.Now().UnixNano()%1_000_000)
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 64
+	if len(c.Concurrencies) == 0 {
+		c.Concurrencies = []int{cmp.Or(c.Concurrency, 64)}
 	}
+	c.Concurrency = c.Concurrencies[0]
 	if c.Stock == 0 {
 		c.Stock = 20_000
 	}
@@ -176,7 +183,7 @@ func (c *Config) fillDefaults() {
 		c.Buckets = []int{4, 16, 64}
 	}
 	if c.SQLConns == 0 {
-		c.SQLConns = min(c.Concurrency, 64)
+		c.SQLConns = min(slices.Min(c.Concurrencies), 64)
 	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
@@ -187,6 +194,19 @@ func (c *Config) fillDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+}
+
+// checkConcurrencies checks the callers of each run: 1..10000, none twice.
+func (c *Config) checkConcurrencies() error {
+	for i, n := range c.Concurrencies {
+		if n < 1 || n > 10_000 {
+			return fmt.Errorf("concurrency %d: must be 1..10000", n)
+		}
+		if slices.Contains(c.Concurrencies[:i], n) {
+			return fmt.Errorf("concurrency %d: given twice", n)
+		}
+	}
+	return nil
 }
 
 func (c *Config) checkVariants() error {
@@ -235,7 +255,9 @@ func (c *Config) progress(format string, args ...any) {
 
 // Setup records what was run and where, so a result can be reproduced and compared.
 type Setup struct {
+	// Concurrency is the first of Concurrencies: all of them, unless the run swept.
 	Concurrency       int            `json:"concurrency"`
+	Concurrencies     []int          `json:"concurrencies"`
 	StockPerVariant   transfer.Units `json:"stock_per_variant"`
 	ProbeOps          int64          `json:"probe_ops"`
 	DurationCapSec    float64        `json:"duration_cap_seconds"`
@@ -279,7 +301,7 @@ const Placement = "load generator, region, coordinator and etcd all in this one 
 	"gRPC over loopback TCP, one client connection"
 
 func (c *Config) setup() Setup {
-	return Setup{Concurrency: c.Concurrency, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
+	return Setup{Concurrency: c.Concurrency, Concurrencies: c.Concurrencies, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
 		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
 		Seed: c.Seed, Rounds: c.Rounds, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), Region: c.regionTuning(), NumCPU: runtime.NumCPU(),
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
@@ -309,8 +331,10 @@ func describeServer(ctx context.Context, url string, s *Setup) error {
 type VariantResult struct {
 	Variant string `json:"variant"` // a, b, c<K>, d, e, f
 	Round   int    `json:"round"`   // 1..Config.Rounds
-	Label   string `json:"label"`
-	Buckets int    `json:"buckets,omitempty"`
+	// Concurrency is how many callers it ran with.
+	Concurrency int    `json:"concurrency"`
+	Label       string `json:"label"`
+	Buckets     int    `json:"buckets,omitempty"`
 	// Stock is what the variant started with; for (f), what was left (0).
 	Stock transfer.Units `json:"stock"`
 	// Sold is the units whose reservation was acknowledged to the caller.
@@ -358,7 +382,12 @@ type Report struct {
 	Setup       Setup           `json:"setup"`
 	Variants    []VariantResult `json:"variants"`
 	BestBuckets int             `json:"best_buckets,omitempty"`
-	Ratios      []Ratio         `json:"ratios"`
+	// Ratios are the targets' ratios; in a sweep, each variant at its peak (Report.finish).
+	Ratios []Ratio `json:"ratios"`
+	// Peaks, in a sweep only, is the concurrency each variant of Ratios peaked at.
+	Peaks map[string]int `json:"peak_concurrency,omitempty"`
+	// AtConcurrency, in a sweep only, has the same ratios at each concurrency on its own.
+	AtConcurrency []ConcurrencyRatios `json:"at_concurrency,omitempty"`
 	// Budget splits (d)/(e) into how busy each kept the machine and what one operation cost
 	// it; nil without both variants' machine figures.
 	Budget *Budget `json:"d_over_e_budget,omitempty"`
@@ -382,11 +411,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}()
 	for round := 1; round <= cfg.Rounds; round++ {
-		res, err := runRound(ctx, cfg, dbs, round)
-		if err != nil {
-			return nil, err
+		for _, n := range cfg.Concurrencies {
+			at := cfg
+			at.Concurrency = n
+			if len(cfg.Concurrencies) > 1 {
+				at.DBPrefix = fmt.Sprintf("%s_n%d", cfg.DBPrefix, n)
+				cfg.progress("%d callers", n)
+			}
+			res, err := runRound(ctx, at, dbs, round)
+			if err != nil {
+				return nil, err
+			}
+			rep.Variants = append(rep.Variants, res...)
 		}
-		rep.Variants = append(rep.Variants, res...)
 	}
 	rep.finish()
 	rep.Setup.LoadAvgEnd = loadAvg()
@@ -417,7 +454,7 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 		out = append(out, res...)
 	}
 	for i := range out {
-		out[i].Round = round
+		out[i].Round, out[i].Concurrency = round, cfg.Concurrency
 	}
 	return out, nil
 }
@@ -451,12 +488,12 @@ func (v *VariantResult) checkUnits(remainingKnown bool) {
 	}
 }
 
-// median is a variant's figures over its rounds: the median of each rate and of the p99
-// (nil when the variant did not run).
-func (r *Report) median(name string) *VariantResult {
+// medianAt is a variant's figures at n callers over its rounds: the median of each rate and
+// of the p99 (nil when the variant did not run).
+func (r *Report) medianAt(name string, n int) *VariantResult {
 	var rs []VariantResult
 	for _, v := range r.Variants {
-		if v.Variant == name && v.Skipped == "" {
+		if v.Variant == name && v.Concurrency == n && v.Skipped == "" {
 			rs = append(rs, v)
 		}
 	}
@@ -675,63 +712,6 @@ func (r *loadRun) result() VariantResult {
 	v.Latency = summarize(merge(recs))
 	v.Sold = transfer.Units(v.Reservations)
 	return v
-}
-
-// Ratio is one comparison the issue sets a target for.
-type Ratio struct {
-	Name    string  `json:"name"`
-	Meaning string  `json:"meaning"`
-	Value   float64 `json:"value"`
-	// Target is the bound Value must reach: at least Target, or at most when AtMost.
-	Target float64 `json:"target"`
-	AtMost bool    `json:"at_most,omitempty"`
-	Met    bool    `json:"met"`
-}
-
-// finish picks the best K of (c) by reservations/s and computes the ratios whose variants
-// all ran, each over the variants' medians across the rounds.
-func (r *Report) finish() {
-	var best *VariantResult
-	seen := map[string]bool{}
-	for _, v := range r.Variants {
-		if v.Buckets > 0 && v.Skipped == "" && !seen[v.Variant] {
-			seen[v.Variant] = true
-			if m := r.median(v.Variant); best == nil || m.ReservationsPerSec > best.ReservationsPerSec {
-				best = m
-			}
-		}
-	}
-	if best != nil {
-		r.BestBuckets = best.Buckets
-	}
-	b, d, e, f := r.median(VariantConditional), r.median(VariantRegion), r.median(VariantNoop), r.median(VariantSoldOut)
-	r.Ratios = []Ratio{}
-	add := func(name, meaning string, num, den, target float64, atMost bool) {
-		if den <= 0 {
-			return
-		}
-		x := Ratio{Name: name, Meaning: meaning, Value: math.Round(num/den*1000) / 1000, Target: target, AtMost: atMost}
-		x.Met = x.Value >= target
-		if atMost {
-			x.Met = x.Value <= target
-		}
-		r.Ratios = append(r.Ratios, x)
-	}
-	if d != nil && b != nil {
-		add("d/b", "reservations/s of (d) region over (b) conditional UPDATE", d.ReservationsPerSec, b.ReservationsPerSec, 10, false)
-	}
-	if d != nil && best != nil {
-		add("d/best_c", fmt.Sprintf("reservations/s of (d) region over (c) with the best K (%d)", best.Buckets),
-			d.ReservationsPerSec, best.ReservationsPerSec, 2, false)
-	}
-	if d != nil && e != nil {
-		add("d/e", "reservations/s of (d) region over calls/s of (e) health check", d.ReservationsPerSec, e.OpsPerSec, 0.5, false)
-		add("p99_d/p99_e", "p99 latency of (d) region over p99 of (e) health check", d.Latency.P99, e.Latency.P99, 2, true)
-	}
-	r.Budget = budgetOf(d, e)
-	if f != nil && e != nil {
-		add("f/e", "calls/s of (f) sold-out Reserve over calls/s of (e) health check", f.OpsPerSec, e.OpsPerSec, 0.8, false)
-	}
 }
 
 // databases are the ones a run created, dropped at the end.

@@ -1,0 +1,121 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// sweepResult is one synthetic variant run: rate is reservations/s for (b)–(d), calls/s for
+// (e) and (f).
+func sweepResult(variant string, n int, rate, p99 float64) VariantResult {
+	v := VariantResult{Variant: variant, Concurrency: n, Round: 1, OpsPerSec: rate}
+	v.Latency.P99 = p99
+	if variant != VariantNoop && variant != VariantSoldOut {
+		v.ReservationsPerSec = rate
+	}
+	if strings.HasPrefix(variant, "c") {
+		fmt.Sscanf(variant, "c%d", &v.Buckets)
+	}
+	return v
+}
+
+func ratioNamed(t *testing.T, rs []Ratio, name string) Ratio {
+	t.Helper()
+	for _, r := range rs {
+		if r.Name == name {
+			return r
+		}
+	}
+	t.Fatalf("no ratio %s in %+v", name, rs)
+	return Ratio{}
+}
+
+// In a sweep each variant is compared at its own peak, (d)'s p99 against (e)'s at (d)'s peak
+// concurrency, and every concurrency keeps its own ratios too.
+func TestSweepComparesPeaks(t *testing.T) {
+	rep := &Report{Variants: []VariantResult{
+		sweepResult("b", 64, 1500, 200), sweepResult("c16", 64, 5000, 80), sweepResult("d", 64, 20000, 10),
+		sweepResult("e", 64, 60000, 5), sweepResult("f", 64, 50000, 5),
+		sweepResult("b", 1024, 1400, 900), sweepResult("c16", 1024, 5500, 300), sweepResult("d", 1024, 36000, 100),
+		sweepResult("e", 1024, 56000, 60), sweepResult("f", 1024, 52000, 60),
+	}}
+	rep.finish()
+	for _, tc := range []struct {
+		name string
+		want float64
+	}{
+		{"d/b", 24},                        // 36,000 at 1,024 over 1,500 at 64
+		{"d/best_c", 6.545},                // over 5,500, (c) at 1,024
+		{"d/e", 0.6},                       // over 60,000, (e) at 64
+		{"p99_d/p99_e", 1.667},             // 100 ms over (e)'s 60 at 1,024, not its 5 at 64
+		{"f/e", round3(52000.0 / 60000.0)}, // f's peak at 1,024 over e's at 64
+	} {
+		if got := ratioNamed(t, rep.Ratios, tc.name); got.Value != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, got.Value, tc.want)
+		}
+	}
+	if want := map[string]int{"b": 64, "c16": 1024, "d": 1024, "e": 64, "f": 1024}; fmt.Sprint(rep.Peaks) != fmt.Sprint(want) {
+		t.Errorf("peaks %v, want %v", rep.Peaks, want)
+	}
+	if len(rep.AtConcurrency) != 2 || rep.AtConcurrency[0].Concurrency != 64 || rep.AtConcurrency[1].Concurrency != 1024 {
+		t.Fatalf("at each concurrency: %+v", rep.AtConcurrency)
+	}
+	if got := ratioNamed(t, rep.AtConcurrency[0].Ratios, "d/e"); got.Value != 0.333 || got.Met {
+		t.Errorf("d/e at 64 callers alone = %+v, want 0.333, not met", got)
+	}
+	if got := ratioNamed(t, rep.AtConcurrency[1].Ratios, "p99_d/p99_e"); got.Value != 1.667 || !got.Met {
+		t.Errorf("p99 ratio at 1,024 callers alone = %+v, want 1.667, met", got)
+	}
+}
+
+// At one concurrency nothing changes: no peaks, no per-concurrency list.
+func TestOneConcurrencyHasNoPeaks(t *testing.T) {
+	rep := &Report{Variants: []VariantResult{sweepResult("d", 64, 20000, 10), sweepResult("e", 64, 60000, 5)}}
+	rep.finish()
+	if rep.Peaks != nil || rep.AtConcurrency != nil {
+		t.Errorf("peaks %v, at each %v; want neither", rep.Peaks, rep.AtConcurrency)
+	}
+	if got := ratioNamed(t, rep.Ratios, "d/e"); got.Value != 0.333 {
+		t.Errorf("d/e = %v", got.Value)
+	}
+}
+
+func TestConcurrenciesAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		ns       []int
+		sqlConns int
+		want     string
+	}{
+		{[]int{64, 0}, 0, "concurrency 0: must be 1..10000"},
+		{[]int{64, 20000}, 0, "concurrency 20000: must be 1..10000"},
+		{[]int{64, 256, 64}, 0, "concurrency 64: given twice"},
+		{[]int{128, 16}, 64, "sql conns 64: must be 1..concurrency (16)"},
+	} {
+		cfg := Config{PGURL: "postgres://x@127.0.0.1/y", Concurrencies: tc.ns, SQLConns: tc.sqlConns, Stock: transfer.Units(10)}
+		if err := cfg.Validate(); err == nil || err.Error() != tc.want {
+			t.Errorf("concurrencies %v: %v, want %q", tc.ns, err, tc.want)
+		}
+	}
+}
+
+// A real sweep runs every variant at every concurrency, in databases of its own, and drops
+// them all.
+func TestSweepRunsEveryVariantAtEachConcurrency(t *testing.T) {
+	const stock = transfer.Units(100)
+	rep, prefix := tinyRun(t, "quota_t_sweep_", Config{Concurrencies: []int{2, 8}, Stock: stock, Variants: []string{"b", "d", "e"}})
+	var got []string
+	for _, v := range rep.Variants {
+		got = append(got, fmt.Sprintf("%s@%d", v.Variant, v.Concurrency))
+		checkVariant(t, v, stock)
+	}
+	if want := "[b@2 d@2 e@2 b@8 d@8 e@8]"; fmt.Sprint(got) != want {
+		t.Fatalf("variants %v, want %s", got, want)
+	}
+	if len(rep.AtConcurrency) != 2 || len(rep.Peaks) != 3 || len(rep.Ratios) != 3 {
+		t.Errorf("at each %+v, peaks %v, ratios %+v", rep.AtConcurrency, rep.Peaks, rep.Ratios)
+	}
+	assertDropped(t, prefix)
+}
