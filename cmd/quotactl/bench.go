@@ -3,11 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"os/signal"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,8 +41,9 @@ whole machine was and its CPU per operation (PostgreSQL included), which take (d
 into utilization × cost. --rounds N runs them all
 N times and takes the ratios over each variant's medians, for a machine whose speed drifts.
 A list of --concurrency values sweeps: each round runs every variant at each concurrency; the
-ratios then compare each variant at its peak (the concurrency where its median throughput is
-highest; (d)'s p99 against (e)'s at (d)'s peak), and are also printed at each concurrency.`,
+ratios are then taken at the benchmark's peak, the concurrency where (d)'s median
+reservations/s is highest, every variant at that same concurrency, and are also printed at
+each concurrency.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
   quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
@@ -53,7 +52,7 @@ highest; (d)'s p99 against (e)'s at (d)'s peak), and are also printed at each co
 		RunE: withEnv(runBench),
 	}
 	f := cmd.Flags()
-	f.String("concurrency", "64", "callers in flight at once, in every variant; a list (64,256,1024) sweeps: every variant at each, ratios at each variant's peak")
+	f.String("concurrency", "64", "callers in flight at once, in every variant; a list (64,256,1024) sweeps: every variant at each, the ratios where (d) peaks")
 	f.Int64("stock", 20000, "units each of (a)-(d) starts with")
 	f.Int64("probe-ops", 0, "calls (e) and (f) make; default 5 × --stock")
 	f.Duration("duration", bench.DefaultDuration, "cap on each variant's run")
@@ -231,7 +230,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
 	if len(rep.Ratios) > 0 {
-		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peaksNote(rep.Peaks))
+		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep.PeakConcurrency))
 		if s.Rounds > 1 {
 			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
 		}
@@ -245,7 +244,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 	}
 	for i, at := range rep.AtConcurrency {
 		if i == 0 {
-			fmt.Fprintln(w, "\nthe same ratios at each concurrency alone:")
+			fmt.Fprintln(w, "\nthe ratios at each concurrency:")
 		}
 		fmt.Fprintf(w, "  %5d callers:", at.Concurrency)
 		for _, r := range at.Ratios {
@@ -277,15 +276,10 @@ func joinInts(ns []int) string {
 	return strings.Join(parts, ",")
 }
 
-// peaksNote says, in a sweep, that the ratios take each variant at its peak, and where.
-func peaksNote(peaks map[string]int) string {
-	if len(peaks) == 0 {
+// peakNote says, in a sweep, at which concurrency the ratios are taken.
+func peakNote(n int) string {
+	if n == 0 {
 		return ""
 	}
-	names := slices.Sorted(maps.Keys(peaks))
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s at %d", n, peaks[n])
-	}
-	return ", each variant at its peak (callers: " + strings.Join(parts, ", ") + ")"
+	return fmt.Sprintf(" at %d callers, where (d) peaked", n)
 }

@@ -71,7 +71,7 @@ type Config struct {
 	// Concurrencies set, it is the one running now (Run sets it).
 	Concurrency int
 	// Concurrencies, with more than one value, make a sweep: every round runs every variant
-	// at each of them, and the ratios compare each variant at its peak (Report.finish).
+	// at each of them, and the ratios are taken where (d) peaks (Report.finish).
 	// Default: [Concurrency].
 	Concurrencies []int
 	// Stock is the units each stock variant (a–d) starts with; default 20,000.
@@ -382,10 +382,11 @@ type Report struct {
 	Setup       Setup           `json:"setup"`
 	Variants    []VariantResult `json:"variants"`
 	BestBuckets int             `json:"best_buckets,omitempty"`
-	// Ratios are the targets' ratios; in a sweep, each variant at its peak (Report.finish).
+	// Ratios are the targets' ratios, every variant at one concurrency: in a sweep, at
+	// PeakConcurrency (Report.finish).
 	Ratios []Ratio `json:"ratios"`
-	// Peaks, in a sweep only, is the concurrency each variant of Ratios peaked at.
-	Peaks map[string]int `json:"peak_concurrency,omitempty"`
+	// PeakConcurrency, in a sweep only, is the concurrency of Ratios: where (d) peaked.
+	PeakConcurrency int `json:"peak_concurrency,omitempty"`
 	// AtConcurrency, in a sweep only, has the same ratios at each concurrency on its own.
 	AtConcurrency []ConcurrencyRatios `json:"at_concurrency,omitempty"`
 	// Budget splits (d)/(e) into how busy each kept the machine and what one operation cost

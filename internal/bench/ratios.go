@@ -23,38 +23,29 @@ type ConcurrencyRatios struct {
 	Ratios      []Ratio `json:"ratios"`
 }
 
-// compared are the variants (medians over the rounds) that one set of ratios compares; eAtD
-// is (e) at (d)'s concurrency, for the latency target, which the issue sets "at the same
-// concurrency".
+// compared are the variants (medians over the rounds) that one set of ratios compares, all
+// at one concurrency.
 type compared struct {
-	b, c, d, e, eAtD, f *VariantResult
-}
-
-// throughput is what a variant is ranked by: reservations/s for the stock variants, calls/s
-// for (e) and (f), which reserve nothing.
-func throughput(v *VariantResult) float64 {
-	if v.Variant == VariantNoop || v.Variant == VariantSoldOut {
-		return v.OpsPerSec
-	}
-	return v.ReservationsPerSec
+	b, c, d, e, f *VariantResult
 }
 
 // finish computes the ratios whose variants all ran, over the variants' medians across the
-// rounds. At one concurrency that is all. A sweep compares each variant at its own peak, the
-// concurrency where its median throughput is highest, as the issue measures (e): the
-// transport's ceiling, "tops out near". (d)'s p99 is compared with (e)'s at (d)'s peak
-// concurrency. AtConcurrency has the same ratios at each concurrency alone, so that a
-// reader sees what the peaks hide.
+// rounds, every variant at the same concurrency, as the issue's comparison is. At one
+// concurrency that is all. A sweep takes them at the benchmark's peak, the concurrency where
+// (d)'s median reservations/s is highest (the first concurrency when (d) did not run), and
+// keeps them at every concurrency too (AtConcurrency), so that a reader sees all of them.
 func (r *Report) finish() {
 	ns := r.concurrencies()
 	r.Ratios = []Ratio{}
 	if len(ns) == 0 {
 		return
 	}
-	peak := r.peaks(ns)
-	if len(ns) == 1 {
-		peak = r.at(ns[0])
-	} else {
+	peak := ns[0]
+	if d := r.peak(VariantRegion, ns); d != nil {
+		peak = d.Concurrency
+	}
+	if len(ns) > 1 {
+		r.PeakConcurrency = peak
 		for _, n := range ns {
 			at := r.at(n)
 			set := ConcurrencyRatios{Concurrency: n, Ratios: ratiosOf(at)}
@@ -64,14 +55,12 @@ func (r *Report) finish() {
 			r.AtConcurrency = append(r.AtConcurrency, set)
 		}
 	}
-	if peak.c != nil {
-		r.BestBuckets = peak.c.Buckets
+	x := r.at(peak)
+	if x.c != nil {
+		r.BestBuckets = x.c.Buckets
 	}
-	if len(ns) > 1 {
-		r.Peaks = peaksOf(peak)
-	}
-	r.Ratios = ratiosOf(peak)
-	r.Budget = budgetOf(peak.d, peak.e)
+	r.Ratios = ratiosOf(x)
+	r.Budget = budgetOf(x.d, x.e)
 }
 
 // concurrencies are the distinct concurrencies the variants ran at, in the order they ran.
@@ -87,58 +76,33 @@ func (r *Report) concurrencies() []int {
 
 // at is every variant at n callers; (c) is its best K there.
 func (r *Report) at(n int) compared {
-	x := compared{b: r.medianAt(VariantConditional, n), d: r.medianAt(VariantRegion, n), e: r.medianAt(VariantNoop, n),
-		f: r.medianAt(VariantSoldOut, n)}
-	x.c = r.bestBuckets([]int{n})
-	x.eAtD = x.e
-	return x
-}
-
-// peaks is every variant at its peak among ns; (c) is the best K at its best concurrency.
-func (r *Report) peaks(ns []int) compared {
-	x := compared{b: r.peak(VariantConditional, ns), d: r.peak(VariantRegion, ns), e: r.peak(VariantNoop, ns),
-		f: r.peak(VariantSoldOut, ns)}
-	x.c = r.bestBuckets(ns)
-	if x.d != nil {
-		x.eAtD = r.medianAt(VariantNoop, x.d.Concurrency)
-	}
-	return x
+	return compared{b: r.medianAt(VariantConditional, n), c: r.bestBuckets(n), d: r.medianAt(VariantRegion, n),
+		e: r.medianAt(VariantNoop, n), f: r.medianAt(VariantSoldOut, n)}
 }
 
 // peak is the variant's median at the concurrency among ns where its throughput is highest.
 func (r *Report) peak(name string, ns []int) *VariantResult {
 	var best *VariantResult
 	for _, n := range ns {
-		if m := r.medianAt(name, n); m != nil && (best == nil || throughput(m) > throughput(best)) {
+		if m := r.medianAt(name, n); m != nil && (best == nil || m.ReservationsPerSec > best.ReservationsPerSec) {
 			best = m
 		}
 	}
 	return best
 }
 
-// bestBuckets is (c) at its best K and concurrency among ns.
-func (r *Report) bestBuckets(ns []int) *VariantResult {
+// bestBuckets is (c) at its best K at n callers.
+func (r *Report) bestBuckets(n int) *VariantResult {
 	var best *VariantResult
 	for _, v := range r.Variants {
-		if v.Buckets == 0 || v.Skipped != "" || !slices.Contains(ns, v.Concurrency) {
+		if v.Buckets == 0 || v.Skipped != "" || v.Concurrency != n {
 			continue
 		}
-		if m := r.medianAt(v.Variant, v.Concurrency); best == nil || throughput(m) > throughput(best) {
+		if m := r.medianAt(v.Variant, n); best == nil || m.ReservationsPerSec > best.ReservationsPerSec {
 			best = m
 		}
 	}
 	return best
-}
-
-// peaksOf is, in a sweep, the concurrency at which each compared variant peaked.
-func peaksOf(x compared) map[string]int {
-	out := map[string]int{}
-	for _, v := range []*VariantResult{x.b, x.c, x.d, x.e, x.f} {
-		if v != nil {
-			out[v.Variant] = v.Concurrency
-		}
-	}
-	return out
 }
 
 // ratiosOf computes the ratios of x whose variants ran.
@@ -164,10 +128,7 @@ func ratiosOf(x compared) []Ratio {
 	}
 	if x.d != nil && x.e != nil {
 		add("d/e", "reservations/s of (d) region over calls/s of (e) health check", x.d.ReservationsPerSec, x.e.OpsPerSec, 0.5, false)
-	}
-	if x.d != nil && x.eAtD != nil {
-		add("p99_d/p99_e", fmt.Sprintf("p99 latency of (d) region over p99 of (e) health check, both at %d callers", x.d.Concurrency),
-			x.d.Latency.P99, x.eAtD.Latency.P99, 2, true)
+		add("p99_d/p99_e", "p99 latency of (d) region over p99 of (e) health check", x.d.Latency.P99, x.e.Latency.P99, 2, true)
 	}
 	if x.f != nil && x.e != nil {
 		add("f/e", "calls/s of (f) sold-out Reserve over calls/s of (e) health check", x.f.OpsPerSec, x.e.OpsPerSec, 0.8, false)

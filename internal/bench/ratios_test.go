@@ -33,9 +33,9 @@ func ratioNamed(t *testing.T, rs []Ratio, name string) Ratio {
 	return Ratio{}
 }
 
-// In a sweep each variant is compared at its own peak, (d)'s p99 against (e)'s at (d)'s peak
-// concurrency, and every concurrency keeps its own ratios too.
-func TestSweepComparesPeaks(t *testing.T) {
+// A sweep takes the ratios where (d) peaks, every variant at that same concurrency, and keeps
+// every concurrency's own ratios too.
+func TestSweepTakesRatiosWhereDPeaks(t *testing.T) {
 	rep := &Report{Variants: []VariantResult{
 		sweepResult("b", 64, 1500, 200), sweepResult("c16", 64, 5000, 80), sweepResult("d", 64, 20000, 10),
 		sweepResult("e", 64, 60000, 5), sweepResult("f", 64, 50000, 5),
@@ -43,40 +43,40 @@ func TestSweepComparesPeaks(t *testing.T) {
 		sweepResult("e", 1024, 56000, 60), sweepResult("f", 1024, 52000, 60),
 	}}
 	rep.finish()
+	if rep.PeakConcurrency != 1024 {
+		t.Fatalf("peak concurrency %d, want 1024, where (d) is fastest", rep.PeakConcurrency)
+	}
 	for _, tc := range []struct {
 		name string
 		want float64
 	}{
-		{"d/b", 24},                        // 36,000 at 1,024 over 1,500 at 64
-		{"d/best_c", 6.545},                // over 5,500, (c) at 1,024
-		{"d/e", 0.6},                       // over 60,000, (e) at 64
-		{"p99_d/p99_e", 1.667},             // 100 ms over (e)'s 60 at 1,024, not its 5 at 64
-		{"f/e", round3(52000.0 / 60000.0)}, // f's peak at 1,024 over e's at 64
+		{"d/b", 25.714},        // 36,000 over (b)'s 1,400 at 1,024, not its 1,500 at 64
+		{"d/best_c", 6.545},    // over (c)'s 5,500 at 1,024
+		{"d/e", 0.643},         // over (e)'s 56,000 at 1,024, not its 60,000 at 64
+		{"p99_d/p99_e", 1.667}, // 100 ms over (e)'s 60 at 1,024, not its 5 at 64
+		{"f/e", 0.929},
 	} {
 		if got := ratioNamed(t, rep.Ratios, tc.name); got.Value != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, got.Value, tc.want)
 		}
 	}
-	if want := map[string]int{"b": 64, "c16": 1024, "d": 1024, "e": 64, "f": 1024}; fmt.Sprint(rep.Peaks) != fmt.Sprint(want) {
-		t.Errorf("peaks %v, want %v", rep.Peaks, want)
-	}
 	if len(rep.AtConcurrency) != 2 || rep.AtConcurrency[0].Concurrency != 64 || rep.AtConcurrency[1].Concurrency != 1024 {
 		t.Fatalf("at each concurrency: %+v", rep.AtConcurrency)
 	}
 	if got := ratioNamed(t, rep.AtConcurrency[0].Ratios, "d/e"); got.Value != 0.333 || got.Met {
-		t.Errorf("d/e at 64 callers alone = %+v, want 0.333, not met", got)
+		t.Errorf("d/e at 64 callers = %+v, want 0.333, not met", got)
 	}
 	if got := ratioNamed(t, rep.AtConcurrency[1].Ratios, "p99_d/p99_e"); got.Value != 1.667 || !got.Met {
-		t.Errorf("p99 ratio at 1,024 callers alone = %+v, want 1.667, met", got)
+		t.Errorf("p99 ratio at 1,024 callers = %+v, want 1.667, met", got)
 	}
 }
 
-// At one concurrency nothing changes: no peaks, no per-concurrency list.
+// At one concurrency nothing changes: no peak, no per-concurrency list.
 func TestOneConcurrencyHasNoPeaks(t *testing.T) {
 	rep := &Report{Variants: []VariantResult{sweepResult("d", 64, 20000, 10), sweepResult("e", 64, 60000, 5)}}
 	rep.finish()
-	if rep.Peaks != nil || rep.AtConcurrency != nil {
-		t.Errorf("peaks %v, at each %v; want neither", rep.Peaks, rep.AtConcurrency)
+	if rep.PeakConcurrency != 0 || rep.AtConcurrency != nil {
+		t.Errorf("peak concurrency %d, at each %v; want neither", rep.PeakConcurrency, rep.AtConcurrency)
 	}
 	if got := ratioNamed(t, rep.Ratios, "d/e"); got.Value != 0.333 {
 		t.Errorf("d/e = %v", got.Value)
@@ -114,8 +114,8 @@ func TestSweepRunsEveryVariantAtEachConcurrency(t *testing.T) {
 	if want := "[b@2 d@2 e@2 b@8 d@8 e@8]"; fmt.Sprint(got) != want {
 		t.Fatalf("variants %v, want %s", got, want)
 	}
-	if len(rep.AtConcurrency) != 2 || len(rep.Peaks) != 3 || len(rep.Ratios) != 3 {
-		t.Errorf("at each %+v, peaks %v, ratios %+v", rep.AtConcurrency, rep.Peaks, rep.Ratios)
+	if len(rep.AtConcurrency) != 2 || len(rep.Ratios) != 3 || (rep.PeakConcurrency != 2 && rep.PeakConcurrency != 8) {
+		t.Errorf("at each %+v, peak %d, ratios %+v", rep.AtConcurrency, rep.PeakConcurrency, rep.Ratios)
 	}
 	assertDropped(t, prefix)
 }
