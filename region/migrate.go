@@ -77,8 +77,10 @@ func collateHoldKeys(ctx context.Context, tx *sql.Tx, collation string) error {
 // that failed (the process killed during it) leaves an invalid index of the same name, which
 // IF NOT EXISTS would take for done: such an index is dropped and built again, and the step
 // fails unless the index it leaves is valid, so a standby never reads every hold on every
-// refresh unnoticed. An invalid index is never another process's build under way: a
-// migration runs under the migration lock (pgutil.Migrator) from its first step to its last.
+// refresh unnoticed. Migrations run under the migration lock (pgutil.Migrator), so another
+// migrator's build is never under way beside this one; but a build whose process died (pgx
+// closes the connection without cancelling the server's statement) can still be running.
+// DROP INDEX CONCURRENTLY waits for it, and the index is built again: time lost, nothing else.
 var holdsByChange = goose.NewGoMigration(7,
 	&goose.GoFunc{RunDB: createHoldsByChange},
 	&goose.GoFunc{RunDB: func(ctx context.Context, db *sql.DB) error {

@@ -196,12 +196,16 @@ func printBench(w io.Writer, rep *bench.Report) {
 	fmt.Fprintf(w, "quotactl bench: concurrency %s, %d units per stock variant, %d calls for (e) and (f), cap %.0fs per variant, "+
 		"warm-up %.1fs or %d ops, seed %d%s\n", joinInts(s.Concurrencies), s.StockPerVariant, s.ProbeOps, s.DurationCapSec, s.WarmupSec, s.WarmupOps, s.Seed,
 		roundsNote(s.Rounds))
-	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %d connections\n",
-		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, s.SQLConns)
+	pool := strconv.Itoa(s.SQLConns)
+	if s.SQLConnsPerRun {
+		pool = "min(callers, 64)"
+	}
+	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %s connections\n",
+		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, pool)
 	fmt.Fprintf(w, "region: %s\n", s.Region)
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
-	fmt.Fprintf(w, "%-10s %-57s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
+	fmt.Fprintf(w, "%-12s %-57s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
 		"p99.9 ms", "sold", "oversell", "errors", "secs", "cpu µs/op", "busy%", "mach µs/op", "check")
 	sweep := len(s.Concurrencies) > 1
 	for i, v := range rep.Variants {
@@ -216,10 +220,10 @@ func printBench(w io.Writer, rep *bench.Report) {
 			fmt.Fprintln(w)
 		}
 		if v.Skipped != "" {
-			fmt.Fprintf(w, "%-10s %-57s skipped: %s\n", name, v.Label, v.Skipped)
+			fmt.Fprintf(w, "%-12s %-57s skipped: %s\n", name, v.Label, v.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "%-10s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
+		fmt.Fprintf(w, "%-12s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
 			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp,
 			v.MachineBusyPct, v.MachineCPUPerOp, v.Check)
 		if v.FirstError != "" {
@@ -230,7 +234,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
 	if len(rep.Ratios) > 0 {
-		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep.PeakConcurrency))
+		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep.PeakConcurrency, rep))
 		if s.Rounds > 1 {
 			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
 		}
@@ -277,9 +281,14 @@ func joinInts(ns []int) string {
 }
 
 // peakNote says, in a sweep, at which concurrency the ratios are taken.
-func peakNote(n int) string {
+func peakNote(n int, rep *bench.Report) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" at %d callers, where (d) peaked", n)
+	for _, v := range rep.Variants {
+		if v.Variant == bench.VariantRegion {
+			return fmt.Sprintf(" at %d callers, where (d) peaked", n)
+		}
+	}
+	return fmt.Sprintf(" at %d callers", n)
 }

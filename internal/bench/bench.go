@@ -89,8 +89,12 @@ type Config struct {
 	Variants []string
 	// Buckets are the K of variant (c); default 4, 16, 64.
 	Buckets []int
-	// SQLConns is the pgx pool size of (a)–(c); default min(the least concurrency, 64).
+	// SQLConns is the pgx pool size of (a)–(c); default min(concurrency, 64), at each
+	// concurrency of a sweep.
 	SQLConns int
+	// sqlConnsDefault records that SQLConns was left to its default, so a sweep sizes the
+	// pool for each concurrency.
+	sqlConnsDefault bool
 	// Seed makes users and bucket choices reproducible.
 	Seed uint64
 	// Rounds runs every variant this many times, one round after another, each in fresh
@@ -121,6 +125,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("db-prefix %q: must be 1..40 lowercase letters, digits and _, starting with a letter", c.DBPrefix)
 	case c.checkConcurrencies() != nil:
 		return c.checkConcurrencies()
+	case len(c.DBPrefix)+c.longestDBSuffix() > maxDBName:
+		return fmt.Errorf("db-prefix %q: too long for this run's databases (%d bytes of suffix, PostgreSQL allows %d in all): at most %d characters",
+			c.DBPrefix, c.longestDBSuffix(), maxDBName, maxDBName-c.longestDBSuffix())
 	case c.Stock < 1 || c.Stock > 100_000_000:
 		return fmt.Errorf("stock %d: must be 1..100000000", c.Stock)
 	case c.ProbeOps < 1 || c.ProbeOps > 500_000_000:
@@ -183,6 +190,7 @@ func (c *Config) fillDefaults() {
 		c.Buckets = []int{4, 16, 64}
 	}
 	if c.SQLConns == 0 {
+		c.sqlConnsDefault = true
 		c.SQLConns = min(slices.Min(c.Concurrencies), 64)
 	}
 	if c.Rounds == 0 {
@@ -194,6 +202,23 @@ func (c *Config) fillDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+}
+
+// maxDBName is PostgreSQL's longest identifier, in bytes.
+const maxDBName = 63
+
+// longestDBSuffix is the longest suffix a database name of this run gets after the prefix:
+// _n<callers> in a sweep, _r<round> with rounds, then the in-process cluster's
+// _cl_coordinator, longer than any SQL variant's.
+func (c *Config) longestDBSuffix() int {
+	n := len("_cl_coordinator")
+	if len(c.Concurrencies) > 1 {
+		n += len(fmt.Sprintf("_n%d", slices.Max(c.Concurrencies)))
+	}
+	if c.Rounds > 1 {
+		n += len(fmt.Sprintf("_r%d", c.Rounds))
+	}
+	return n
 }
 
 // checkConcurrencies checks the callers of each run: 1..10000, none twice.
@@ -256,27 +281,30 @@ func (c *Config) progress(format string, args ...any) {
 // Setup records what was run and where, so a result can be reproduced and compared.
 type Setup struct {
 	// Concurrency is the first of Concurrencies: all of them, unless the run swept.
-	Concurrency       int            `json:"concurrency"`
-	Concurrencies     []int          `json:"concurrencies"`
-	StockPerVariant   transfer.Units `json:"stock_per_variant"`
-	ProbeOps          int64          `json:"probe_ops"`
-	DurationCapSec    float64        `json:"duration_cap_seconds"`
-	WarmupSec         float64        `json:"warmup_seconds"`
-	WarmupOps         int64          `json:"warmup_ops"`
-	SQLConns          int            `json:"sql_pool_conns"`
-	Buckets           []int          `json:"buckets"`
-	Variants          []string       `json:"variants"`
-	Seed              uint64         `json:"seed"`
-	Rounds            int            `json:"rounds"`
-	PostgreSQL        string         `json:"postgresql_version"`
-	SynchronousCommit string         `json:"synchronous_commit"`
-	GoVersion         string         `json:"go_version"`
-	GOMAXPROCS        int            `json:"gomaxprocs"`
-	GC                string         `json:"go_gc"`
-	Region            string         `json:"region_tuning"`
-	NumCPU            int            `json:"num_cpu"`
-	Placement         string         `json:"placement"`
-	Started           time.Time      `json:"started"`
+	Concurrency     int            `json:"concurrency"`
+	Concurrencies   []int          `json:"concurrencies"`
+	StockPerVariant transfer.Units `json:"stock_per_variant"`
+	ProbeOps        int64          `json:"probe_ops"`
+	DurationCapSec  float64        `json:"duration_cap_seconds"`
+	WarmupSec       float64        `json:"warmup_seconds"`
+	WarmupOps       int64          `json:"warmup_ops"`
+	SQLConns        int            `json:"sql_pool_conns"`
+	// SQLConnsPerRun is set when a sweep sized the pool min(concurrency, 64) at each
+	// concurrency; SQLConns is then the first one's.
+	SQLConnsPerRun    bool      `json:"sql_pool_per_concurrency,omitempty"`
+	Buckets           []int     `json:"buckets"`
+	Variants          []string  `json:"variants"`
+	Seed              uint64    `json:"seed"`
+	Rounds            int       `json:"rounds"`
+	PostgreSQL        string    `json:"postgresql_version"`
+	SynchronousCommit string    `json:"synchronous_commit"`
+	GoVersion         string    `json:"go_version"`
+	GOMAXPROCS        int       `json:"gomaxprocs"`
+	GC                string    `json:"go_gc"`
+	Region            string    `json:"region_tuning"`
+	NumCPU            int       `json:"num_cpu"`
+	Placement         string    `json:"placement"`
+	Started           time.Time `json:"started"`
 	// LoadAvgStart and LoadAvgEnd are the machine's 1, 5 and 15 minute load averages before
 	// and after the run (Linux; empty elsewhere): anything else running skews the numbers.
 	LoadAvgStart string `json:"load_avg_start,omitempty"`
@@ -302,7 +330,7 @@ const Placement = "load generator, region, coordinator and etcd all in this one 
 
 func (c *Config) setup() Setup {
 	return Setup{Concurrency: c.Concurrency, Concurrencies: c.Concurrencies, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
-		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, Buckets: c.Buckets, Variants: c.Variants,
+		WarmupSec: c.Warmup.Seconds(), WarmupOps: c.WarmupOps, SQLConns: c.SQLConns, SQLConnsPerRun: c.sqlConnsDefault && len(c.Concurrencies) > 1, Buckets: c.Buckets, Variants: c.Variants,
 		Seed: c.Seed, Rounds: c.Rounds, GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), GC: c.GC.String(), Region: c.regionTuning(), NumCPU: runtime.NumCPU(),
 		Placement: Placement, Started: time.Now().UTC().Truncate(time.Second), LoadAvgStart: loadAvg()}
 }
@@ -415,6 +443,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, n := range cfg.Concurrencies {
 			at := cfg
 			at.Concurrency = n
+			if cfg.sqlConnsDefault {
+				at.SQLConns = min(n, 64)
+			}
 			if len(cfg.Concurrencies) > 1 {
 				at.DBPrefix = fmt.Sprintf("%s_n%d", cfg.DBPrefix, n)
 				cfg.progress("%d callers", n)

@@ -119,3 +119,33 @@ func TestSweepRunsEveryVariantAtEachConcurrency(t *testing.T) {
 	}
 	assertDropped(t, prefix)
 }
+
+// A prefix that fits one run can be too long for a sweep with rounds: the longest name must
+// fit PostgreSQL's 63 bytes, and the error says how long the prefix may be.
+func TestSweepDatabaseNamesFit(t *testing.T) {
+	prefix := "p" + strings.Repeat("x", 39) // 40 characters, the most the pattern allows
+	one := Config{PGURL: "postgres://x@127.0.0.1/y", DBPrefix: prefix, Stock: 10}
+	if err := one.Validate(); err != nil {
+		t.Fatalf("one concurrency, one round: %v", err)
+	}
+	sweep := Config{PGURL: "postgres://x@127.0.0.1/y", DBPrefix: prefix, Stock: 10, Concurrencies: []int{64, 10000}, Rounds: 20}
+	err := sweep.Validate()
+	if want := "at most 37 characters"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a 40-character prefix with _n10000_r20: %v, want an error saying %q", err, want)
+	}
+}
+
+// A sweep sizes (a)–(c)'s pool for each concurrency unless --sql-conns was given.
+func TestSweepSizesTheSQLPoolPerConcurrency(t *testing.T) {
+	cfg := Config{PGURL: "postgres://x@127.0.0.1/y", Stock: 10, Concurrencies: []int{8, 256}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.sqlConnsDefault || !cfg.setup().SQLConnsPerRun {
+		t.Errorf("default pool: per concurrency %v / %v, want true", cfg.sqlConnsDefault, cfg.setup().SQLConnsPerRun)
+	}
+	given := Config{PGURL: "postgres://x@127.0.0.1/y", Stock: 10, Concurrencies: []int{8, 256}, SQLConns: 4}
+	if err := given.Validate(); err != nil || given.sqlConnsDefault {
+		t.Errorf("given pool: %v, per concurrency %v; want 4 everywhere", err, given.sqlConnsDefault)
+	}
+}
