@@ -256,6 +256,9 @@ func printBench(w io.Writer, rep *bench.Report) {
 		}
 		fmt.Fprintln(w)
 	}
+	if hint := peakHint(rep); hint != "" {
+		fmt.Fprintf(w, "\n%s\n", hint)
+	}
 	if b := rep.Budget; b != nil {
 		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+
 			"  a reservation cost it %.1f µs of CPU (this process %.1f, the rest PostgreSQL and the kernel), a no-op call %.1f (this process %.1f)\n",
@@ -291,4 +294,22 @@ func peakNote(n int, rep *bench.Report) string {
 		}
 	}
 	return fmt.Sprintf(" at %d callers", n)
+}
+
+// peakHint points a run at one concurrency whose (d) missed a target to the sweep: the
+// issue's targets are taken where (d) peaks, and a closed loop of few callers, each waiting
+// for its commit, leaves the machine idle.
+func peakHint(rep *bench.Report) string {
+	if len(rep.Setup.Concurrencies) != 1 || rep.Setup.Concurrencies[0] > 2500 {
+		return ""
+	}
+	for _, r := range rep.Ratios {
+		if !r.Met && (strings.HasPrefix(r.Name, "d/") || strings.HasPrefix(r.Name, "p99_d")) {
+			n := rep.Setup.Concurrencies[0]
+			return fmt.Sprintf("(d) may not be at its peak at %d callers: the targets are taken where it peaks; find it with\n"+
+				"  quotactl bench --variants d,e,f --stock 100000 --probe-ops 300000 --concurrency %d,%d,%d --rounds 3",
+				n, n, 4*n, min(16*n, 10_000))
+		}
+	}
+	return ""
 }
