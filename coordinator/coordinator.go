@@ -33,13 +33,14 @@ var (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Migrate applies the ledger schema's pending migrations.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// Migrate applies the ledger schema's pending migrations, under the migration lock
+// (pgutil.Migrator).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...pgutil.MigrateOption) error {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return err
 	}
-	return pgutil.Migrate(ctx, pool, sub)
+	return pgutil.Migrate(ctx, pool, sub, nil, opts...)
 }
 
 // SaleTerms are a sale's rules as published to regions.

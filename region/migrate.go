@@ -17,9 +17,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Migrate applies the region schema's pending migrations to pool.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	p, done, err := migrator(pool)
+// Migrate applies the region schema's pending migrations to pool, under the migration lock
+// (pgutil.Migrator).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...pgutil.MigrateOption) error {
+	p, done, err := migrator(pool, opts...)
 	if err != nil {
 		return err
 	}
@@ -31,12 +32,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // migrator is the region schema's goose provider on pool: the SQL files and the Go steps.
-func migrator(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
+func migrator(pool *pgxpool.Pool, opts ...pgutil.MigrateOption) (*goose.Provider, func(), error) {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return nil, nil, err
 	}
-	return pgutil.Migrator(pool, sub, holdKeysInByteOrder, holdsByChange)
+	return pgutil.Migrator(pool, sub, []*goose.Migration{holdKeysInByteOrder, holdsByChange}, opts...)
 }
 
 // holdKeysInByteOrder is migration 5. Every hold insert is on a batch's critical path, and a

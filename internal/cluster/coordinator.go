@@ -73,7 +73,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if n.DB, err = pgutil.Open(ctx, cfg.DBURL, 16); err != nil {
 		return nil, err
 	}
-	if err = coordinator.Migrate(ctx, n.DB); err != nil {
+	if err = coordinator.Migrate(ctx, n.DB, pgutil.MigrationLog(cfg.Logger)); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	links, err := n.linkRegions(ctx)

@@ -128,7 +128,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := region.Migrate(ctx, db); err != nil {
+	if err := region.Migrate(ctx, db, pgutil.MigrationLog(cfg.Logger)); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("region %s: %w", cfg.Region.Name, err)
 	}

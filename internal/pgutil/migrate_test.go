@@ -2,6 +2,7 @@ package pgutil_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +24,7 @@ import (
 func TestConcurrentMigrations(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		migrate func(context.Context, *pgxpool.Pool) error
+		migrate func(context.Context, *pgxpool.Pool, ...pgutil.MigrateOption) error
 		table   string
 	}{
 		{"region", region.Migrate, "holds"},
@@ -84,7 +85,7 @@ func TestConcurrentMigrations(t *testing.T) {
 func createVersionTable(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	fsys := fstest.MapFS{"00001_noop.sql": {Data: []byte("-- +goose Up\nSELECT 1;\n")}}
-	p, done, err := pgutil.Migrator(pool, fsys)
+	p, done, err := pgutil.Migrator(pool, fsys, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,5 +111,69 @@ func TestMigratorNeedsTwoConnections(t *testing.T) {
 	var tables int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil || tables != 0 {
 		t.Fatalf("%d tables after the refused migration (%v), want none", tables, err)
+	}
+}
+
+// syncBuffer is a log destination that a test reads while a migration writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestMigrationWaitIsLogged: a migration that finds the lock taken says that it waits, waits
+// until the lock is free, and then says how long it waited.
+func TestMigrationWaitIsLogged(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := testpg.NewDB(t, "migratewait")
+	holder, err := pgutil.Open(ctx, u, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	conn, err := holder.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgutil.MigrationLockID); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgutil.Open(ctx, u, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var out syncBuffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	result := make(chan error, 1)
+	go func() { result <- region.Migrate(ctx, pool, pgutil.MigrationLog(log)) }()
+	for !strings.Contains(out.String(), "waiting for another process") {
+		select {
+		case err := <-result:
+			t.Fatalf("the migration ended (%v) while another session held the lock; log: %s", err, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgutil.MigrationLockID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-result; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "waited=") {
+		t.Errorf("no line saying how long it waited: %s", out.String())
 	}
 }

@@ -7,18 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 )
 
 var dbNamePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -111,57 +106,6 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 		return nil, fmt.Errorf("ping %s: %w", redact(dbURL), err)
 	}
 	return pool, nil
-}
-
-// MigrationLockID names the PostgreSQL advisory lock that a migration holds from its first
-// step to its last (an arbitrary constant, not goose's default, so that another goose user of
-// the same database waits on a lock of its own).
-const MigrationLockID int64 = 0x71756f74614d6967 // "quotaMig"
-
-// Migrator is the goose provider of the migrations in fsys (goose SQL files) and gos (Go
-// migrations, for a step that must differ between PostgreSQL and CockroachDB) on pool; the
-// caller calls done when finished with it.
-//
-// Processes that start together on one database (a region's leader and its standby, two
-// coordinators) would otherwise each apply the same pending step, and all but one fail on
-// it. Up holds the session advisory lock MigrationLockID on one of pool's connections while
-// it runs, so the others wait (polling every second, for up to migrationLockWait), then find
-// nothing left to do. A Go step that runs outside a transaction takes a second connection,
-// so pool must allow two. On CockroachDB the advisory lock functions are stubs that always
-// succeed, so there concurrent starts still race, as before.
-func Migrator(pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) (p *goose.Provider, done func(), err error) {
-	if n := pool.Config().MaxConns; n < 2 {
-		return nil, nil, fmt.Errorf("migrations: the pool allows %d connection(s); they need 2, one for the migration lock", n)
-	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(MigrationLockID),
-		lock.WithLockTimeout(1, uint64(migrationLockWait/time.Second)))
-	if err != nil {
-		return nil, nil, fmt.Errorf("migrations: %w", err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	p, err = goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithGoMigrations(gos...), goose.WithSessionLocker(locker))
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("migrations: %w", err)
-	}
-	return p, func() { _ = db.Close() }, nil
-}
-
-// migrationLockWait is how long Up waits for another process's migration before it gives
-// up: long enough for a step that rewrites or indexes a large holds table.
-const migrationLockWait = 15 * time.Minute
-
-// Migrate applies every migration of Migrator(pool, fsys, gos...) that pool has not applied yet.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, gos ...*goose.Migration) error {
-	p, done, err := Migrator(pool, fsys, gos...)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	return nil
 }
 
 // Tx runs fn in a transaction and commits it, retrying the whole transaction on a
