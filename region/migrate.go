@@ -20,24 +20,26 @@ var migrations embed.FS
 // Migrate applies the region schema's pending migrations to pool, under the migration lock
 // (pgutil.Migrator).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...pgutil.MigrateOption) error {
-	p, done, err := migrator(pool, opts...)
+	sub, gos, err := schema()
 	if err != nil {
 		return err
 	}
-	defer done()
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	return nil
+	return pgutil.Migrate(ctx, pool, sub, gos, opts...)
 }
 
-// migrator is the region schema's goose provider on pool: the SQL files and the Go steps.
+// migrator is the region schema's goose provider on pool, for tests that stop part way.
 func migrator(pool *pgxpool.Pool, opts ...pgutil.MigrateOption) (*goose.Provider, func(), error) {
-	sub, err := fs.Sub(migrations, "migrations")
+	sub, gos, err := schema()
 	if err != nil {
 		return nil, nil, err
 	}
-	return pgutil.Migrator(pool, sub, []*goose.Migration{holdKeysInByteOrder, holdsByChange}, opts...)
+	return pgutil.Migrator(pool, sub, gos, opts...)
+}
+
+// schema is the region schema: its SQL files and its Go steps.
+func schema() (fs.FS, []*goose.Migration, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	return sub, []*goose.Migration{holdKeysInByteOrder, holdsByChange}, err
 }
 
 // holdKeysInByteOrder is migration 5. Every hold insert is on a batch's critical path, and a
