@@ -234,7 +234,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
 	if len(rep.Ratios) > 0 {
-		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep.PeakConcurrency, rep))
+		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep))
 		if s.Rounds > 1 {
 			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
 		}
@@ -284,7 +284,8 @@ func joinInts(ns []int) string {
 }
 
 // peakNote says, in a sweep, at which concurrency the ratios are taken.
-func peakNote(n int, rep *bench.Report) string {
+func peakNote(rep *bench.Report) string {
+	n := rep.PeakConcurrency
 	if n == 0 {
 		return ""
 	}
