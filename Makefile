@@ -76,8 +76,8 @@ SEEDS ?= 1000
 FIRST ?= 1
 sim:
 	@if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / 500 + 5 )); fi; \
-	echo "go test -run 'TestSimulation$$' ./internal/sim/ $$* (timeout $${t}m)"; \
-	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./internal/sim/ -args "$$@" | grep -v '^=== RUN'
+	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
+	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
 
 ## demo: run the end-to-end demo (scripts/demo.sh)
 demo: pg build

@@ -16,7 +16,7 @@ import (
 // state and operations the leader's writer runs (reserve, confirm, release, expire: the
 // same op values and batch code) and the participant rules its SQL operations apply
 // (transfer.Admit, transfer.Decide*), over maps instead of tables. The deterministic
-// simulation (internal/sim) runs each region as a Core; a Clone taken after a commit is
+// simulation (sim) runs each region as a Core; a Clone taken after a commit is
 // what a crash leaves behind.
 //
 // A Core is not safe for concurrent use.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
 	"google.golang.org/grpc"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
-	"github.com/quotaworks/quota/internal/bench"
+	"github.com/quotaworks/quota/cmd/quotactl/internal/bench"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/quotaworks/quota/internal/bench"
+	"github.com/quotaworks/quota/cmd/quotactl/internal/bench"
 )
 
 // A run at one concurrency whose (d) missed a target points at the sweep; a met run, or a

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
 )

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/fencing"
-	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"

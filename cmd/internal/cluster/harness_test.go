@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/fencing"
-	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/netfault"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
-	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/apierr"
-	"github.com/quotaworks/quota/internal/cluster"
 	"github.com/quotaworks/quota/internal/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )

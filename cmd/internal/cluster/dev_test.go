@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaworks/quota/internal/cluster"
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"

@@ -1,0 +1,195 @@
+// Package quota_test holds the test that keeps the folders honest: the import rules of the
+// layout (docs/architecture.md, "Layers"), read from `go list` and checked on every build.
+package quota_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/quotaworks/quota"
+
+// layer names a group of packages and what each may import from the project (other than
+// itself). A package belongs to the first layer whose
+// prefix matches it.
+type layer struct {
+	name string
+	// match reports whether a package (path relative to the module) is in the layer.
+	match func(pkg string) bool
+	// may lists the project prefixes this layer's production code may import.
+	may []string
+}
+
+// layers is the one table of import rules: cmd → coordinator/region → transfer/fencing →
+// proto/internal. Adapters (coordrpc, regionrpc) are the only packages below cmd that speak
+// proto; process wiring lives under cmd/.
+var layers = []layer{
+	{"commands", prefix("cmd/"), []string{"cmd/", "coordinator", "region", "transfer", "fencing", "proto/", "internal/"}},
+	{"simulation", prefix("sim"), []string{"coordinator", "region", "transfer", "internal/"}},
+	{"harness", prefix("deploy/"), []string{"internal/", "proto/", "transfer"}},
+	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"}},
+	{"region adapter", prefix("region/regionrpc"), []string{"region", "proto/", "transfer", "internal/"}},
+	{"coordinator", prefix("coordinator"), []string{"transfer", "fencing", "internal/"}},
+	{"region", prefix("region"), []string{"transfer", "fencing", "internal/"}},
+	{"fencing", prefix("fencing"), []string{"transfer", "internal/"}},
+	{"transfer", prefix("transfer"), []string{"internal/"}},
+	{"proto", prefix("proto/"), nil},
+	{"internal", prefix("internal/"), []string{"internal/"}},
+}
+
+// exceptions are imports the rules above forbid but the tree has, each with its reason. This
+// list may only shrink.
+// A key is "pkg -> import", or "pkg" for every import of that package.
+var exceptions = map[string]string{
+	"internal/loadgen": "the load generator is a storefront client (the region's gRPC API and its units) shared by " +
+		"quotactl's load and bench commands and the chaos suite in deploy/local, which cannot import cmd/",
+}
+
+// noIO is what transfer (pure rules) may not import from the standard library.
+var noIO = []string{"os", "os/exec", "net", "net/http", "database/sql", "syscall", "io/ioutil", "log", "log/slog", "io/fs"}
+
+// prefix matches a package and everything under it: "region" matches region and
+// region/regionrpc, not regions.
+func prefix(p string) func(string) bool {
+	base := strings.TrimSuffix(p, "/")
+	return func(pkg string) bool { return pkg == base || strings.HasPrefix(pkg, base+"/") }
+}
+
+type listed struct {
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+}
+
+func goList(t *testing.T) []listed {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-json", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found %d packages; expected the whole tree", len(pkgs))
+	}
+	return pkgs
+}
+
+func rel(path string) (string, bool) {
+	if path == module {
+		return "", true
+	}
+	r, ok := strings.CutPrefix(path, module+"/")
+	return r, ok
+}
+
+func layerOf(pkg string) (layer, bool) {
+	for _, l := range layers {
+		if l.match(pkg) {
+			return l, true
+		}
+	}
+	return layer{}, false
+}
+
+// violations returns every forbidden import of one package's production code.
+func violations(p listed) []string {
+	pkg, _ := rel(p.ImportPath)
+	if pkg == "" { // this test's own package
+		return nil
+	}
+	l, ok := layerOf(pkg)
+	if !ok {
+		return []string{fmt.Sprintf("%s: in no layer of the import rules; add it to the table", pkg)}
+	}
+	var bad []string
+	for _, imp := range p.Imports {
+		if strings.HasPrefix(imp, "go.etcd.io/") && l.name != "fencing" {
+			bad = append(bad, fmt.Sprintf("%s -> %s (only fencing imports etcd)", pkg, imp))
+		}
+		if l.name == "transfer" && (slices.Contains(noIO, imp) || strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")) && !strings.HasPrefix(imp, module) {
+			bad = append(bad, fmt.Sprintf("%s -> %s (transfer does no I/O and has no dependencies)", pkg, imp))
+		}
+		r, ours := rel(imp)
+		if !ours || r == pkg {
+			continue
+		}
+		if !slices.ContainsFunc(l.may, func(m string) bool { return prefix(m)(r) }) {
+			bad = append(bad, fmt.Sprintf("%s -> %s (%s may import only %v)", pkg, r, l.name, l.may))
+		}
+	}
+	return bad
+}
+
+// TestImportRules checks every package's imports against the layers and their exceptions, and
+// that every exception is still needed.
+func TestImportRules(t *testing.T) {
+	used := map[string]bool{}
+	for _, p := range goList(t) {
+		for _, v := range violations(p) {
+			key, _, _ := strings.Cut(v, " (")
+			from, _, _ := strings.Cut(key, " -> ")
+			if _, ok := exceptions[key]; ok {
+				used[key] = true
+				continue
+			}
+			if _, ok := exceptions[from]; ok {
+				used[from] = true
+				continue
+			}
+			t.Errorf("import rule broken: %s", v)
+		}
+		for _, imp := range append(p.TestImports, p.XTestImports...) {
+			pkg, _ := rel(p.ImportPath)
+			if strings.HasPrefix(imp, "go.etcd.io/") && pkg != "fencing" {
+				t.Errorf("import rule broken: %s's tests -> %s (only fencing imports etcd)", pkg, imp)
+			}
+		}
+	}
+	for e := range exceptions {
+		if !used[e] {
+			t.Errorf("exception %q is no longer needed: remove it from the list", e)
+		}
+	}
+	if len(exceptions) > 3 {
+		t.Errorf("%d exceptions to the import rules; at most three are allowed", len(exceptions))
+	}
+}
+
+// TestImportRulesCatchViolations plants forbidden imports and expects each to be reported, so
+// the rule table cannot silently match nothing.
+func TestImportRulesCatchViolations(t *testing.T) {
+	cases := []listed{
+		{ImportPath: module + "/region", Imports: []string{module + "/proto/quota/v1"}},
+		{ImportPath: module + "/region", Imports: []string{module + "/coordinator"}},
+		{ImportPath: module + "/coordinator", Imports: []string{"go.etcd.io/etcd/client/v3"}},
+		{ImportPath: module + "/transfer", Imports: []string{"net"}},
+		{ImportPath: module + "/transfer", Imports: []string{module + "/fencing"}},
+		{ImportPath: module + "/internal/clock", Imports: []string{module + "/region"}},
+		{ImportPath: module + "/sim", Imports: []string{module + "/cmd/internal/cluster"}},
+		{ImportPath: module + "/fencing", Imports: []string{module + "/region"}},
+		{ImportPath: module + "/newpkg", Imports: nil},
+		{ImportPath: module + "/coordinator", Imports: []string{module + "/coordinator/coordrpc"}},
+	}
+	for _, c := range cases {
+		if len(violations(c)) == 0 {
+			t.Errorf("%s importing %v: not reported", c.ImportPath, c.Imports)
+		}
+	}
+	ok := listed{ImportPath: module + "/region/regionrpc", Imports: []string{module + "/region", module + "/proto/quota/v1", "google.golang.org/grpc"}}
+	if v := violations(ok); len(v) != 0 {
+		t.Errorf("an allowed import was reported: %v", v)
+	}
+}
