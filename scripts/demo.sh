@@ -14,6 +14,8 @@ CONCURRENCY=${CONCURRENCY:-1000}
 HOLD_TTL=${HOLD_TTL:-15s}
 SALE="demo-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$DATA"
+# quotad dev makes the cluster's certificates there when missing; quotactl presents them.
+export QUOTA_CERTS_DIR="$DATA/certs"
 
 if ./bin/quotactl regions >/dev/null 2>&1; then
 	echo "demo: something already answers on 127.0.0.1:7400; stop it first (is a quotad dev running?)" >&2

@@ -7,15 +7,19 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 )
 
@@ -24,10 +28,35 @@ func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	root := rootCmd(&out)
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--certs-dir") || a == "--insecure" }) {
+		args = append([]string{"--certs-dir=" + certs.Dir()}, args...)
+	}
 	root.SetArgs(args)
 	root.SetErr(&out)
 	err := root.ExecuteContext(context.Background())
 	return out.String(), err
+}
+
+// certs are the package's cluster certificates, made once: the CLI's tests run in the
+// secure default, and run passes --certs-dir unless a test names its own.
+var certs *trust.Material
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "quotactl-certs-")
+	if err == nil {
+		if _, err = trust.EnsureDev(dir, trust.DevHosts); err == nil {
+			certs, err = trust.Load(dir)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "test certificates:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
 }
 
 // startDev starts an all-in-one cluster on free ports with fresh databases, stopped and
@@ -40,7 +69,7 @@ func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler), CertsDir: certs.Dir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +132,11 @@ func TestServersHaveReflectionAndHealth(t *testing.T) {
 		d.Regions[0].Addr():  {"quota.v1.RegionService", "quota.v1.ParticipantService", "grpc.health.v1.Health"},
 	}
 	for addr, services := range want {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds, err := certs.ClientCreds(trust.Auditor) // reflection needs a certificate, of any role
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
 		}

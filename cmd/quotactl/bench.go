@@ -21,7 +21,7 @@ import (
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Compare plain-SQL reservation schemes with this project's region, in one run (issue 4)",
+		Short: "Compare plain-SQL reservation schemes with this project's region, in one run",
 		Long: `bench measures, on the same PostgreSQL and at the same concurrency, one after another:
   (a) one stock row: SELECT ... FOR UPDATE, UPDATE, hold INSERT, one transaction per reservation
   (b) one stock row: UPDATE ... WHERE available >= 1 RETURNING, hold INSERT
@@ -234,7 +234,7 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
 	if len(rep.Ratios) > 0 {
-		fmt.Fprintf(w, "\nratios (issue 4 targets)%s:\n", peakNote(rep))
+		fmt.Fprintf(w, "\nratios against their targets%s:\n", peakNote(rep))
 		if s.Rounds > 1 {
 			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
 		}
@@ -298,7 +298,7 @@ func peakNote(rep *bench.Report) string {
 }
 
 // peakHint points a run at one concurrency whose (d) missed a target to the sweep: the
-// issue's targets are taken where (d) peaks, and a closed loop of few callers, each waiting
+// targets are taken where (d) peaks, and a closed loop of few callers, each waiting
 // for its commit, leaves the machine idle.
 func peakHint(rep *bench.Report) string {
 	if len(rep.Setup.Concurrencies) != 1 || rep.Setup.Concurrencies[0] > 2500 {

@@ -75,7 +75,7 @@ func TestUsageErrorNamesTheVariable(t *testing.T) {
 // read the failure as it reads the success.
 func TestErrorsAsJSON(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "quotactl.yaml")
-	if err := os.WriteFile(config, []byte("output: json\ncoordinator: 127.0.0.1:1\ntimeout: 2s\n"), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte("output: json\ncoordinator: 127.0.0.1:1\ntimeout: 2s\ncerts-dir: "+certs.Dir()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
@@ -83,7 +83,8 @@ func TestErrorsAsJSON(t *testing.T) {
 		exit     int
 		grpcCode string
 	}{
-		{[]string{"--coordinator", "127.0.0.1:1", "--timeout", "2s", "regions", "-o", "json"}, 1, "Unavailable"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--timeout", "2s", "--certs-dir", certs.Dir(), "regions", "-o", "json"}, 1, "Unavailable"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--certs-dir", "/nonexistent", "regions", "-o", "json"}, 2, ""},
 		{[]string{"regions", "-o", "json", "--timeout", "-1s"}, 2, ""},
 		{[]string{"regions", "--bogus", "-o", "json"}, 2, ""}, // refused before -o is parsed
 		{[]string{"-o", "json", "bogus"}, 2, ""},

@@ -76,6 +76,9 @@ func runLoad(e *env) error {
 	} else if err != nil {
 		return usage("%v", err)
 	}
+	if cfg.Creds, err = e.creds(); err != nil {
+		return err
+	}
 	rs, err := e.regions()
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ import (
 	"github.com/spf13/viper"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -54,7 +54,13 @@ func rootCmd(out io.Writer) *cobra.Command {
 		Long: `quotactl talks to the coordinator (--coordinator, default 127.0.0.1:7400) and, through the
 region list the coordinator publishes, to regions named with --region.
 
-Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --config.`,
+Every call is made over mutual TLS with a client certificate from --certs-dir (default
+.dev/certs, where quotad dev puts them): the storefront's for reserve, confirm, release, hold
+and load, the auditor's for audit, the operator's for the rest; --role picks another.
+quotactl cert makes certificates for a real cluster.
+
+Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR, QUOTA_CERTS_DIR)
+or --config.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -65,8 +71,9 @@ Flags can also come from QUOTA_* environment variables (QUOTA_COORDINATOR) or --
 	pf.StringP("output", "o", "text", "output format: text or json")
 	pf.Duration("timeout", 30*time.Second, "deadline of all of the command's calls together")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
+	addSecurityFlags(root)
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
-		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd())
+		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd(), certCmd())
 	return root
 }
 
@@ -90,6 +97,7 @@ type env struct {
 	cmd   *cobra.Command
 	ctx   context.Context
 	conns []*grpc.ClientConn
+	tc    credentials.TransportCredentials
 }
 
 func newEnv(cmd *cobra.Command) (*env, func(), error) {
@@ -135,7 +143,11 @@ func withEnv(fn func(e *env) error) func(*cobra.Command, []string) error {
 }
 
 func (e *env) dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	creds, err := e.creds()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
@@ -20,7 +22,13 @@ func devCmd() *cobra.Command {
 The coordinator listens on 127.0.0.1:<base-port> (7400) and the regions on the next ports
 in the order given (us 7401, eu 7402, ap 7403). The embedded etcd serves clients on
 base-port+90. Each role has its own database on the PostgreSQL server of --pg-url,
-created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.`,
+created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
+
+Every server serves TLS and requires a client certificate whose role may make the call.
+What is missing of the certificates is created at start under --certs-dir (default
+<data-dir>/certs): ca.crt and ca.key, node.crt/node.key, and client.<role>.crt/.key for the
+roles coordinator, storefront, operator and auditor. quotactl finds them in .dev/certs by
+default. --insecure runs everything plaintext with no roles.`,
 		Example: `  quotad dev
   quotad dev --regions us,eu --pg-url postgres://quota:quota@127.0.0.1:5432/postgres --data-dir .dev`,
 		RunE: runDev,
@@ -34,6 +42,7 @@ created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.`,
 	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
 	addRegionTuning(cmd)
+	addSecurityFlags(cmd, "(default <data-dir>/certs; what is missing is created)")
 	return cmd
 }
 
@@ -45,7 +54,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 	c := cluster.DevConfig{
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
-		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc,
+		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
 	}
 	return c, c.Validate()
 }
@@ -60,6 +69,10 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	cfg.Logger, cfg.Region.Logger = log, log
+	if cfg.Insecure {
+		fmt.Fprint(os.Stderr, insecureBanner)
+		log.Warn("running insecure: plaintext, no client certificates, no authorization")
+	}
 	ctx, stop := signalContext()
 	defer stop()
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -74,6 +87,13 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		fmt.Printf(", region %s %s", r.R.Name(), r.Addr())
 	}
 	fmt.Printf(", etcd %s\n", d.Etcd.ClientURL)
+	if d.TLS != nil {
+		fmt.Printf("quotad dev: mutual TLS with certificates in %s", d.TLS.Dir())
+		if len(d.CertsMade) > 0 {
+			fmt.Printf(" (created %s)", strings.Join(d.CertsMade, ", "))
+		}
+		fmt.Println()
+	}
 	<-ctx.Done()
 	fmt.Println("quotad dev: shutting down")
 	return nil

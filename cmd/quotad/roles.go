@@ -59,6 +59,7 @@ func regionCmd() *cobra.Command {
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)
+	addSecurityFlags(cmd, "(required unless --insecure)")
 	return cmd
 }
 
@@ -95,8 +96,12 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	rc.Name, rc.Logger = v.GetString("name"), log
+	tlsm, err := security(v, log)
+	if err != nil {
+		return badUsage(err)
+	}
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
-		LeaseTTL: v.GetDuration("lease-ttl"), Logger: log}, Etcd: v.GetStringSlice("etcd")}
+		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log}, Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
@@ -133,6 +138,7 @@ func coordinatorCmd() *cobra.Command {
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
 	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
+	addSecurityFlags(cmd, "(required unless --insecure; client.coordinator.crt is used to call the regions)")
 	return cmd
 }
 
@@ -180,9 +186,13 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badUsage(err)
 	}
+	tlsm, err := security(v, log)
+	if err != nil {
+		return badUsage(err)
+	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		FollowLeaders: true},
+		FollowLeaders: true, TLS: tlsm},
 		Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

@@ -10,7 +10,7 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -19,17 +19,24 @@ import (
 type Participant struct {
 	fallback string
 	resolve  func() string
+	creds    credentials.TransportCredentials
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
 }
 
-// DialParticipant connects (lazily) to a region at addr.
-func DialParticipant(addr string) (*Participant, error) { return DialResolving(addr, nil) }
+// DialParticipant connects (lazily) to a region at addr, with creds (the coordinator role's
+// client certificate, or insecure).
+func DialParticipant(addr string, creds credentials.TransportCredentials) (*Participant, error) {
+	return DialResolving(addr, nil, creds)
+}
 
 // DialResolving connects (lazily) to wherever resolve names, or to fallback when it names
 // nothing: after a region's leader changes, the coordinator follows it.
-func DialResolving(fallback string, resolve func() string) (*Participant, error) {
-	p := &Participant{fallback: fallback, resolve: resolve, conns: map[string]*grpc.ClientConn{}}
+func DialResolving(fallback string, resolve func() string, creds credentials.TransportCredentials) (*Participant, error) {
+	if creds == nil {
+		return nil, fmt.Errorf("region %s: no transport credentials (a certificate, or insecure)", fallback)
+	}
+	p := &Participant{fallback: fallback, resolve: resolve, creds: creds, conns: map[string]*grpc.ClientConn{}}
 	if _, err := p.conn(fallback); err != nil {
 		return nil, fmt.Errorf("region %s: %w", fallback, err)
 	}
@@ -42,7 +49,7 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds))
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"fmt"
+	"google.golang.org/grpc/credentials"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -12,7 +13,6 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -23,10 +23,11 @@ type regionClient struct {
 	addrs []string
 	cur   string
 	conns map[string]*grpc.ClientConn
+	creds credentials.TransportCredentials
 }
 
-func newRegionClient(addrs ...string) *regionClient {
-	return &regionClient{addrs: addrs, cur: addrs[0], conns: map[string]*grpc.ClientConn{}}
+func newRegionClient(creds credentials.TransportCredentials, addrs ...string) *regionClient {
+	return &regionClient{addrs: addrs, cur: addrs[0], conns: map[string]*grpc.ClientConn{}, creds: creds}
 }
 
 func (rc *regionClient) client(addr string) (quotav1.RegionServiceClient, error) {
@@ -35,7 +36,7 @@ func (rc *regionClient) client(addr string) (quotav1.RegionServiceClient, error)
 	conn, ok := rc.conns[addr]
 	if !ok {
 		var err error
-		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(rc.creds)); err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
 		rc.conns[addr] = conn

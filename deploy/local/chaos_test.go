@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
 	mrand "math/rand/v2"
 	"net/url"
 	"os"
@@ -118,7 +119,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("cluster up: %s", time.Since(up).Round(time.Millisecond))
 	r.c.env = append(r.c.env, "QUOTA_CLUSTER_BUILD=0")
 	for i, name := range []string{"us", "eu", "ap"} {
-		r.regions[name] = newRegionClient(r.c.addr(1+i), r.c.addr(11+i))
+		r.regions[name] = newRegionClient(r.c.creds(trust.Storefront), r.c.addr(1+i), r.c.addr(11+i))
 		defer r.regions[name].close()
 	}
 	r.createSales()
@@ -159,7 +160,7 @@ func (r *chaosRun) chaos() {
 	wg.Go(func() { r.nem.run(ctx, r.start) })
 	wg.Go(func() { r.transfers(ctx) })
 	wg.Go(func() {
-		r.load, r.loadErr = loadgen.Run(ctx, loadgen.Config{Sale: chaosSale, SKU: "phone",
+		r.load, r.loadErr = loadgen.Run(ctx, loadgen.Config{Sale: chaosSale, SKU: "phone", Creds: r.c.creds(trust.Storefront),
 			Regions: []loadgen.Region{{Name: "us", Addr: r.c.addr(1), Weight: 2}, {Name: "eu", Addr: r.c.addr(2), Weight: 1},
 				{Name: "ap", Addr: r.c.addr(3), Weight: 1}},
 			Buyers: 1_000_000, Concurrency: 4, ConfirmRatio: 0.5, UserPrefix: "ch-", MaxDuration: r.duration, Seed: r.seed,
@@ -186,7 +187,7 @@ func (r *chaosRun) chaos() {
 // resolve names where a region answers now, asking either coordinator.
 func (r *chaosRun) resolve(ctx context.Context, region string) string {
 	for _, off := range []int{0, 10} {
-		if a := currentRegionAddr(ctx, r.c.addr(off), region); a != "" {
+		if a := currentRegionAddr(ctx, r.c.creds(trust.Operator), r.c.addr(off), region); a != "" {
 			return a
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
+	"google.golang.org/grpc/credentials"
 	"net"
 	"os"
 	"os/exec"
@@ -114,8 +116,26 @@ func (c *localCluster) run(timeout time.Duration, name string, args ...string) (
 
 // quotactl runs bin/quotactl against the coordinator at addr.
 func (c *localCluster) quotactl(addr string, args ...string) (string, error) {
-	args = append([]string{"--coordinator", addr, "--timeout", "5s"}, args...)
+	args = append([]string{"--coordinator", addr, "--timeout", "5s", "--certs-dir", c.certsDir()}, args...)
 	return c.run(20*time.Second, filepath.Join(c.bin, "quotactl"), args...)
+}
+
+// certsDir is where the cluster script keeps the cluster's certificates.
+func (c *localCluster) certsDir() string { return filepath.Join(c.dir, "certs") }
+
+// creds are the transport credentials of a client acting as role, from the cluster's
+// certificates (made by the script's up).
+func (c *localCluster) creds(role trust.Role) credentials.TransportCredentials {
+	c.t.Helper()
+	m, err := trust.Load(c.certsDir())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tc, err := m.ClientCreds(role)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return tc
 }
 
 // eventually retries f until it succeeds or within passes, and says how long it took.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
+	"google.golang.org/grpc/credentials"
 	"os"
 	"path/filepath"
 	"sort"
@@ -17,7 +19,6 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -59,6 +60,7 @@ func TestLocalRegionFailover(t *testing.T) {
 
 	up := time.Now()
 	out := c.cluster(5*time.Minute, "up")
+	opCreds := c.creds(trust.Operator)
 	t.Logf("cluster up: %s\n%s", time.Since(up).Round(time.Millisecond), out)
 	st := c.status()
 	c.wantState(st, "running", processes...)
@@ -71,7 +73,7 @@ func TestLocalRegionFailover(t *testing.T) {
 		"--hold-ttl", holdTTL.String(), "--allocate", "us=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
-	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,9 +102,9 @@ func TestLocalRegionFailover(t *testing.T) {
 	defer func() { cancel(); loadWG.Wait() }()
 	go func() {
 		defer loadWG.Done()
-		st, err := loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
+		st, err := loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Creds: c.creds(trust.Storefront), Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
 			Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "fo-", MaxDuration: loadTime, Seed: 4,
-			Resolve:       func(ctx context.Context, region string) string { return currentRegionAddr(ctx, coord, region) },
+			Resolve:       func(ctx context.Context, region string) string { return currentRegionAddr(ctx, opCreds, coord, region) },
 			ProgressEvery: 2 * time.Second, Progress: func(s loadgen.Stats) {
 				t.Logf("load %4.1fs: %d buyers, %d holds, %d confirmed, %d failed, %d retries",
 					s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Confirmed, s.Failed, s.Retries)
@@ -296,8 +298,8 @@ func countProbes(probe *quotav1.Reservation, viaCoordinator string) int {
 }
 
 // currentRegionAddr asks the coordinator where region answers now ("" when it cannot say).
-func currentRegionAddr(ctx context.Context, coord, region string) string {
-	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func currentRegionAddr(ctx context.Context, creds credentials.TransportCredentials, coord, region string) string {
+	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return ""
 	}

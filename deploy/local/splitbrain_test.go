@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,6 @@ import (
 	"github.com/quotaworks/quota/internal/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // TestLocalRegionSplitBrain is issue 4's split-brain acceptance on real processes: the region
@@ -39,6 +39,7 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c.cluster(5*time.Minute, "up")
+	opCreds := c.creds(trust.Operator)
 	if st := c.status(); !strings.Contains(st["region-us"], "leader") || !strings.Contains(st["region-us-2"], "standby") {
 		t.Fatalf("want region-us leading and region-us-2 standing by: %q, %q", st["region-us"], st["region-us-2"])
 	}
@@ -47,7 +48,7 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 		"--hold-ttl", "10m", "--allocate", "us=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
-	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +64,9 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	defer func() { cancel(); loadWG.Wait() }()
 	go func() {
 		defer loadWG.Done()
-		ls, lerr = loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
+		ls, lerr = loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Creds: c.creds(trust.Storefront), Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
 			Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5,
-			Resolve: func(ctx context.Context, region string) string { return currentRegionAddr(ctx, coord, region) }})
+			Resolve: func(ctx context.Context, region string) string { return currentRegionAddr(ctx, opCreds, coord, region) }})
 	}()
 	time.Sleep(pauseAt)
 
@@ -96,7 +97,7 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	c.cluster(30*time.Second, "resume", "region-us")
 	// The resumed old leader, asked directly, does not grant: it answers NOT_LEADER and names
 	// the new leader (it may first answer with the outcome of what it had queued).
-	oldConn, err := grpc.NewClient(primary, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	oldConn, err := grpc.NewClient(primary, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
 	if err != nil {
 		t.Fatal(err)
 	}

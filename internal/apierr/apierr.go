@@ -39,6 +39,15 @@ var (
 	// (the region's batch it was decided in did not commit, surely); nothing changed, and
 	// asking again with the same key or id is safe.
 	ErrAborted = errors.New("not carried out: its batch failed; ask again")
+	// ErrUnauthenticated: the call came without a client certificate the cluster trusts.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: the caller's role may not make this call (trust.Methods).
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrOverloaded: a bounded queue or table is full; nothing changed, and the caller may
+	// try again after the retry-after it is given.
+	ErrOverloaded = errors.New("overloaded")
+	// ErrPaused: the sale or SKU is paused (the kill switch); no new holds are made.
+	ErrPaused = errors.New("paused")
 )
 
 // InvalidError names the field of a bad request and why it is bad.

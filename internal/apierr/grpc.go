@@ -36,6 +36,10 @@ var table = []mapping{
 	{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN"},
 	{ErrConflict, codes.FailedPrecondition, "CONFLICT"},
 	{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME"},
+	{ErrUnauthenticated, codes.Unauthenticated, "UNAUTHENTICATED"},
+	{ErrPermissionDenied, codes.PermissionDenied, "PERMISSION_DENIED"},
+	{ErrOverloaded, codes.ResourceExhausted, "OVERLOADED"},
+	{ErrPaused, codes.FailedPrecondition, "PAUSED"},
 	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
 	{context.Canceled, codes.Canceled, "CANCELED"},
 }

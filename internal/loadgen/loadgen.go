@@ -18,7 +18,7 @@ import (
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -34,6 +34,9 @@ type Config struct {
 	Sale    string
 	SKU     string
 	Regions []Region
+	// Creds are the buyers' transport credentials: TLS with a storefront certificate, or
+	// insecure.NewCredentials() for a plaintext cluster. Required.
+	Creds credentials.TransportCredentials
 	// Buyers is how many distinct buyers arrive, each with one Reserve (retried as needed).
 	Buyers int
 	// Concurrency is how many buyers are in flight at once.
@@ -126,6 +129,9 @@ func (c *Config) Validate() error {
 	if len(c.Regions) == 0 {
 		return errors.New("loadgen: no regions")
 	}
+	if c.Creds == nil {
+		return errors.New("loadgen: no transport credentials (a storefront certificate, or insecure)")
+	}
 	return c.CheckSettings()
 }
 
@@ -166,7 +172,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	clients := make([]*regionClient, len(cfg.Regions))
 	var total int64
 	for i, r := range cfg.Regions {
-		rc, err := newRegionClient(r.Addr)
+		rc, err := newRegionClient(r.Addr, cfg.Creds)
 		if err != nil {
 			return Stats{}, fmt.Errorf("region %s: %w", r.Name, err)
 		}
@@ -252,6 +258,7 @@ type regionClient struct {
 	mu       sync.Mutex
 	cur      quotav1.RegionServiceClient
 	conns    map[string]*grpc.ClientConn
+	creds    credentials.TransportCredentials
 	resolved time.Time
 }
 
@@ -270,8 +277,8 @@ func (rc *regionClient) resolve(ctx context.Context, region string, fn func(cont
 	}
 }
 
-func newRegionClient(addr string) (*regionClient, error) {
-	rc := &regionClient{conns: map[string]*grpc.ClientConn{}}
+func newRegionClient(addr string, creds credentials.TransportCredentials) (*regionClient, error) {
+	rc := &regionClient{conns: map[string]*grpc.ClientConn{}, creds: creds}
 	return rc, rc.follow(addr)
 }
 
@@ -287,7 +294,7 @@ func (rc *regionClient) follow(addr string) error {
 	conn, ok := rc.conns[addr]
 	if !ok {
 		var err error
-		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		if conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(rc.creds)); err != nil {
 			return err
 		}
 		rc.conns[addr] = conn

@@ -1,6 +1,7 @@
-// Package rpcserve runs a gRPC server with what every server of the project has: the
-// standard health service, server reflection (so grpcurl and ghz work), and the one error
-// table (apierr) applied to every handler's error.
+// Package rpcserve runs a gRPC server with what every server of the project has: mutual TLS
+// and the role table (internal/trust) unless it runs insecure, limits on messages, streams
+// and connections, the standard health service, server reflection (so grpcurl and ghz work),
+// and the one error table (apierr) applied to every handler's error.
 package rpcserve
 
 import (
@@ -8,13 +9,62 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/trust"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 )
+
+// Limits bound what one server accepts from its clients. Zero fields take the defaults.
+type Limits struct {
+	// MaxRecvMsgBytes is the largest request message (default 1 MiB).
+	MaxRecvMsgBytes int
+	// MaxConcurrentStreams is the most calls in flight on one connection (default 1,024).
+	MaxConcurrentStreams uint32
+	// MaxConnections is the most open connections; more are closed as they arrive (default 1,024).
+	MaxConnections int
+	// MaxConnectionIdle closes a connection with no call for this long (default 5 minutes).
+	MaxConnectionIdle time.Duration
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (default 10 s).
+	HandshakeTimeout time.Duration
+}
+
+// DefaultLimits are the limits a server has unless told otherwise (docs/security.md).
+var DefaultLimits = Limits{MaxRecvMsgBytes: 1 << 20, MaxConcurrentStreams: 1024, MaxConnections: 1024,
+	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 10 * time.Second}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.MaxRecvMsgBytes > 0 {
+		d.MaxRecvMsgBytes = l.MaxRecvMsgBytes
+	}
+	if l.MaxConcurrentStreams > 0 {
+		d.MaxConcurrentStreams = l.MaxConcurrentStreams
+	}
+	if l.MaxConnections > 0 {
+		d.MaxConnections = l.MaxConnections
+	}
+	if l.MaxConnectionIdle > 0 {
+		d.MaxConnectionIdle = l.MaxConnectionIdle
+	}
+	if l.HandshakeTimeout > 0 {
+		d.HandshakeTimeout = l.HandshakeTimeout
+	}
+	return d
+}
+
+// Options configure a server: its certificates (nil: insecure, plaintext and no roles) and
+// its limits.
+type Options struct {
+	TLS    *trust.Material
+	Limits Limits
+}
 
 // Server is a gRPC server listening on one address.
 type Server struct {
@@ -30,17 +80,91 @@ func mapErrors(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.Una
 	return resp, apierr.ToStatus(err)
 }
 
+// authorize is the one interceptor that applies the role table (trust.Methods) to a call.
+func authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := trust.Authorize(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := trust.Authorize(ss.Context(), info.FullMethod); err != nil {
+		return apierr.ToStatus(err)
+	}
+	return h(srv, ss)
+}
+
 // Listen binds addr (host:port; port 0 picks a free one) and builds the server; register
-// services on GRPC, then call Start.
-func Listen(addr string) (*Server, error) {
+// services on GRPC, then call Start. With opts.TLS set, every connection is TLS and every
+// call but a health check needs a client certificate whose role the table allows.
+func Listen(addr string, opts Options) (*Server, error) {
+	creds, err := opts.TLS.ServerCreds()
+	if err != nil {
+		return nil, err
+	}
+	lim := opts.Limits.withDefaults()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	s := &Server{GRPC: grpc.NewServer(grpc.ChainUnaryInterceptor(mapErrors)), Health: health.NewServer(), listener: lis}
+	unary := []grpc.UnaryServerInterceptor{mapErrors}
+	var stream []grpc.StreamServerInterceptor
+	if !opts.TLS.Insecure() {
+		unary = []grpc.UnaryServerInterceptor{mapErrors, authorize} // mapErrors outermost: it maps authorize's refusals too
+		stream = append(stream, authorizeStream)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
+		grpc.MaxRecvMsgSize(lim.MaxRecvMsgBytes), grpc.MaxConcurrentStreams(lim.MaxConcurrentStreams),
+		grpc.ConnectionTimeout(lim.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim.MaxConnections)}
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil
+}
+
+// limited is a listener that closes connections arriving while max are open, at once, so
+// a flood of idle connections costs the server a file descriptor each only up to max.
+type limited struct {
+	net.Listener
+	max  int64
+	open atomic.Int64
+}
+
+func limitListener(l net.Listener, max int) net.Listener {
+	return &limited{Listener: l, max: int64(max)}
+}
+
+// Accept returns the next connection within the limit, closing those beyond it.
+func (l *limited) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			_ = c.Close() // refused: the client sees the connection closed
+			continue
+		}
+		return &counted{Conn: c, l: l}, nil
+	}
+}
+
+// Open is the number of connections accepted and not yet closed.
+func (l *limited) Open() int64 { return l.open.Load() }
+
+type counted struct {
+	net.Conn
+	l    *limited
+	once sync.Once
+}
+
+func (c *counted) Close() error {
+	c.once.Do(func() { c.l.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // Addr is the address the server listens on.

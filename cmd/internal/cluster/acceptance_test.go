@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
@@ -47,14 +48,14 @@ func auditOK(t *testing.T, coord quotav1.CoordinatorServiceClient, sale string) 
 // exactly 10,000 units end up held or sold, none oversold, and the audit is clean.
 func TestFlashSaleNoOversell(t *testing.T) {
 	d := startDev(t, "us", "eu", "ap")
-	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr()))
+	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	createSale(t, coord, "flash", 10000, 2, 10*time.Minute)
 	var regions []loadgen.Region
 	for i, w := range []int64{60, 25, 15} {
 		regions = append(regions, loadgen.Region{Name: d.Regions[i].R.Name(), Addr: d.Regions[i].Addr(), Weight: w})
 	}
 	buyers := 50000
-	st, err := loadgen.Run(context.Background(), loadgen.Config{Sale: "flash", SKU: "phone", Regions: regions, Buyers: buyers,
+	st, err := loadgen.Run(context.Background(), loadgen.Config{Creds: creds(t, trust.Storefront), Sale: "flash", SKU: "phone", Regions: regions, Buyers: buyers,
 		Concurrency: 1000, ConfirmRatio: 1, MaxDuration: 8 * time.Minute, Seed: 7})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestFlashSaleNoOversell(t *testing.T) {
 	}
 	// Every unit sold (all buyers paid): every region now says SOLD_OUT, not REGION_EXHAUSTED.
 	for _, r := range d.Regions {
-		rc := quotav1.NewRegionServiceClient(dial(t, r.Addr()))
+		rc := quotav1.NewRegionServiceClient(dial(t, r.Addr(), trust.Storefront))
 		waitFor(t, "region "+r.R.Name()+" to answer SOLD_OUT", 10*time.Second, func() bool {
 			_, err := rc.Reserve(context.Background(), &quotav1.ReserveRequest{SaleId: "flash", Sku: "phone", UserId: "late",
 				Quantity: 1, RequestKey: "late-1"})

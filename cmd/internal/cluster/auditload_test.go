@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -57,7 +58,7 @@ func (cs *coordinators) transfer(ctx context.Context, req *quotav1.TransferReque
 	var last error
 	for attempt := 0; attempt < 200 && ctx.Err() == nil; attempt++ {
 		for _, n := range cs.list() {
-			c := quotav1.NewCoordinatorServiceClient(dial(cs.tc.t, n.Addr()))
+			c := quotav1.NewCoordinatorServiceClient(dial(cs.tc.t, n.Addr(), trust.Operator))
 			r, err := c.Transfer(ctx, req)
 			if err == nil || (apierr.Reason(err) != "NOT_LEADER" && apierr.Reason(err) != "FENCED" && apierr.Reason(err) != "UNKNOWN_OUTCOME" && apierr.Reason(err) != "") {
 				return r, err
@@ -90,7 +91,7 @@ func TestAuditUnderLoad(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		st, err := loadgen.Run(ctx, loadgen.Config{Sale: "busy", SKU: "phone", Regions: regions, Buyers: 25000, Concurrency: 200,
+		st, err := loadgen.Run(ctx, loadgen.Config{Creds: creds(t, trust.Storefront), Sale: "busy", SKU: "phone", Regions: regions, Buyers: 25000, Concurrency: 200,
 			ConfirmRatio: 0.7, ReleaseRatio: 0.1, MaxDuration: 3 * time.Minute, Seed: 11})
 		if err != nil {
 			t.Error(err)

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"github.com/quotaworks/quota/internal/trust"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 func TestBadInputOverGRPC(t *testing.T) {
 	d := startDev(t, "us", "eu", "ap")
 	ctx := context.Background()
-	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr()))
+	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	createSale(t, coord, "good", 100, 2, time.Minute)
 	if _, err := coord.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "later", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}},
 		PerUserLimit: 2, HoldTtlMs: 60000, OpensAt: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
@@ -29,7 +30,7 @@ func TestBadInputOverGRPC(t *testing.T) {
 		Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	us := quotav1.NewRegionServiceClient(dial(t, d.Regions[0].Addr()))
+	us := quotav1.NewRegionServiceClient(dial(t, d.Regions[0].Addr(), trust.Storefront))
 	before := auditOK(t, coord, "good")
 	long := strings.Repeat("x", 10*1024)
 	ok := func(mut func(r *quotav1.ReserveRequest)) *quotav1.ReserveRequest {

@@ -14,9 +14,11 @@ import (
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/rpcserve"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
+	"google.golang.org/grpc/credentials"
 )
 
 // RegionEndpoint is how the coordinator reaches a region: its gRPC address for transfers,
@@ -40,7 +42,10 @@ type CoordinatorConfig struct {
 	// leader publishes in etcd (falling back to the configured one), so a region's failover
 	// to a standby on another address is followed.
 	FollowLeaders bool
-	Logger        *slog.Logger
+	// TLS is the certificates directory: node.crt for the server, client.coordinator.crt for
+	// calls to the regions. Nil runs insecure (plaintext, no roles).
+	TLS    *trust.Material
+	Logger *slog.Logger
 }
 
 // CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
@@ -76,7 +81,11 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err = coordinator.Migrate(ctx, n.DB, pgutil.MigrationLog(cfg.Logger)); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	links, err := n.linkRegions(ctx)
+	creds, err := cfg.TLS.ClientCreds(trust.Coordinator)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	links, err := n.linkRegions(ctx, creds)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +97,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err != nil {
 		return nil, err
 	}
-	if n.Server, err = rpcserve.Listen(cfg.Listen); err != nil {
+	if n.Server, err = rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS}); err != nil {
 		return nil, err
 	}
 	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
@@ -100,7 +109,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	return n, nil
 }
 
-func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.RegionLink, error) {
+func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.TransportCredentials) ([]coordinator.RegionLink, error) {
 	var links []coordinator.RegionLink
 	for _, r := range n.cfg.Regions {
 		db, err := pgutil.Open(ctx, r.DBURL, 4)
@@ -113,7 +122,7 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context) ([]coordinator.Region
 			role := "region/" + r.Name
 			resolve = func() string { return leaderOf(n.etcd, role) }
 		}
-		p, err := coordrpc.DialResolving(r.Addr, resolve)
+		p, err := coordrpc.DialResolving(r.Addr, resolve, creds)
 		if err != nil {
 			return nil, err
 		}

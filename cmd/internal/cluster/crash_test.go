@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"github.com/quotaworks/quota/internal/trust"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +82,7 @@ func (tc *testCluster) rawCoordinator(t *testing.T, gen int64, before, after map
 	t.Cleanup(db.Close)
 	var links []coordinator.RegionLink
 	for _, ep := range tc.eps {
-		p, err := coordrpc.DialParticipant(ep.Addr)
+		p, err := coordrpc.DialParticipant(ep.Addr, creds(t, trust.Coordinator))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +191,7 @@ func TestZombieCoordinatorIsFenced(t *testing.T) {
 		t.Fatalf("zombie's ledger write: %v; want FENCED", err)
 	}
 	// A's queued region calls, sent late with its old generation.
-	p, err := coordrpc.DialParticipant(tc.eps[0].Addr)
+	p, err := coordrpc.DialParticipant(tc.eps[0].Addr, creds(t, trust.Coordinator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func TestZombieCoordinatorIsFenced(t *testing.T) {
 	if _, err := p.Debit(ctx, 500, late); !errors.Is(err, apierr.ErrFenced) {
 		t.Fatalf("zombie's debit: %v; want FENCED", err)
 	}
-	pe, err := coordrpc.DialParticipant(tc.eps[1].Addr)
+	pe, err := coordrpc.DialParticipant(tc.eps[1].Addr, creds(t, trust.Coordinator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +256,7 @@ func TestCancelRequestedTransfer(t *testing.T) {
 				t.Fatalf("in flight %d after the cancel", a.InFlight)
 			}
 			// The old leader's debit, arriving late, cannot take the units any more.
-			p, err := coordrpc.DialParticipant(tc.eps[0].Addr)
+			p, err := coordrpc.DialParticipant(tc.eps[0].Addr, creds(t, trust.Coordinator))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -37,7 +39,12 @@ type DevConfig struct {
 	LeaseTTL time.Duration
 	// Region tunes every region (Name is set per region).
 	Region region.Config
-	Logger *slog.Logger
+	// CertsDir holds the cluster's certificates; whatever is missing is created at start
+	// (default <DataDir>/certs).
+	CertsDir string
+	// Insecure runs every server plaintext with no roles, for people who ask for it.
+	Insecure bool
+	Logger   *slog.Logger
 }
 
 // Validate checks the configuration, naming the bad field.
@@ -73,10 +80,30 @@ func (c *DevConfig) Validate() error {
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("lease-ttl %s: must be at least 1s", c.LeaseTTL)
 	}
+	if c.CertsDir == "" && !c.Insecure {
+		c.CertsDir = filepath.Join(c.DataDir, "certs")
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// certs creates what is missing of the dev certificates and loads them (nil when insecure).
+func (c *DevConfig) certs() (*trust.Material, []string, error) {
+	if c.Insecure {
+		return nil, nil, nil
+	}
+	hosts := trust.DevHosts
+	if c.Host != "" && !slices.Contains(hosts, c.Host) {
+		hosts = append(slices.Clone(hosts), c.Host)
+	}
+	made, err := trust.EnsureDev(c.CertsDir, hosts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("certs-dir: %w", err)
+	}
+	m, err := trust.Load(c.CertsDir)
+	return m, made, err
 }
 
 // Dev is a running all-in-one cluster.
@@ -86,6 +113,10 @@ type Dev struct {
 	Coordinator *CoordinatorNode
 	Regions     []*RegionNode
 	DBURLs      map[string]string // "coordinator" and region names → database URL
+	// TLS is the cluster's certificates (nil when insecure); CertsMade names the files this
+	// start created.
+	TLS       *trust.Material
+	CertsMade []string
 }
 
 // DBName is the database a dev cluster uses for role ("coordinator" or a region name).
@@ -165,6 +196,10 @@ func (d *Dev) startEtcd(cfg DevConfig) (string, error) {
 }
 
 func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
+	var err error
+	if d.TLS, d.CertsMade, err = cfg.certs(); err != nil {
+		return err
+	}
 	clientURL, err := d.startEtcd(cfg)
 	if err != nil {
 		return err
@@ -185,7 +220,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	for i, name := range cfg.Regions {
 		rc := cfg.Region
 		rc.Name = name
-		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), DBURL: d.DBURLs[name], LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger}, d.EtcdClient)
+		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), DBURL: d.DBURLs[name], LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, Logger: cfg.Logger}, d.EtcdClient)
 		if err != nil {
 			return err
 		}
@@ -198,7 +233,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
 	if err != nil {
 		return err
 	}

@@ -2,15 +2,16 @@ package cluster_test
 
 import (
 	"context"
+	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/internal/testcerts"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // startDev starts an all-in-one cluster on free ports with fresh databases.
@@ -20,7 +21,8 @@ func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	defer cancel()
 	prefix := "quota_t_" + randHex(t)
 	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger(), Region: region.Config{Verify: verify()}})
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger(), Region: region.Config{Verify: verify()},
+		CertsDir: certs.Dir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,20 +33,16 @@ func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	return d
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+// dial connects to addr presenting role's certificate from the package's certificates.
+func dial(t *testing.T, addr string, role trust.Role) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return testcerts.Dial(t, certs, addr, role)
 }
 
 func TestDevClusterEndToEnd(t *testing.T) {
 	d := startDev(t, "us", "eu", "ap")
 	ctx := context.Background()
-	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr()))
+	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	_, err := coord.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "s1", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 100}},
 		PerUserLimit: 2, HoldTtlMs: 60000})
 	if err != nil {
@@ -60,7 +58,7 @@ func TestDevClusterEndToEnd(t *testing.T) {
 			t.Fatalf("transfer %v not posted", tr)
 		}
 	}
-	us := quotav1.NewRegionServiceClient(dial(t, d.Regions[0].Addr()))
+	us := quotav1.NewRegionServiceClient(dial(t, d.Regions[0].Addr(), trust.Storefront))
 	res, err := us.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s1", Sku: "phone", UserId: "u1", Quantity: 2, RequestKey: "k1"})
 	if err != nil {
 		t.Fatal(err)

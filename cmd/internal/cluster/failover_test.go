@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func TestRegionFailover(t *testing.T) {
 	db := testpg.NewDB(t, "failover")
 	start := func() *cluster.RegionNode {
 		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: "us", Verify: verify()}, Listen: "127.0.0.1:0",
-			DBURL: db, LeaseTTL: ttl, Logger: testLogger()}, etcd)
+			DBURL: db, LeaseTTL: ttl, TLS: certs, Logger: testLogger()}, etcd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +51,7 @@ func TestRegionFailover(t *testing.T) {
 	}
 	b := start() // the standby: campaigns, answers NOT_LEADER with a's address
 	coordNode, err := cluster.StartCoordinator(ctx, cluster.CoordinatorConfig{Listen: "127.0.0.1:0", DBURL: testpg.NewDB(t, "ledger"),
-		Regions: []cluster.RegionEndpoint{{Name: "us", Addr: a.Addr(), DBURL: db}}, LeaseTTL: ttl, FollowLeaders: true, Logger: testLogger()}, etcd)
+		Regions: []cluster.RegionEndpoint{{Name: "us", Addr: a.Addr(), DBURL: db}}, LeaseTTL: ttl, FollowLeaders: true, TLS: certs, Logger: testLogger()}, etcd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestRegionFailover(t *testing.T) {
 	if err := coordNode.WaitLeading(ctx); err != nil {
 		t.Fatal(err)
 	}
-	coord := quotav1.NewCoordinatorServiceClient(dial(t, coordNode.Addr()))
+	coord := quotav1.NewCoordinatorServiceClient(dial(t, coordNode.Addr(), trust.Operator))
 	if _, err := coord.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "f", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 40000}},
 		PerUserLimit: 2, HoldTtlMs: 600000}); err != nil {
 		t.Fatal(err)
@@ -66,14 +67,14 @@ func TestRegionFailover(t *testing.T) {
 	if _, err := coord.Allocate(ctx, &quotav1.AllocateRequest{SaleId: "f", RequestId: "a", Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := quotav1.NewRegionServiceClient(dial(t, b.Addr())).Reserve(ctx, &quotav1.ReserveRequest{SaleId: "f", Sku: "phone", UserId: "x",
+	if _, err := quotav1.NewRegionServiceClient(dial(t, b.Addr(), trust.Storefront)).Reserve(ctx, &quotav1.ReserveRequest{SaleId: "f", Sku: "phone", UserId: "x",
 		Quantity: 1, RequestKey: "k"}); apierr.LeaderHint(err) != a.Addr() {
 		t.Fatalf("standby's answer %v; want NOT_LEADER naming %s", err, a.Addr())
 	}
 
 	done := make(chan loadgen.Stats, 1)
 	go func() {
-		st, err := loadgen.Run(ctx, loadgen.Config{Sale: "f", SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: a.Addr(), Weight: 1}},
+		st, err := loadgen.Run(ctx, loadgen.Config{Creds: creds(t, trust.Storefront), Sale: "f", SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: a.Addr(), Weight: 1}},
 			Buyers: 30000, Concurrency: 64, ConfirmRatio: 0.5, MaxDuration: 12 * time.Second, Seed: 9,
 			Resolve: func(ctx context.Context, _ string) string {
 				addr, _, _ := fencing.Leader(ctx, etcd, "region/us")
@@ -94,7 +95,7 @@ func TestRegionFailover(t *testing.T) {
 	}
 	st := <-done
 	t.Logf("load: %d buyers, %d holds acknowledged, %d confirmed, %d failed, %d retries", st.Buyers, len(st.Holds), st.Confirmed, st.Failed, st.Retries)
-	rb := quotav1.NewRegionServiceClient(dial(t, b.Addr()))
+	rb := quotav1.NewRegionServiceClient(dial(t, b.Addr(), trust.Storefront))
 	var after int // holds created after the crash: the hold TTL is 600 s
 	for id := range st.Holds {
 		h, err := rb.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: id})

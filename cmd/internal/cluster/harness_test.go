@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func newTestCluster(t *testing.T, names ...string) *testCluster {
 	for _, name := range names {
 		db := testpg.NewDB(t, "region_"+name)
 		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name, Verify: verify()}, Listen: "127.0.0.1:0", DBURL: db,
-			LeaseTTL: 2 * time.Second, Logger: testLogger()}, etcd)
+			LeaseTTL: 2 * time.Second, TLS: certs, Logger: testLogger()}, etcd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +71,7 @@ func (tc *testCluster) addCoordinator(strandAfter time.Duration) *cluster.Coordi
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n, err := cluster.StartCoordinator(ctx, cluster.CoordinatorConfig{Listen: "127.0.0.1:0", DBURL: tc.ledger, Regions: tc.eps,
-		LeaseTTL: 2 * time.Second, StrandAfter: strandAfter, RetryInterval: 200 * time.Millisecond, Logger: testLogger()}, tc.etcd)
+		LeaseTTL: 2 * time.Second, StrandAfter: strandAfter, RetryInterval: 200 * time.Millisecond, TLS: certs, Logger: testLogger()}, tc.etcd)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -80,11 +81,11 @@ func (tc *testCluster) addCoordinator(strandAfter time.Duration) *cluster.Coordi
 }
 
 func (tc *testCluster) coordinator(n *cluster.CoordinatorNode) quotav1.CoordinatorServiceClient {
-	return quotav1.NewCoordinatorServiceClient(dial(tc.t, n.Addr()))
+	return quotav1.NewCoordinatorServiceClient(dial(tc.t, n.Addr(), trust.Operator))
 }
 
 func (tc *testCluster) region(name string) quotav1.RegionServiceClient {
-	return quotav1.NewRegionServiceClient(dial(tc.t, tc.regions[name].Addr()))
+	return quotav1.NewRegionServiceClient(dial(tc.t, tc.regions[name].Addr(), trust.Storefront))
 }
 
 func (tc *testCluster) stock(name, sale string) *quotav1.Pool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -13,10 +14,46 @@ import (
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
+
+// certs are the package's cluster certificates (CA, node, a client per role), made once:
+// every test here runs in the secure default, mutual TLS with roles.
+var certs *trust.Material
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "quota-cluster-certs-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if _, err := trust.EnsureDev(dir, trust.DevHosts); err == nil {
+		certs, err = trust.Load(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "test certificates:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+// creds are the transport credentials of a client acting as role.
+func creds(t testing.TB, role trust.Role) credentials.TransportCredentials {
+	t.Helper()
+	c, err := certs.ClientCreds(role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
 
 func randHex(t *testing.T) string {
 	var b [4]byte

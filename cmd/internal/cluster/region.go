@@ -15,6 +15,7 @@ import (
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/rpcserve"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/region/regionrpc"
@@ -29,7 +30,9 @@ type RegionConfig struct {
 	DBURL string
 	// LeaseTTL is the etcd lease of the region's leadership.
 	LeaseTTL time.Duration
-	Logger   *slog.Logger
+	// TLS is the certificates directory (node.crt); nil runs insecure (plaintext, no roles).
+	TLS    *trust.Material
+	Logger *slog.Logger
 }
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
@@ -137,7 +140,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		db.Close()
 		return nil, err
 	}
-	srv, err := rpcserve.Listen(cfg.Listen)
+	srv, err := rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS})
 	if err != nil {
 		db.Close()
 		return nil, err

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"github.com/quotaworks/quota/internal/trust"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,7 +71,7 @@ func (p *quotadProc) start() {
 		p.exitErr = p.cmd.Wait()
 		close(exited)
 	}()
-	conn := dial(p.t, "127.0.0.1:"+strconv.Itoa(p.base))
+	conn := dial(p.t, "127.0.0.1:"+strconv.Itoa(p.base), trust.Operator)
 	c := quotav1.NewCoordinatorServiceClient(conn)
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -107,10 +108,10 @@ func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
 	prefix := "quota_t_" + randHex(t)
 	t.Cleanup(func() { dropDBs(t, prefix, []string{"us", "eu", "ap"}) })
 	p := &quotadProc{t: t, base: base, args: []string{"dev", "--base-port", strconv.Itoa(base), "--data-dir", t.TempDir(),
-		"--db-prefix", prefix, "--pg-url", testpg.AdminURL(), "--lease-ttl", "2s", "--log-level", "warn"}}
+		"--db-prefix", prefix, "--pg-url", testpg.AdminURL(), "--lease-ttl", "2s", "--log-level", "warn", "--certs-dir", certs.Dir()}}
 	p.start()
 	t.Cleanup(p.kill9)
-	coord := quotav1.NewCoordinatorServiceClient(dial(t, "127.0.0.1:"+strconv.Itoa(base)))
+	coord := quotav1.NewCoordinatorServiceClient(dial(t, "127.0.0.1:"+strconv.Itoa(base), trust.Operator))
 	createSale(t, coord, "crash", 5000, 2, 10*time.Minute)
 	var regions []loadgen.Region
 	for i, name := range []string{"us", "eu", "ap"} {
@@ -125,7 +126,7 @@ func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
 	defer stopLoad()
 	var granted atomic.Int64
 	go func() {
-		st, err := loadgen.Run(lctx, loadgen.Config{Sale: "crash", SKU: "phone", Regions: regions, Buyers: 20000,
+		st, err := loadgen.Run(lctx, loadgen.Config{Creds: creds(t, trust.Storefront), Sale: "crash", SKU: "phone", Regions: regions, Buyers: 20000,
 			Concurrency: 100, ConfirmRatio: 0.5, MaxDuration: 2 * time.Minute, Seed: 3,
 			ProgressEvery: 50 * time.Millisecond, Progress: func(s loadgen.Stats) { granted.Store(s.Granted) }})
 		done <- result{st, err}
@@ -147,7 +148,7 @@ func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
 	p.start()
 	clients := map[string]quotav1.RegionServiceClient{}
 	for _, r := range regions {
-		clients[r.Name] = quotav1.NewRegionServiceClient(dial(t, r.Addr))
+		clients[r.Name] = quotav1.NewRegionServiceClient(dial(t, r.Addr, trust.Storefront))
 	}
 	for id, region := range res.st.Holds {
 		got, err := clients[region].GetReservation(context.Background(), &quotav1.GetReservationRequest{HoldId: id})

@@ -1,4 +1,4 @@
-// Package bench is `quotactl bench` (issue 4): one reproducible run that measures, on the same
+// Package bench is `quotactl bench`: one reproducible run that measures, on the same
 // PostgreSQL server and at the same concurrency, the plain-SQL ways of selling one hot SKU
 // against this project's region, end to end through gRPC:
 //
@@ -404,8 +404,8 @@ type VariantResult struct {
 	Skipped         string  `json:"skipped,omitempty"`
 }
 
-// Report is a whole run: the setup, every variant, the best K of (c), and the ratios the
-// issue sets targets for.
+// Report is a whole run: the setup, every variant, the best K of (c), and the ratios that
+// have targets.
 type Report struct {
 	Setup       Setup           `json:"setup"`
 	Variants    []VariantResult `json:"variants"`

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// Ratio is one comparison the issue sets a target for.
+// Ratio is one comparison that has a target.
 type Ratio struct {
 	Name    string  `json:"name"`
 	Meaning string  `json:"meaning"`
@@ -30,7 +30,7 @@ type compared struct {
 }
 
 // finish computes the ratios whose variants all ran, over the variants' medians across the
-// rounds, every variant at the same concurrency, as the issue's comparison is. At one
+// rounds, every variant at the same concurrency, as the targets' comparison is. At one
 // concurrency that is all. A sweep takes them at the benchmark's peak, the concurrency where
 // (d)'s median reservations/s is highest (the first concurrency when (d) did not run), and
 // keeps them at every concurrency too (AtConcurrency), so that a reader sees all of them.

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/quotaworks/quota/internal/trust"
+	"github.com/spf13/cobra"
+)
+
+// certCmd makes and lists the certificates of a cluster, the way CockroachDB's cert commands
+// do: one CA, a node certificate for the servers, a client certificate per role.
+func certCmd() *cobra.Command {
+	createCA := &cobra.Command{Use: "create-ca", Short: "Create the cluster's certificate authority (ca.crt, ca.key)", Args: cobra.NoArgs,
+		Example: `  quotactl cert create-ca --certs-dir certs`,
+		RunE: withEnv(func(e *env) error {
+			return certDone(e, trust.CreateCA(e.v.GetString("certs-dir"), e.v.GetBool("overwrite")), trust.CACert, trust.CAKey)
+		})}
+	createNode := &cobra.Command{Use: "create-node", Short: "Create node.crt/node.key for the servers, signed by ca.key", Args: cobra.NoArgs,
+		Example: `  quotactl cert create-node --host localhost --host 127.0.0.1 --certs-dir certs`,
+		RunE: withEnv(func(e *env) error {
+			return certDone(e, trust.CreateNode(e.v.GetString("certs-dir"), e.v.GetStringSlice("host"), e.v.GetBool("overwrite")),
+				trust.NodeCert, trust.NodeKey)
+		})}
+	createNode.Flags().StringSlice("host", nil, "a host name or IP address the servers answer on, repeated for each (required)")
+	createClient := &cobra.Command{Use: "create-client", Short: "Create client.<role>.crt/.key for a role, signed by ca.key", Args: cobra.NoArgs,
+		Example: `  quotactl cert create-client --role operator --certs-dir certs
+  quotactl cert create-client --role storefront --name shop-eu --certs-dir certs`,
+		RunE: withEnv(runCreateClient)}
+	createClient.Flags().String("name", "", "the certificate's common name, shown in logs and refusals (default: the role); a name other than the role's is part of the file name")
+	list := &cobra.Command{Use: "list", Short: "List the certificates of --certs-dir with their roles, hosts, expiry and problems", Args: cobra.NoArgs,
+		Example: `  quotactl cert list --certs-dir .dev/certs`, RunE: withEnv(runCertList)}
+	for _, c := range []*cobra.Command{createCA, createNode, createClient} {
+		c.Flags().Bool("overwrite", false, "replace files that exist (replacing the CA invalidates every certificate it signed)")
+	}
+	cmd := group("cert", "Create and list the cluster's TLS certificates", createCA, createNode, createClient, list)
+	cmd.Long = `A cluster trusts one certificate authority (ca.crt). Every server presents node.crt; every
+client presents client.<role>.crt, whose role (coordinator, storefront, operator, auditor)
+decides what it may call. Keep ca.key where certificates are made, not on the servers.`
+	return cmd
+}
+
+func runCreateClient(e *env) error {
+	role, err := trust.ParseRole(e.v.GetString("role"))
+	if err != nil {
+		return usage("--%v", err)
+	}
+	name := e.v.GetString("name")
+	err = trust.CreateClient(e.v.GetString("certs-dir"), role, name, e.v.GetBool("overwrite"))
+	return certDone(e, err, trust.ClientCert(role, name), trust.ClientKey(role, name))
+}
+
+func certDone(e *env, err error, files ...string) error {
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Dir     string   `json:"certs_dir"`
+		Created []string `json:"created"`
+	}{e.v.GetString("certs-dir"), files}
+	return e.print(out, func(w io.Writer) {
+		for _, f := range files {
+			fmt.Fprintf(w, "created %s/%s\n", out.Dir, f)
+		}
+	})
+}
+
+func runCertList(e *env) error {
+	certs, err := trust.List(e.v.GetString("certs-dir"), time.Now())
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Certs []trust.CertInfo `json:"certificates"`
+	}{certs}
+	return e.print(out, func(w io.Writer) {
+		for _, c := range certs {
+			role := string(c.Role)
+			if role == "" {
+				role = "-"
+			}
+			fmt.Fprintf(w, "%-28s %-6s role %-11s name %-14s expires %s", c.File, c.Kind, role, c.Name, c.NotAfter.Format("2006-01-02"))
+			if len(c.Hosts) > 0 {
+				fmt.Fprintf(w, "  hosts %v", c.Hosts)
+			}
+			if c.Problem != "" {
+				fmt.Fprintf(w, "  PROBLEM: %s", c.Problem)
+			}
+			fmt.Fprintln(w)
+		}
+	})
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/quotaworks/quota/internal/trust"
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+)
+
+// addSecurityFlags adds --certs-dir and --insecure to a server command. certsHelp says where
+// the directory defaults to.
+func addSecurityFlags(cmd *cobra.Command, certsHelp string) {
+	f := cmd.Flags()
+	f.String("certs-dir", "", "directory of the cluster's certificates: ca.crt, node.crt/node.key, client.<role>.crt/.key "+certsHelp)
+	f.Bool("insecure", false, "serve plaintext with no client certificates and no roles: anyone who reaches a port may do anything (development only)")
+}
+
+// insecureBanner is what a server prints, to stderr and its log, when it runs without TLS.
+const insecureBanner = `
+*** WARNING: running --insecure: plaintext, no client certificates, no roles. ***
+*** Anyone who can reach these ports can create, move or destroy stock.        ***
+`
+
+// security loads the certificates a server command names, or returns nil for --insecure
+// after saying so loudly.
+func security(v *viper.Viper, log *slog.Logger) (*trust.Material, error) {
+	if v.GetBool("insecure") {
+		fmt.Fprint(os.Stderr, insecureBanner)
+		log.Warn("running insecure: plaintext, no client certificates, no authorization")
+		return nil, nil
+	}
+	dir := v.GetString("certs-dir")
+	if dir == "" {
+		return nil, fmt.Errorf("certs-dir: must be set (the directory of ca.crt and node.crt; make them with quotactl cert), or pass --insecure")
+	}
+	m, err := trust.Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("certs-dir: %w", err)
+	}
+	if _, err := m.ServerConfig(); err != nil {
+		return nil, fmt.Errorf("certs-dir: %w", err)
+	}
+	return m, nil
+}

@@ -1,0 +1,113 @@
+package trust
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+)
+
+// Methods is the one table of who may call what: every RPC of every service, by gRPC full
+// method name, and the roles allowed to call it. A method missing from the table is refused
+// to every role. docs/security.md prints it as the role matrix; TestTableCoversEveryRPC keeps
+// it complete.
+var Methods = map[string][]Role{
+	// RegionService: storefronts reserve; the reads are open to operators and auditors too.
+	"/quota.v1.RegionService/Reserve":        {Storefront},
+	"/quota.v1.RegionService/Confirm":        {Storefront},
+	"/quota.v1.RegionService/Release":        {Storefront},
+	"/quota.v1.RegionService/GetReservation": {Storefront, Operator, Auditor},
+	"/quota.v1.RegionService/GetStock":       {Storefront, Operator, Auditor},
+
+	// ParticipantService: the transfer steps, for the coordinator alone.
+	"/quota.v1.ParticipantService/PutSale":        {Coordinator},
+	"/quota.v1.ParticipantService/Credit":         {Coordinator},
+	"/quota.v1.ParticipantService/Debit":          {Coordinator},
+	"/quota.v1.ParticipantService/RefuseDebit":    {Coordinator},
+	"/quota.v1.ParticipantService/Refuse":         {Coordinator},
+	"/quota.v1.ParticipantService/Restore":        {Coordinator},
+	"/quota.v1.ParticipantService/Settle":         {Coordinator},
+	"/quota.v1.ParticipantService/TransferStatus": {Coordinator},
+
+	// CoordinatorService: operators change; auditors read. ListRegions is also how a
+	// storefront finds its region's address.
+	"/quota.v1.CoordinatorService/CreateSale":      {Operator},
+	"/quota.v1.CoordinatorService/Allocate":        {Operator},
+	"/quota.v1.CoordinatorService/Transfer":        {Operator},
+	"/quota.v1.CoordinatorService/ResolveTransfer": {Operator},
+	"/quota.v1.CoordinatorService/Rebalance":       {Operator},
+	"/quota.v1.CoordinatorService/GetSale":         {Operator, Auditor},
+	"/quota.v1.CoordinatorService/Audit":           {Operator, Auditor},
+	"/quota.v1.CoordinatorService/GetTransfer":     {Operator, Auditor},
+	"/quota.v1.CoordinatorService/ListTransfers":   {Operator, Auditor},
+	"/quota.v1.CoordinatorService/ListRegions":     {Operator, Auditor, Storefront},
+}
+
+// openService is the service anyone may call, with or without a certificate: health checks,
+// for load balancers and orchestrators.
+const openService = "/grpc.health.v1.Health/"
+
+// anyRoleServices may be called by any client with a valid certificate, whatever its role:
+// server reflection (grpcurl's describe and list).
+var anyRoleServices = []string{"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"}
+
+// Allowed reports whether role may call method, by the table.
+func Allowed(role Role, method string) bool {
+	if strings.HasPrefix(method, openService) {
+		return true
+	}
+	if role == "" {
+		return false
+	}
+	if slices.ContainsFunc(anyRoleServices, func(s string) bool { return strings.HasPrefix(method, s) }) {
+		return true
+	}
+	return slices.Contains(Methods[method], role)
+}
+
+// Caller is who a call comes from: the role and name of its verified client certificate.
+// Certified is false when the connection presented none (or is plaintext).
+type Caller struct {
+	Role      Role
+	Name      string
+	Certified bool
+}
+
+// CallerOf reads the caller of a gRPC call from its connection's verified certificate.
+func CallerOf(ctx context.Context) Caller {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Caller{}
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return Caller{}
+	}
+	leaf := info.State.VerifiedChains[0][0]
+	return Caller{Role: RoleOf(leaf), Name: leaf.Subject.CommonName, Certified: true}
+}
+
+// Authorize decides one call on a secure server: health checks pass; a call without a
+// verified client certificate is Unauthenticated; a role the table does not allow is
+// PermissionDenied, naming the role and the method.
+func Authorize(ctx context.Context, method string) error {
+	if strings.HasPrefix(method, openService) {
+		return nil
+	}
+	c := CallerOf(ctx)
+	if !c.Certified {
+		return fmt.Errorf("%s needs a client certificate signed by the cluster's CA (see quotactl cert): %w", method, apierr.ErrUnauthenticated)
+	}
+	if !Allowed(c.Role, method) {
+		role := string(c.Role)
+		if role == "" {
+			role = "none"
+		}
+		return fmt.Errorf("role %s (certificate %q) may not call %s: %w", role, c.Name, method, apierr.ErrPermissionDenied)
+	}
+	return nil
+}
