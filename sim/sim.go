@@ -1,4 +1,4 @@
-// Package sim is quota's deterministic simulation (DESIGN.md §9; issue 5): one seeded,
+// Package sim is quota's deterministic simulation: one seeded,
 // single-threaded run of three regions, two coordinators, a ledger, storefronts and an
 // operator, on a simulated clock, over a message layer that drops, delays, duplicates and
 // reorders, with crashes that lose a process's memory and keep its durable state.

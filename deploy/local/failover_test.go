@@ -39,7 +39,7 @@ type auditOut struct {
 	Violations []json.RawMessage `json:"violations"`
 }
 
-// TestLocalRegionFailover is issue 4's acceptance on real processes: kill -9 the region leader
+// TestLocalRegionFailover is region failover on real processes: kill -9 the region leader
 // during a 30 s load; the standby serves within the lease TTL plus 2 s; no acknowledged hold is
 // lost, nothing is oversold and the audit is clean. A request in flight during the kill is
 // either in the books or was answered with an error: every hold the load generator was told

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-// TestLocalRegionSplitBrain is issue 4's split-brain acceptance on real processes: the region
+// TestLocalRegionSplitBrain is a split brain on real processes: the region
 // leader is paused (SIGSTOP) past its lease while buyers keep coming, the standby takes over
 // and serves, and then the old leader is resumed with whatever it had queued. It stops
 // leading; nothing it held is answered as a success that is not in the books (the epoch fence

@@ -98,8 +98,8 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases) (g *rig, err err
 	}
 	g.dev, err = cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{benchRegion}, PGURL: cfg.PGURL, DBPrefix: prefix,
 		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region,
-		// The bench's private cluster on loopback runs plaintext, as its SQL variants' connections do,
-		// so that every variant pays the same transport.
+		// The bench's private cluster on loopback runs plaintext gRPC, so its figures are
+		// comparable with those recorded before the servers served TLS.
 		Insecure: true})
 	if err != nil {
 		return nil, fmt.Errorf("start cluster: %w", err)
