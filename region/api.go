@@ -294,12 +294,27 @@ func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
 	if err := CheckTerms(t); err != nil {
 		return err
 	}
+	if err := r.checkGeneration(ctx, gen); err != nil {
+		return err
+	}
 	// Keep the terms at the precision they are stored with (opens_at in microseconds, the
 	// TTL in milliseconds), so a retry compares equal to the stored terms and the cached
 	// terms are the ones a reload reads back.
 	t.OpensAt, t.HoldTTL = t.OpensAt.Truncate(time.Microsecond), t.HoldTTL.Truncate(time.Millisecond)
 	_, err := r.submit(ctx, &putSaleOp{gen: gen, terms: t})
 	return err
+}
+
+// checkCredit validates a Credit or a Refuse: the ids, and units 0..MaxUnits (a credit of 0
+// creates the pool row, empty; the coordinator sends none, but nothing is wrong with one).
+func checkCredit(req CreditRequest) error {
+	if err := checkIDs("transfer_id", req.TransferID, "sale_id", req.Sale, "sku", req.SKU); err != nil {
+		return err
+	}
+	if req.Units < 0 || req.Units > transfer.MaxUnits {
+		return apierr.Invalid("units", "must be 0..%d, got %d", transfer.MaxUnits, req.Units)
+	}
+	return nil
 }
 
 // CheckTerms validates a sale's terms, naming the bad field.
@@ -327,11 +342,11 @@ func CheckTerms(t SaleTerms) error {
 // Credit adds a transfer's units to this region, once per transfer id, and returns the
 // region's durable record of it (credited, or refused when a refusal came first).
 func (r *Region) Credit(ctx context.Context, req CreditRequest) (transfer.InState, error) {
-	if err := checkIDs("transfer_id", req.TransferID, "sale_id", req.Sale, "sku", req.SKU); err != nil {
+	if err := checkCredit(req); err != nil {
 		return "", err
 	}
-	if req.Units < 0 || req.Units > transfer.MaxUnits {
-		return "", apierr.Invalid("units", "must be 0..%d, got %d", transfer.MaxUnits, req.Units)
+	if err := r.checkGeneration(ctx, req.Generation); err != nil {
+		return "", err
 	}
 	res, err := submitAs[creditResult](ctx, r, &creditOp{req: req})
 	return res.state, err

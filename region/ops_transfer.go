@@ -220,10 +220,38 @@ func checkTransferFields(id, sale string) error {
 	return checkIDs("transfer_id", id, "sale_id", sale)
 }
 
+// checkGeneration bounds a coordinator request's generation by the coordinator leader's
+// generation as etcd reports it, read again only when gen is above the highest read so far.
+// A generation from the future would raise the sale's fence past every real leader and lock
+// the coordinator out of the sale for good (I4 keeps fences from falling), so it is refused
+// before it reaches the writer and raises nothing. A deposed coordinator's lower generation
+// passes here and meets the SQL fence.
+func (r *Region) checkGeneration(ctx context.Context, gen int64) error {
+	if gen < 1 {
+		return fmt.Errorf("generation %d: not a coordinator's generation: %w", gen, ErrFenced)
+	}
+	if r.cfg.CoordinatorGeneration == nil || gen <= r.coordGen.Load() {
+		return nil
+	}
+	cur, err := r.cfg.CoordinatorGeneration(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the coordinator leader's generation: %v: %w", err, apierr.ErrAborted)
+	}
+	for old := r.coordGen.Load(); cur > old && !r.coordGen.CompareAndSwap(old, cur); old = r.coordGen.Load() {
+	}
+	if gen > cur {
+		return apierr.Invalid("generation", "above the coordinator leader's generation in etcd; no fence was raised")
+	}
+	return nil
+}
+
 // Debit is step 2 of a transfer at its source. It answers pending (debited now or before)
 // or refused (not enough available; recorded so it stays refused).
 func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
 	if err := checkDebit(req); err != nil {
+		return "", err
+	}
+	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
 	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req})
@@ -235,6 +263,9 @@ func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState
 // that came first (pending, settled or voided).
 func (r *Region) RefuseDebit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
 	if err := checkDebit(req); err != nil {
+		return "", err
+	}
+	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
 	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req, refuse: true})
@@ -253,7 +284,10 @@ func checkDebit(req DebitRequest) error {
 // Refuse is the abort step at a destination: it answers refused (a tombstone now stops any
 // credit) or credited (too late to refuse).
 func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InState, error) {
-	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
+	if err := checkCredit(req); err != nil {
+		return "", err
+	}
+	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
 	return submitAs[transfer.InState](ctx, r, &refuseOp{req: req})
@@ -264,12 +298,18 @@ func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutStat
 	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
 		return "", err
 	}
+	if err := r.checkGeneration(ctx, ref.Generation); err != nil {
+		return "", err
+	}
 	return submitAs[transfer.OutState](ctx, r, &restoreOp{ref: ref})
 }
 
 // Settle records at the source that the destination credited the transfer.
 func (r *Region) Settle(ctx context.Context, ref TransferRef) (transfer.OutState, error) {
 	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
+		return "", err
+	}
+	if err := r.checkGeneration(ctx, ref.Generation); err != nil {
 		return "", err
 	}
 	return submitAs[transfer.OutState](ctx, r, &settleOp{ref: ref})

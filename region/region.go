@@ -32,6 +32,9 @@ type Config struct {
 	Clock clock.Clock
 	// MaxBatch is the most operations one transaction commits; default 256.
 	MaxBatch int
+	// MaxQueue is the most operations waiting for the writer; past it a request is answered
+	// OVERLOADED (RESOURCE_EXHAUSTED with a retry-after) at once. Default 16 × MaxBatch.
+	MaxQueue int
 	// BatchWindow is how long the writer waits for more operations after the first; 0 (the
 	// default) commits whatever is queued at once, so light load pays about one commit.
 	BatchWindow time.Duration
@@ -59,6 +62,11 @@ type Config struct {
 	// SoldOut, when set, tells whether the coordinator has flagged a SKU as gone everywhere;
 	// an empty pool then answers SOLD_OUT instead of REGION_EXHAUSTED.
 	SoldOut func(sale, sku string) bool
+	// CoordinatorGeneration, when set, reads the coordinator leader's generation from etcd.
+	// A coordinator request whose generation is above it is refused and raises no fence
+	// (I4: a fence rises only to a real leader's generation). Unset (tests, the
+	// simulation): no bound.
+	CoordinatorGeneration func(ctx context.Context) (int64, error)
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -74,6 +82,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
 		return fmt.Errorf("max batch %d: must be 1..10000", c.MaxBatch)
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 16 * c.MaxBatch
+	}
+	if c.MaxQueue < c.MaxBatch || c.MaxQueue > 1<<20 {
+		return fmt.Errorf("max queue %d: must be %d (max batch)..%d", c.MaxQueue, c.MaxBatch, 1<<20)
 	}
 	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
 		return fmt.Errorf("batch window %s: must be 0..1s", c.BatchWindow)
@@ -158,6 +172,10 @@ type Region struct {
 	// fullTakeovers and warmTakeovers count the takeovers that loaded every hold and those
 	// that caught up a warm copy.
 	fullTakeovers, warmTakeovers atomic.Int64
+	// batchFailures counts the writer's batches that failed (each forces a reload).
+	batchFailures atomic.Int64
+	// coordGen is the highest coordinator leader generation read from etcd so far.
+	coordGen atomic.Int64
 }
 
 // New builds a region on pool, whose schema must be migrated (Migrate).
@@ -197,7 +215,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	}
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
-		in: make(chan *pending, 4*r.cfg.MaxBatch), onCommit: r.applyCommitted, m: m,
+		in: make(chan *pending, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m,
 	}
 	w.onFail = func(err error) (*memState, bool) { return r.onBatchFailure(w, err) }
 	w.start()
@@ -321,6 +339,10 @@ func (r *Region) Close() {
 	r.StepDown()
 	r.selfStops.Wait()
 }
+
+// BatchFailures counts the writer's batches that failed, each of which made the leader
+// reload its memory from SQL (or step down).
+func (r *Region) BatchFailures() int64 { return r.batchFailures.Load() }
 
 // Takeovers counts this process's takeovers: those that loaded every hold, and those that
 // caught up the warm copy it kept as a standby (KeepWarm).
@@ -496,6 +518,7 @@ func (r *Region) applyCommitted(b *batch) {
 // is unknown keeps that answer: its callers must ask again with the same key.
 func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
 	batchErr := err
+	r.batchFailures.Add(1)
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

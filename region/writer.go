@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -37,6 +39,10 @@ type batch struct {
 	epoch   int64
 	stamp   int64 // the changed stamp of the holds this batch writes (standby.go)
 	tx      pgx.Tx
+	// sp is the savepoint of the coordinator's op being applied (fencedOp), and spAvail the
+	// pool counts it changed, applied to memory only once the savepoint is released.
+	sp      pgx.Tx
+	spAvail map[poolKey]transfer.Units
 }
 
 // begin opens the batch's transaction on first use, first passing the epoch fence (I4): a
@@ -81,15 +87,71 @@ func (b *batch) sqlOp(ctx context.Context) (pgx.Tx, error) {
 // fencedOp prepares a coordinator's op (sqlOp), then passes the sale's generation fence in
 // the batch's transaction (I4). A fenced request is an outcome (the batch goes on); failing
 // to reach the database is fatal to the batch.
+//
+// The op runs inside a savepoint of its own: a statement the database refuses fails this op
+// alone (endOp), never the other requests of the batch, and forces no reload.
 func (b *batch) fencedOp(ctx context.Context, sale string, gen int64) (tx pgx.Tx, outcome, fatal error) {
 	tx, fatal = b.sqlOp(ctx)
 	if fatal != nil {
 		return nil, nil, fatal
 	}
-	if err := fencing.CheckSaleGeneration(ctx, tx, sale, gen); err != nil {
+	if b.sp != nil {
+		panic("region: a coordinator op began inside another's savepoint") // programmer error
+	}
+	sp, err := tx.Begin(ctx) // SAVEPOINT
+	if err != nil {
+		return nil, nil, fmt.Errorf("savepoint: %w", err)
+	}
+	b.sp, b.spAvail = sp, map[poolKey]transfer.Units{}
+	if err := fencing.CheckSaleGeneration(ctx, sp, sale, gen); err != nil {
 		return nil, err, nil
 	}
-	return tx, nil, nil
+	return sp, nil, nil
+}
+
+// endOp closes the savepoint of the op just applied, if it opened one. When the op
+// succeeded (or ended in an outcome), the savepoint is released and the pool counts it
+// changed reach memory. When the database refused one of the op's own statements (a
+// constraint, a bad value), the savepoint is rolled back and that error becomes the op's
+// answer: the batch goes on and commits the other requests (I6 for them), and memory is
+// untouched, so no reload is needed. Any other failure stays fatal to the batch.
+func (b *batch) endOp(ctx context.Context, outcome, fatal error) (error, error) {
+	sp, avail := b.sp, b.spAvail
+	if sp == nil {
+		return outcome, fatal
+	}
+	b.sp, b.spAvail = nil, nil
+	if fatal != nil {
+		if !statementError(fatal) {
+			return outcome, fatal
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, fmt.Errorf("%w (rolling back to the savepoint: %v)", fatal, err)
+		}
+		return fmt.Errorf("refused by the database, nothing changed: %w", fatal), nil
+	}
+	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
+		return nil, fmt.Errorf("release savepoint: %w", err)
+	}
+	for k, a := range avail {
+		b.applyAvailable(k, a)
+	}
+	return outcome, nil
+}
+
+// statementError reports whether err is the database refusing one statement (integrity,
+// data or syntax classes) on a connection that is still good, as opposed to a lost
+// connection, a shutdown or a resource failure.
+func statementError(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || len(pg.Code) < 2 {
+		return false
+	}
+	switch pg.Code[:2] {
+	case "22", "23", "42", "P0": // data exception, integrity violation, syntax or access, PL/pgSQL raise
+		return true
+	}
+	return false
 }
 
 // hold returns a hold as this batch sees it: its own change, or the committed one.
@@ -115,8 +177,17 @@ func (b *batch) put(h *memHold) {
 	b.keys[keyKey{h.Sale, h.User, h.RequestKey}] = h
 }
 
-// setAvailable records a pool's available count after a SQL op changed it.
+// setAvailable records a pool's available count after a SQL op changed it; inside an op's
+// savepoint, once the savepoint is released.
 func (b *batch) setAvailable(k poolKey, a transfer.Units) {
+	if b.sp != nil {
+		b.spAvail[k] = a
+		return
+	}
+	b.applyAvailable(k, a)
+}
+
+func (b *batch) applyAvailable(k poolKey, a transfer.Units) {
 	p := b.m.pools[k]
 	if p == nil {
 		p = &memPool{}
@@ -213,9 +284,10 @@ func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, er
 	}
 }
 
-// enqueue queues p unless the writer is stopped or ctx ends first. The gate is held shared
-// while sending, so that once close holds it exclusively no op can enter the queue after its
-// last drain.
+// enqueue queues p unless the writer is stopped, ctx has ended or the queue is full
+// (Config.MaxQueue: OVERLOADED, with a retry-after; nothing was done). The gate is held
+// shared while sending, so that once close holds it exclusively no op can enter the queue
+// after its last drain.
 func (w *writer) enqueue(ctx context.Context, p *pending) error {
 	w.gate.RLock()
 	defer w.gate.RUnlock()
@@ -226,19 +298,16 @@ func (w *writer) enqueue(ctx context.Context, p *pending) error {
 		return err // the caller has gone: do nothing for it
 	}
 	select {
-	case w.in <- p: // the common case: room in the queue, one channel locked
-		return nil
-	default:
-	}
-	select {
 	case w.in <- p:
 		return nil
-	case <-w.stop:
-		return fmt.Errorf("region writer stopped: %w", ErrNotLeader)
-	case <-ctx.Done():
-		return ctx.Err()
+	default: // full: say so at once, rather than hold the caller (and its memory) in a line
+		return &apierr.OverloadedError{What: "the region's writer queue", RetryAfter: queueRetryAfter}
 	}
 }
+
+// queueRetryAfter is the retry-after a full writer queue answers with: about the time the
+// writer takes to commit a few batches.
+const queueRetryAfter = 50 * time.Millisecond
 
 func (w *writer) run() {
 	defer w.wg.Done()
@@ -311,6 +380,7 @@ func (w *writer) commit(ps []*pending) {
 	err := func() error {
 		for i, p := range ps {
 			res, outcome, fatal := p.op.apply(ctx, b)
+			outcome, fatal = b.endOp(ctx, outcome, fatal)
 			if fatal != nil {
 				return fatal
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/clock"
 )
 
@@ -32,8 +33,9 @@ func newBareWriter(queue int) *writer {
 }
 
 // TestWriterAnswersEveryOpAcrossClose: many submitters race a close while the writer is busy
-// with a batch. Each submit returns, with "ok" (its batch ran) or NOT_LEADER (never applied),
-// and a submit after the close is refused at once.
+// with a batch. Each submit returns, with "ok" (its batch ran), NOT_LEADER (never applied) or
+// OVERLOADED (the queue was full; never applied), and a submit after the close is refused at
+// once.
 func TestWriterAnswersEveryOpAcrossClose(t *testing.T) {
 	for round := 0; round < 20; round++ {
 		w := newBareWriter(8)
@@ -53,6 +55,8 @@ func TestWriterAnswersEveryOpAcrossClose(t *testing.T) {
 					answers["ok"]++
 				case errors.Is(err, ErrNotLeader):
 					answers["not leader"]++
+				case errors.Is(err, apierr.ErrOverloaded):
+					answers["overloaded"]++
 				default:
 					answers[err.Error()]++
 				}
@@ -65,13 +69,59 @@ func TestWriterAnswersEveryOpAcrossClose(t *testing.T) {
 		close(release)
 		waitOrFail(t, &wg, "a submit never returned")
 		<-closed
-		if answers["ok"]+answers["not leader"] != 64 {
+		if answers["ok"]+answers["not leader"]+answers["overloaded"] != 64 {
 			t.Fatalf("round %d: answers %v", round, answers)
 		}
 		if _, err := w.submit(context.Background(), gateOp{release}); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("submit after close: %v", err)
 		}
 		w.close() // idempotent
+	}
+}
+
+// TestWriterFullQueueAnswersAtOnce: with the writer busy and its queue full, a submit is
+// answered OVERLOADED with a retry-after at once (it does not wait for room), its op never
+// runs, and the queued ops still complete.
+func TestWriterFullQueueAnswersAtOnce(t *testing.T) {
+	w := newBareWriter(4)
+	defer w.close()
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for range 1 + 4 { // one in the writer's batch (max 4 takes the rest too), then fill the queue
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if res, err := w.submit(context.Background(), gateOp{release}); err == nil && res == "ok" {
+				ok.Add(1)
+			}
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(w.in) < cap(w.in) && time.Now().Before(deadline) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if res, err := w.submit(context.Background(), gateOp{release}); err == nil && res == "ok" {
+				ok.Add(1)
+			}
+		}()
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	ran := make(chan struct{})
+	_, err := w.submit(context.Background(), gateOp{ran})
+	var over *apierr.OverloadedError
+	if !errors.As(err, &over) || over.RetryAfter <= 0 {
+		t.Fatalf("submit to a full queue: %v; want OVERLOADED with a retry-after", err)
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("the full queue took %s to answer; want at once", took)
+	}
+	close(release)
+	waitOrFail(t, &wg, "a queued submit never returned")
+	if ok.Load() == 0 {
+		t.Error("no queued op completed")
 	}
 }
 

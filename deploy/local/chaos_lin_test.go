@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"fmt"
-	"google.golang.org/grpc/credentials"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 

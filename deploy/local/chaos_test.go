@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"fmt"
-	"github.com/quotaworks/quota/internal/trust"
 	mrand "math/rand/v2"
 	"net/url"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/quotaworks/quota/internal/linearize"
 	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 

@@ -12,8 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/quotaworks/quota/internal/trust"
-	"google.golang.org/grpc/credentials"
 	"net"
 	"os"
 	"os/exec"
@@ -26,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
+	"google.golang.org/grpc/credentials"
 )
 
 var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap",

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/quotaworks/quota/internal/trust"
-	"google.golang.org/grpc/credentials"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,9 +14,11 @@ import (
 
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 

@@ -5,6 +5,7 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinels for the expected outcomes of DESIGN.md §10. Packages re-export the ones they
@@ -66,6 +67,20 @@ func (e *InvalidError) Unwrap() error { return ErrInvalid }
 func Invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
+
+// OverloadedError is ErrOverloaded with what is full and when to try again.
+type OverloadedError struct {
+	What       string
+	RetryAfter time.Duration
+}
+
+// Error says what is full and when to try again.
+func (e *OverloadedError) Error() string {
+	return fmt.Sprintf("%s is full: try again in %s", e.What, e.RetryAfter)
+}
+
+// Unwrap makes errors.Is(err, ErrOverloaded) hold.
+func (e *OverloadedError) Unwrap() error { return ErrOverloaded }
 
 // NotLeaderError is ErrNotLeader with where the leader is, when known, so a client can go
 // there instead of guessing.

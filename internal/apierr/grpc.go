@@ -5,10 +5,12 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Domain is the ErrorInfo domain of every reason this project sets.
@@ -100,6 +102,12 @@ func build(err error, m mapping) error {
 	if errors.As(err, &nl) && nl.Leader != "" {
 		info.Metadata = map[string]string{"leader": nl.Leader}
 	}
+	var over *OverloadedError
+	if errors.As(err, &over) {
+		if withD, derr := st.WithDetails(info, &errdetails.RetryInfo{RetryDelay: durationpb.New(over.RetryAfter)}); derr == nil {
+			return withD.Err()
+		}
+	}
 	var inv *InvalidError
 	if errors.As(err, &inv) {
 		bad := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
@@ -142,6 +150,20 @@ func LeaderHint(err error) string {
 		}
 	}
 	return ""
+}
+
+// RetryAfter returns the delay an OVERLOADED status error asks for, or 0.
+func RetryAfter(err error) time.Duration {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // Field returns the field named by an InvalidArgument status error, or "".

@@ -33,7 +33,7 @@ func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
 			select {
 			case <-ctx.Done():
 				return err
-			case <-time.After(min(time.Duration(attempt*attempt)*20*time.Millisecond, 500*time.Millisecond)):
+			case <-time.After(max(apierr.RetryAfter(err), min(time.Duration(attempt*attempt)*20*time.Millisecond, 500*time.Millisecond))):
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -312,9 +312,11 @@ func (rc *regionClient) close() {
 }
 
 // retryable is an outcome a real client retries with the same key: the request may or may
-// not have taken effect (unknown outcome, timeouts, a region between leaders).
+// not have taken effect (unknown outcome, timeouts, a region between leaders), or was turned
+// away by a full queue.
 func retryable(err error) bool {
-	if apierr.Reason(err) == "UNKNOWN_OUTCOME" || apierr.Reason(err) == "NOT_LEADER" {
+	switch apierr.Reason(err) {
+	case "UNKNOWN_OUTCOME", "NOT_LEADER", "OVERLOADED": // OVERLOADED: nothing was done; its retry-after is waited
 		return true
 	}
 	switch status.Code(err) {

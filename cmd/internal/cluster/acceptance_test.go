@@ -2,12 +2,12 @@ package cluster_test
 
 import (
 	"context"
-	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 

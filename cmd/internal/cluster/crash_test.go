@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"errors"
-	"github.com/quotaworks/quota/internal/trust"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/quotaworks/quota/coordinator/coordrpc"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -101,6 +101,8 @@ func (tc *testCluster) rawCoordinator(t *testing.T, gen int64, before, after map
 	c, err := coordinator.New(coordinator.Config{Regions: links, RetryInterval: time.Hour, StrandAfter: time.Hour, Logger: testLogger()}, db)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for old := tc.rawGen.Load(); gen > old && !tc.rawGen.CompareAndSwap(old, gen); old = tc.rawGen.Load() {
 	}
 	if err := c.Lead(ctx, gen); err != nil {
 		t.Fatal(err)

@@ -2,13 +2,13 @@ package cluster_test
 
 import (
 	"context"
-	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/testcerts"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 	"google.golang.org/grpc"

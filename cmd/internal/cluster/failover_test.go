@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"github.com/quotaworks/quota/internal/trust"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 )

@@ -2,7 +2,7 @@ package cluster_test
 
 import (
 	"context"
-	"github.com/quotaworks/quota/internal/trust"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +11,7 @@ import (
 	"github.com/quotaworks/quota/internal/netfault"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
+	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 )
@@ -25,6 +26,19 @@ type testCluster struct {
 	eps     []cluster.RegionEndpoint
 	ledger  string
 	coords  []*cluster.CoordinatorNode
+	// rawGen is the highest generation a raw coordinator (rawCoordinator) leads with: those
+	// lead without an election, so the regions count them as elected leaders' generations.
+	rawGen atomic.Int64
+}
+
+// coordinatorGeneration is the regions' bound on generations: the etcd leader's, or a raw
+// coordinator's when higher.
+func (tc *testCluster) coordinatorGeneration(ctx context.Context) (int64, error) {
+	_, gen, err := fencing.Leader(ctx, tc.etcd, "coordinator")
+	if raw := tc.rawGen.Load(); raw > gen {
+		return raw, nil
+	}
+	return gen, err
 }
 
 func newTestCluster(t *testing.T, names ...string) *testCluster {
@@ -45,7 +59,8 @@ func newTestCluster(t *testing.T, names ...string) *testCluster {
 	defer cancel()
 	for _, name := range names {
 		db := testpg.NewDB(t, "region_"+name)
-		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name, Verify: verify()}, Listen: "127.0.0.1:0", DBURL: db,
+		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name, Verify: verify(),
+			CoordinatorGeneration: tc.coordinatorGeneration}, Listen: "127.0.0.1:0", DBURL: db,
 			LeaseTTL: 2 * time.Second, TLS: certs, Logger: testLogger()}, etcd)
 		if err != nil {
 			t.Fatal(err)

@@ -30,6 +30,7 @@ type RegionConfig struct {
 	DBURL string
 	// LeaseTTL is the etcd lease of the region's leadership.
 	LeaseTTL time.Duration
+	// Region.CoordinatorGeneration defaults to the coordinator leader's generation in etcd.
 	// TLS is the certificates directory (node.crt); nil runs insecure (plaintext, no roles).
 	TLS    *trust.Material
 	Logger *slog.Logger
@@ -127,6 +128,12 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	cfg.Region.LeaderHint = cachedHint(hintTTL, func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) })
 	flags := &soldOutSet{}
 	cfg.Region.SoldOut = flags.has
+	if cfg.Region.CoordinatorGeneration == nil {
+		cfg.Region.CoordinatorGeneration = func(ctx context.Context) (int64, error) {
+			_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
+			return gen, err
+		}
+	}
 	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
 	if err != nil {
 		return nil, err

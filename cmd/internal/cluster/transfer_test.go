@@ -187,7 +187,7 @@ func TestRefuseThenCreditIsRefused(t *testing.T) {
 		t.Fatalf("after the refusal us %v eu %v; want 50 and 50", us, eu)
 	}
 	// A late credit of the refused transfer (a zombie's retry) is refused and adds nothing.
-	st, err := tc.regions["eu"].R.Credit(ctx, region.CreditRequest{Generation: 1 << 40, TransferID: tr.ID, Sale: "s", SKU: "phone", Units: 30})
+	st, err := tc.regions["eu"].R.Credit(ctx, region.CreditRequest{Generation: 1 << 30, TransferID: tr.ID, Sale: "s", SKU: "phone", Units: 30})
 	if err != nil || st != "refused" {
 		t.Fatalf("credit after refuse: %v, %v; want refused", st, err)
 	}
