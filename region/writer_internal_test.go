@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -270,5 +271,47 @@ func TestEndBackendLeavesANewerBackendWithTheSamePid(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {
 		t.Fatal("the named backend still answers")
+	}
+}
+
+// TestRefusedStatementFailsItsOpAlone: a coordinator op whose statement the database refuses
+// (a refusal with units −1, which validation stops before the writer; sent here straight to
+// the writer) fails alone: the 150 reserves around it in the same batch commit, the leader
+// does not reload, and the refused op leaves no record and no change in memory.
+func TestRefusedStatementFailsItsOpAlone(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	if _, err := r.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t2", Sale: "s", SKU: "x", Units: 190}); err != nil {
+		t.Fatal(err)
+	}
+	failuresBefore := r.BatchFailures()
+	var ops []op
+	for i := range 150 {
+		if i == 75 {
+			ops = append(ops, &refuseOp{req: CreditRequest{Generation: 1, TransferID: "bad", Sale: "s", SKU: "x", Units: -1}})
+		}
+		ops = append(ops, r.reserveOpFor("u"+strconv.Itoa(i), "k"))
+	}
+	ps := runBatch(r, ops...)
+	for i, p := range ps {
+		_, isRefuse := p.op.(*refuseOp)
+		switch {
+		case isRefuse && (p.err == nil || errors.Is(p.err, ErrAborted)):
+			t.Errorf("the bad refusal: %v, %v; want its own error", p.res, p.err)
+		case !isRefuse && p.err != nil:
+			t.Errorf("reserve %d in the same batch: %v; want it to commit", i, p.err)
+		}
+	}
+	if got := r.BatchFailures() - failuresBefore; got != 0 {
+		t.Errorf("%d batch failures (each a reload); want none", got)
+	}
+	if n := holdRows(t, r, ctx); n != 150 {
+		t.Errorf("%d holds stored; want 150", n)
+	}
+	if got := checkCacheMatchesDB(t, r, ctx); got != 200-150 {
+		t.Errorf("available %d; want 50", got)
+	}
+	var records int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM transfers_in WHERE transfer_id = 'bad'`).Scan(&records); err != nil || records != 0 {
+		t.Errorf("the bad refusal left %d records (%v)", records, err)
 	}
 }
