@@ -240,4 +240,3 @@ func TestBadParticipantRequestFailsAlone(t *testing.T) {
 		t.Errorf("held %d; want the 150 reserves", a.GetHeld())
 	}
 }
-
