@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -97,10 +98,12 @@ func (c *Coordinator) Allocate(ctx context.Context, req AllocateRequest) ([]tran
 	if err != nil {
 		return nil, replayed, err
 	}
+	var errs []error
 	for i := range ts {
-		ts[i] = c.drive(ctx, gen, ts[i])
+		ts[i], err = c.drive(ctx, gen, ts[i])
+		errs = append(errs, err)
 	}
-	return ts, replayed, nil
+	return ts, replayed, errors.Join(errs...)
 }
 
 func (c *Coordinator) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64, req AllocateRequest, fp string) error {

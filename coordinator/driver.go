@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,12 @@ import (
 // coordinator leads: after a restart or a change of leader, nothing is left half done.
 func (c *Coordinator) driveLoop(ctx context.Context, gen int64) {
 	defer c.wg.Done()
-	every(ctx, c.cfg.RetryInterval, func() { c.driveUnfinished(ctx, gen) })
+	every(ctx, c.cfg.RetryInterval, func() {
+		if err := c.driveUnfinished(ctx, gen); err != nil {
+			// Each failure was logged at Warn where it happened, with its transfer and step.
+			c.cfg.Logger.Debug("drive unfinished transfers: round incomplete", "err", err)
+		}
+	})
 }
 
 // every runs round at once, then every interval, until ctx ends. The leader's background
@@ -32,33 +38,64 @@ func every(ctx context.Context, interval time.Duration, round func()) {
 	}
 }
 
-func (c *Coordinator) driveUnfinished(ctx context.Context, gen int64) {
+// driveUnfinished is one round of driveLoop: it drives every unfinished transfer once, in
+// the order they were created. A transfer whose ledger write fails does not stop the round;
+// the round returns every such error joined (each logged with its transfer and step where
+// it happened; errors.Is finds ErrFenced among them), or the failure to list the transfers.
+func (c *Coordinator) driveUnfinished(ctx context.Context, gen int64) error {
 	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
 		WHERE state IN ('requested', 'pending') OR (state = 'posted' AND NOT settled) ORDER BY created_at`)
 	if err != nil {
-		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("list unfinished transfers", "err", err)
-		}
-		return
+		return c.roundFailed(ctx, "list unfinished transfers", err)
 	}
 	ts, err := pgx.CollectRows(rows, scanTransfer)
 	if err != nil {
-		return
+		return c.roundFailed(ctx, "scan unfinished transfers", err)
 	}
+	var errs []error
 	for _, t := range ts {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		c.drive(ctx, gen, t)
+		if _, err := c.drive(ctx, gen, t); err != nil {
+			errs = append(errs, err)
+		}
 	}
+	return errors.Join(errs...)
 }
 
-// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6) and
-// returns its ledger state afterwards. Every step is idempotent by transfer id, so a lost
-// reply is resolved by asking again. It never decides an outcome a participant has not
+// roundFailed logs a driveUnfinished round that could not read its transfers (quietly when
+// ctx ended: the coordinator is stepping down) and returns the error wrapped with its step.
+func (c *Coordinator) roundFailed(ctx context.Context, step string, err error) error {
+	level := slog.LevelWarn
+	if ctx.Err() != nil {
+		level = slog.LevelDebug
+	}
+	c.cfg.Logger.Log(ctx, level, step, "step", step, "err", err)
+	return fmt.Errorf("%s: %w", step, err)
+}
+
+// stepFailed logs a step of transfer t that failed (quietly when ctx ended: the coordinator
+// is stepping down) and returns its error wrapped with the transfer and the step. A fenced
+// write (a newer coordinator leads) stays ErrFenced to errors.Is, and is logged as fenced.
+func (c *Coordinator) stepFailed(ctx context.Context, t transfer.Transfer, step string, err error) error {
+	level := slog.LevelWarn
+	if ctx.Err() != nil {
+		level = slog.LevelDebug
+	}
+	c.cfg.Logger.Log(ctx, level, "transfer step failed", "transfer", t.ID, "step", step,
+		"fenced", errors.Is(err, ErrFenced), "err", err)
+	return fmt.Errorf("transfer %s: %s: %w", t.ID, step, err)
+}
+
+// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6)
+// and returns its ledger state afterwards. Every step is idempotent by transfer id, so a
+// lost reply is resolved by asking again. It never decides an outcome a participant has not
 // recorded: no answer leaves the transfer where it is, flagged stranded once it has been
-// unfinished longer than StrandAfter.
-func (c *Coordinator) drive(ctx context.Context, gen int64, t transfer.Transfer) transfer.Transfer {
+// unfinished longer than StrandAfter; that is not an error. A ledger write that fails while
+// stranding or settling it is (ErrFenced to errors.Is when a newer coordinator leads), and
+// the transfer returned with it is not stranded, not settled, in the state the ledger has.
+func (c *Coordinator) drive(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
 	for !t.State.Final() {
 		next, err := c.step(ctx, gen, t)
 		if err != nil {
@@ -67,9 +104,9 @@ func (c *Coordinator) drive(ctx context.Context, gen int64, t transfer.Transfer)
 		t = next
 	}
 	if t.State == transfer.Posted && !t.Settled {
-		t = c.settle(ctx, gen, t)
+		return c.settle(ctx, gen, t)
 	}
-	return t
+	return t, nil
 }
 
 // step performs the next protocol step of an unfinished transfer and records its outcome.
@@ -175,25 +212,29 @@ func (c *Coordinator) creditAt(ctx context.Context, gen int64, t transfer.Transf
 	return dest.Participant.Credit(cctx, gen, t)
 }
 
-func (c *Coordinator) settle(ctx context.Context, gen int64, t transfer.Transfer) transfer.Transfer {
+// settle records at a posted transfer's source that it was credited, then marks it settled
+// in the ledger. A source that does not answer leaves it unsettled, to be asked again (not
+// an error); an unknown source region or a failed ledger write is an error.
+func (c *Coordinator) settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
 	src, err := c.link(t.From)
 	if err != nil {
-		return t
+		return t, c.stepFailed(ctx, t, "settle: source", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
 	if _, err := src.Participant.Settle(cctx, gen, t); err != nil {
-		c.cfg.Logger.Warn("settle transfer", "transfer", t.ID, "err", err)
-		return t
+		c.cfg.Logger.Warn("settle transfer", "transfer", t.ID, "step", "settle at source", "err", err)
+		return t, nil
 	}
 	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE transfers SET settled = true WHERE transfer_id = $1`, t.ID)
 		return err
 	})
-	if err == nil {
-		t.Settled = true
+	if err != nil {
+		return t, c.stepFailed(ctx, t, "settle: record settled", err)
 	}
-	return t
+	t.Settled = true
+	return t, nil
 }
 
 // advance records event in the ledger, fenced (I4) and guarded on the state it read, with
@@ -262,33 +303,41 @@ func (c *Coordinator) reload(ctx context.Context, t transfer.Transfer) (transfer
 	return pgx.CollectExactlyOneRow(rows, scanTransfer)
 }
 
-// strand flags a transfer whose next step has had no answer for StrandAfter: its units stay
-// where the protocol left them (in flight when pending), out of circulation and visible,
-// until the participant answers. Nothing is reassigned on a timeout.
-func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer, reason string) transfer.Transfer {
+// strand flags a transfer whose next step has had no answer for StrandAfter: its
+// units stay where the protocol left them (in flight when pending), out of circulation and
+// visible, until the participant answers. Nothing is reassigned on a timeout. Before then it
+// records only the reason, when it changed. A failed write of the reason or of the flag is
+// returned (ErrFenced to errors.Is when a newer coordinator leads); the ledger row is then
+// left as it was, and the transfer returned is not stranded.
+func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer, reason string) (transfer.Transfer, error) {
 	if ctx.Err() != nil {
-		return t
+		return t, nil
 	}
 	c.cfg.Logger.Warn("transfer not finished", "transfer", t.ID, "state", t.State, "reason", reason)
 	stored := t.Reason
 	t.Reason = reason
 	if t.Stranded || c.cfg.Clock.Now().Sub(t.CreatedAt) < c.cfg.StrandAfter {
-		if reason != stored { // shown by transfers list before the flag; written when it changes
-			_ = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `UPDATE transfers SET reason = $2, updated_at = $3
-					WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
-				return err
-			})
+		if reason == stored { // shown by transfers list before the flag; written when it changes
+			return t, nil
 		}
-		return t
+		err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE transfers SET reason = $2, updated_at = $3
+				WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
+			return err
+		})
+		if err != nil {
+			return t, c.stepFailed(ctx, t, "strand: record reason", err)
+		}
+		return t, nil
 	}
 	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE transfers SET stranded = true, reason = $2, updated_at = $3
 			WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
 		return err
 	})
-	if err == nil {
-		t.Stranded = true
+	if err != nil {
+		return t, c.stepFailed(ctx, t, "strand: flag stranded", err)
 	}
-	return t
+	t.Stranded = true
+	return t, nil
 }

@@ -63,8 +63,10 @@ func TransferID(requestID string) string {
 // Transfer records a transfer (protocol step 1: requested, fenced) and drives it as far as
 // the participants answer now. A transfer that cannot finish is returned in its current
 // state (pending: in flight; stranded once its outcome has stayed unknown), not as an error;
-// the background driver carries on. Bad input and a source that is visibly short are
-// refused before anything is recorded.
+// the background driver carries on. A ledger write that fails while stranding or settling
+// it is an error (FENCED when a newer coordinator leads), returned with the transfer as the
+// ledger has it. Bad input and a source that is visibly short are refused before anything
+// is recorded.
 func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transfer.Transfer, bool, error) {
 	if err := c.checkTransfer(req); err != nil {
 		return transfer.Transfer{}, false, err
@@ -115,7 +117,8 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 	if err != nil {
 		return t, replayed, err
 	}
-	return c.drive(ctx, gen, t), replayed, nil
+	t, err = c.drive(ctx, gen, t)
+	return t, replayed, err
 }
 
 // sourceAvailable reads a source region's available units of the SKU from its database,
@@ -198,7 +201,7 @@ func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (tran
 	}
 	if refuse && t.State == transfer.Requested {
 		if t, err = c.cancelRequested(ctx, gen, t); err != nil {
-			return c.strand(ctx, gen, t, err.Error()), nil
+			return c.strand(ctx, gen, t, err.Error())
 		}
 		if t.State != transfer.Pending {
 			return t, nil
@@ -214,16 +217,16 @@ func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (tran
 		st, err := dest.Participant.Refuse(cctx, gen, t)
 		cancel()
 		if err != nil {
-			return c.strand(ctx, gen, t, fmt.Sprintf("refuse at %s: %v", t.To, err)), nil
+			return c.strand(ctx, gen, t, fmt.Sprintf("refuse at %s: %v", t.To, err))
 		}
 		if st == transfer.InRefused {
 			if t, err = c.abort(ctx, gen, t); err != nil {
-				return c.strand(ctx, gen, t, err.Error()), nil
+				return c.strand(ctx, gen, t, err.Error())
 			}
 			return t, nil
 		}
 	}
-	return c.drive(ctx, gen, t), nil
+	return c.drive(ctx, gen, t)
 }
 
 // cancelRequested asks the source of a requested transfer to refuse its debit: the abort of

@@ -92,7 +92,7 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
 		return r.reserveWhenEmpty(ctx, req, k, avail)
 	}
-	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted}
+	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser}
 	res, err := r.reserveInWriter(ctx, w, k, o)
 	if errors.Is(err, errKeyRetired) {
 		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
@@ -305,9 +305,10 @@ func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
 	return err
 }
 
-// checkCredit validates a Credit or a Refuse: the ids, and units 0..MaxUnits (a credit of 0
-// creates the pool row, empty; the coordinator sends none, but nothing is wrong with one).
-func checkCredit(req CreditRequest) error {
+// CheckCredit validates a Credit or a Refuse before it reaches the writer, naming the bad
+// field: the ids, and units 0..MaxUnits (a credit of 0 creates the pool row, empty; the
+// coordinator sends none, but nothing is wrong with one).
+func CheckCredit(req CreditRequest) error {
 	if err := checkIDs("transfer_id", req.TransferID, "sale_id", req.Sale, "sku", req.SKU); err != nil {
 		return err
 	}
@@ -342,7 +343,7 @@ func CheckTerms(t SaleTerms) error {
 // Credit adds a transfer's units to this region, once per transfer id, and returns the
 // region's durable record of it (credited, or refused when a refusal came first).
 func (r *Region) Credit(ctx context.Context, req CreditRequest) (transfer.InState, error) {
-	if err := checkCredit(req); err != nil {
+	if err := CheckCredit(req); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {

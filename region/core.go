@@ -46,7 +46,7 @@ func (c *Core) Clone() *Core {
 	n := &Core{name: c.name, sales: maps.Clone(c.sales), fence: maps.Clone(c.fence), in: maps.Clone(c.in),
 		out: maps.Clone(c.out), moved: make(map[poolKey]*corePoolBooks, len(c.moved))}
 	n.m = &memState{pools: make(map[poolKey]*memPool, len(c.m.pools)), users: make(map[userKey]*memUser, len(c.m.users)),
-		due: slices.Clone(c.m.due), keys: maps.Clone(c.m.keys), holds: maps.Clone(c.m.holds)}
+		due: slices.Clone(c.m.due), keys: maps.Clone(c.m.keys), holds: maps.Clone(c.m.holds), keysPer: maps.Clone(c.m.keysPer)}
 	for k, p := range c.m.pools {
 		cp := *p
 		n.m.pools[k] = &cp
@@ -122,7 +122,7 @@ func (c *Core) Reserve(now time.Time, req ReserveRequest, holdID string) (Reserv
 	if err := checkAgainstTerms(t, req, now); err != nil {
 		return ReserveResult{}, err
 	}
-	res, err := c.run(now, &reserveOp{req: req, terms: t, holdID: holdID, region: c.name, exhausted: c.exhausted})
+	res, err := c.run(now, &reserveOp{req: req, terms: t, holdID: holdID, region: c.name, exhausted: c.exhausted, maxKeys: DefaultMaxKeysPerUser})
 	if err != nil {
 		return ReserveResult{}, err
 	}

@@ -206,6 +206,7 @@ func (f *filler) run() {
 // else only its user's count and its key's digest (archive.go).
 func (f *filler) add(r *loadedRow) {
 	h, m := r.hold, f.m
+	m.keysPer[saleUser{h.Sale, h.User}]++
 	if h.State != Held && (!r.closed.Valid || !r.closed.Time.After(f.keepAfter)) {
 		// Closed long enough: its user and key are not interned (a user's count keeps the
 		// user's first copy).
@@ -246,6 +247,7 @@ func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) 
 	m.holds = make(map[string]*memHold, kept)
 	m.keys = make(map[keyKey]*memHold, kept)
 	m.users = make(map[userKey]*memUser, counted)
+	m.keysPer = make(map[saleUser]int32, counted)
 	m.retired = make(map[uint64]struct{}, total-kept)
 	m.due = make(expiryHeap, 0, held)
 	m.closing = make([]closedAt, 0, kept-held)

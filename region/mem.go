@@ -20,6 +20,9 @@ type memUser struct{ held, bought transfer.Units }
 
 type keyKey struct{ sale, user, key string }
 
+// saleUser is one buyer in one sale: the unit the cap on request keys counts (Config.MaxKeysPerUser).
+type saleUser struct{ sale, user string }
+
 // memHold is one hold as the leader knows it. It is replaced, never changed, when the hold
 // changes state, so a pointer published to readers stays a consistent snapshot.
 type memHold struct {
@@ -58,6 +61,11 @@ type memState struct {
 	// keep it. Both are for a warm standby (standby.go).
 	changed int64
 	rows    int64
+	// keysPer counts the request keys each buyer has used in a sale at this region: every
+	// stored hold is one, whole or retired, since a key is never forgotten. The writer
+	// refuses a new key past Config.MaxKeysPerUser, which bounds what a buyer's retries
+	// with fresh keys can make the leader keep.
+	keysPer map[saleUser]int32
 }
 
 type dueHold struct {
@@ -132,6 +140,6 @@ func fingerprint(holdID string, hexHash []byte) ([16]byte, error) {
 
 // newMemState returns an empty state: no pools, users or holds.
 func newMemState() *memState {
-	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
+	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keysPer: map[saleUser]int32{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
 		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }

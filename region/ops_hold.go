@@ -28,6 +28,7 @@ func (b *batch) take(h *memHold) {
 	d.available -= q
 	d.held += q
 	b.w.newHolds = append(b.w.newHolds, h)
+	b.m.keysPer[saleUser{h.Sale, h.User}]++
 	b.put(h)
 	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
 	b.touched[pk] = p.available

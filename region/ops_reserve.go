@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -42,6 +43,7 @@ type reserveOp struct {
 	holdID    string
 	region    string
 	exhausted func(ReserveRequest, transfer.Units) error
+	maxKeys   int32 // Config.MaxKeysPerUser
 	// keyLookedUp says SQL has no hold of the request's key: a retired digest that matches it
 	// is another key's (a collision), not this one's.
 	keyLookedUp bool
@@ -78,6 +80,9 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	}
 	if used+req.Quantity > o.terms.PerUserLimit {
 		return nil, fmt.Errorf("user %s has %d of %s, limit %d: %w", req.User, used, req.SKU, o.terms.PerUserLimit, ErrLimitExceeded), nil
+	}
+	if n := b.m.keysPer[saleUser{req.Sale, req.User}]; n >= o.maxKeys {
+		return nil, fmt.Errorf("user %s has used %d request keys in sale %s here, the most a buyer may: %w", req.User, n, req.Sale, apierr.ErrTooManyKeys), nil
 	}
 	h := &memHold{Hold: Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
 		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}, hash: hash}

@@ -216,6 +216,11 @@ func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to
 	return to, nil, nil
 }
 
+// CheckTransferRef validates a Restore or a Settle before it reaches the writer: its ids.
+func CheckTransferRef(ref TransferRef) error {
+	return checkTransferFields(ref.TransferID, ref.Sale)
+}
+
 func checkTransferFields(id, sale string) error {
 	return checkIDs("transfer_id", id, "sale_id", sale)
 }
@@ -248,7 +253,7 @@ func (r *Region) checkGeneration(ctx context.Context, gen int64) error {
 // Debit is step 2 of a transfer at its source. It answers pending (debited now or before)
 // or refused (not enough available; recorded so it stays refused).
 func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
-	if err := checkDebit(req); err != nil {
+	if err := CheckDebit(req); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
@@ -262,7 +267,7 @@ func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState
 // the source's record: refused (nothing was or will be debited), or the state of the debit
 // that came first (pending, settled or voided).
 func (r *Region) RefuseDebit(ctx context.Context, req DebitRequest) (transfer.OutState, error) {
-	if err := checkDebit(req); err != nil {
+	if err := CheckDebit(req); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
@@ -271,7 +276,9 @@ func (r *Region) RefuseDebit(ctx context.Context, req DebitRequest) (transfer.Ou
 	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req, refuse: true})
 }
 
-func checkDebit(req DebitRequest) error {
+// CheckDebit validates a Debit or a RefuseDebit before it reaches the writer, naming the bad
+// field: the ids and units 1..MaxUnits.
+func CheckDebit(req DebitRequest) error {
 	if err := checkTransferFields(req.TransferID, req.Sale); err != nil {
 		return err
 	}
@@ -284,7 +291,7 @@ func checkDebit(req DebitRequest) error {
 // Refuse is the abort step at a destination: it answers refused (a tombstone now stops any
 // credit) or credited (too late to refuse).
 func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InState, error) {
-	if err := checkCredit(req); err != nil {
+	if err := CheckCredit(req); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
@@ -295,7 +302,7 @@ func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InStat
 
 // Restore returns a refused transfer's units to this source.
 func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutState, error) {
-	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
+	if err := CheckTransferRef(ref); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, ref.Generation); err != nil {
@@ -306,7 +313,7 @@ func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutStat
 
 // Settle records at the source that the destination credited the transfer.
 func (r *Region) Settle(ctx context.Context, ref TransferRef) (transfer.OutState, error) {
-	if err := checkTransferFields(ref.TransferID, ref.Sale); err != nil {
+	if err := CheckTransferRef(ref); err != nil {
 		return "", err
 	}
 	if err := r.checkGeneration(ctx, ref.Generation); err != nil {

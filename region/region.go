@@ -32,6 +32,11 @@ type Config struct {
 	Clock clock.Clock
 	// MaxBatch is the most operations one transaction commits; default 256.
 	MaxBatch int
+	// MaxKeysPerUser is the most request keys one buyer may use in one sale at this region
+	// (every reserve with a new key is one, kept for good); past it a reserve with a new key
+	// is answered TOO_MANY_KEYS (RESOURCE_EXHAUSTED), so what a buyer makes the leader keep
+	// is bounded. Retries with a used key are answered as before. Default 1,000.
+	MaxKeysPerUser int32
 	// MaxQueue is the most operations waiting for the writer; past it a request is answered
 	// OVERLOADED (RESOURCE_EXHAUSTED with a retry-after) at once. Default 16 × MaxBatch.
 	MaxQueue int
@@ -69,6 +74,9 @@ type Config struct {
 	CoordinatorGeneration func(ctx context.Context) (int64, error)
 }
 
+// DefaultMaxKeysPerUser is Config.MaxKeysPerUser's default.
+const DefaultMaxKeysPerUser int32 = 1000
+
 // Validate checks the configuration and fills in defaults.
 func (c *Config) Validate() error {
 	if r := transfer.CheckRegion(c.Name); r != "" {
@@ -82,6 +90,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
 		return fmt.Errorf("max batch %d: must be 1..10000", c.MaxBatch)
+	}
+	if c.MaxKeysPerUser == 0 {
+		c.MaxKeysPerUser = DefaultMaxKeysPerUser
+	}
+	if c.MaxKeysPerUser < 1 {
+		return fmt.Errorf("max keys per user %d: must be positive", c.MaxKeysPerUser)
 	}
 	if c.MaxQueue == 0 {
 		c.MaxQueue = 16 * c.MaxBatch

@@ -260,6 +260,7 @@ func (f *filler) update(r *loadedRow) error {
 		return fmt.Errorf("hold %s is stored %s, but this copy has it closed as %s", h.ID, h.State, old.State)
 	default:
 		m.uncount(old)
+		m.keysPer[saleUser{old.Sale, old.User}]-- // the same key, added again below
 		delete(m.holds, old.ID)
 		delete(m.keys, keyKey{old.Sale, old.User, old.RequestKey})
 		f.add(r)

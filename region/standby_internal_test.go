@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -301,6 +302,9 @@ func checkPoolBooks(ctx context.Context, r *Region) error {
 func sameCaughtUp(ctx context.Context, got, want *memState, r *Region, now, keepAfter time.Time) error {
 	if got.changed != want.changed || got.rows != want.rows {
 		return fmt.Errorf("stamp %d over %d holds, want %d over %d", got.changed, got.rows, want.changed, want.rows)
+	}
+	if !maps.Equal(got.keysPer, want.keysPer) {
+		return fmt.Errorf("request keys per buyer %v, the full load %v", got.keysPer, want.keysPer)
 	}
 	// Digests differ by seed from one state to another: check the copy's against the keys.
 	rows, err := r.pool.Query(ctx, `SELECT sale_id, user_id, request_key FROM holds WHERE state <> 'held' AND closed_at <= $1`, keepAfter)

@@ -73,7 +73,7 @@ func runBatch(r *Region, ops ...op) []*pending {
 
 func (r *Region) reserveOpFor(user, key string) *reserveOp {
 	t, _ := r.sales.Load("s")
-	return &reserveOp{req: ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: 1, RequestKey: key},
+	return &reserveOp{maxKeys: r.cfg.MaxKeysPerUser, req: ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: 1, RequestKey: key},
 		terms: t.(SaleTerms), holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted}
 }
 

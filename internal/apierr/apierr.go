@@ -47,6 +47,8 @@ var (
 	// ErrOverloaded: a bounded queue or table is full; nothing changed, and the caller may
 	// try again after the retry-after it is given.
 	ErrOverloaded = errors.New("overloaded")
+	// ErrTooManyKeys: a buyer has used as many request keys in a sale as a region keeps.
+	ErrTooManyKeys = errors.New("too many request keys")
 	// ErrPaused: the sale or SKU is paused (the kill switch); no new holds are made.
 	ErrPaused = errors.New("paused")
 )

@@ -41,6 +41,7 @@ var table = []mapping{
 	{ErrUnauthenticated, codes.Unauthenticated, "UNAUTHENTICATED"},
 	{ErrPermissionDenied, codes.PermissionDenied, "PERMISSION_DENIED"},
 	{ErrOverloaded, codes.ResourceExhausted, "OVERLOADED"},
+	{ErrTooManyKeys, codes.ResourceExhausted, "TOO_MANY_KEYS"},
 	{ErrPaused, codes.FailedPrecondition, "PAUSED"},
 	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
 	{context.Canceled, codes.Canceled, "CANCELED"},
