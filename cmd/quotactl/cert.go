@@ -66,7 +66,7 @@ func certDone(e *env, err error, files ...string) error {
 	})
 }
 
-func runCertList(e *env) error {
+func runCertList(e *env) (err error) {
 	certs, err := trust.List(e.v.GetString("certs-dir"), time.Now())
 	if err != nil {
 		return err
@@ -74,6 +74,19 @@ func runCertList(e *env) error {
 	out := struct {
 		Certs []trust.CertInfo `json:"certificates"`
 	}{certs}
+	problems := 0
+	for _, c := range certs {
+		if c.Problem != "" {
+			problems++
+		}
+	}
+	if problems > 0 {
+		defer func() { // after the listing: exit 1, as audit does on a violation
+			if err == nil {
+				err = &exitError{code: 1, err: fmt.Errorf("%d certificate(s) would be refused", problems)}
+			}
+		}()
+	}
 	return e.print(out, func(w io.Writer) {
 		for _, c := range certs {
 			role := string(c.Role)

@@ -169,8 +169,9 @@ func EnsureDev(dir string, hosts []string) ([]string, error) {
 		}
 		made = append(made, CACert, CAKey)
 	}
-	// A key without its certificate is of no use: it is replaced with the pair.
-	if !exists(filepath.Join(dir, NodeCert)) {
+	// A key without its certificate is of no use: it is replaced with the pair. So is a node
+	// certificate that does not name every host the servers now answer on.
+	if !exists(filepath.Join(dir, NodeCert)) || !coversHosts(filepath.Join(dir, NodeCert), hosts) {
 		if err := CreateNode(dir, hosts, true); err != nil {
 			return made, err
 		}
@@ -185,6 +186,20 @@ func EnsureDev(dir string, hosts []string) ([]string, error) {
 		}
 	}
 	return made, nil
+}
+
+// coversHosts reports whether the certificate at path is valid for every one of hosts.
+func coversHosts(path string, hosts []string) bool {
+	c, err := readCert(path)
+	if err != nil {
+		return false
+	}
+	for _, h := range hosts {
+		if c.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // CertInfo describes one certificate file of a directory.

@@ -132,3 +132,19 @@ func TestCreateRefusesToOverwrite(t *testing.T) {
 		t.Error("Load of a directory without ca.crt succeeded")
 	}
 }
+
+// TestEnsureDevRemakesANodeCertificateForNewHosts: a node certificate that does not name a
+// host the servers now answer on is made again; the CA and client certificates stay.
+func TestEnsureDevRemakesANodeCertificateForNewHosts(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := trust.EnsureDev(dir, trust.DevHosts); err != nil {
+		t.Fatal(err)
+	}
+	made, err := trust.EnsureDev(dir, append(slices.Clone(trust.DevHosts), "127.0.0.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(made, []string{trust.NodeCert, trust.NodeKey}) {
+		t.Errorf("made %v; want only the node pair again", made)
+	}
+}
