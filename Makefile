@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim
+.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim readme
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -53,10 +53,11 @@ test: pg
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
 		QUOTA_SIM_REPORT=$(CURDIR)/.cache/sim-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
 	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \
+	step readme $(MAKE) --no-print-directory readme; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
-	summary="go test: $${res[go-test]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}"; \
+	summary="go test: $${res[go-test]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
@@ -78,6 +79,10 @@ sim:
 	@if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / 500 + 5 )); fi; \
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
 	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
+
+## readme: run the README's manual session as written against a fresh quotad dev (scripts/readme-session.sh)
+readme: pg build
+	scripts/readme-session.sh
 
 ## demo: run the end-to-end demo (scripts/demo.sh)
 demo: pg build
