@@ -19,13 +19,22 @@ var migrations embed.FS
 
 // Migrate applies the region schema's pending migrations to pool, under the migration lock
 // (pgutil.Migrator).
+//
+// It then grants ReaderRole SELECT on every table, when that role exists (scripts/pg-setup.sh
+// creates it): the coordinator may read a region's database as a role that cannot change it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...pgutil.MigrateOption) error {
 	sub, gos, err := schema()
 	if err != nil {
 		return err
 	}
-	return pgutil.Migrate(ctx, pool, sub, gos, opts...)
+	if err := pgutil.Migrate(ctx, pool, sub, gos, opts...); err != nil {
+		return err
+	}
+	return pgutil.GrantRead(ctx, pool, ReaderRole)
 }
+
+// ReaderRole is the PostgreSQL role granted read-only access to a region's tables.
+const ReaderRole = "quota_reader"
 
 // migrator is the region schema's goose provider on pool, for tests that stop part way.
 func migrator(pool *pgxpool.Pool, opts ...pgutil.MigrateOption) (*goose.Provider, func(), error) {

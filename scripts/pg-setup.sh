@@ -118,6 +118,16 @@ fi
 # Always (re)assert attributes and password; cheap and keeps things idempotent.
 psql_admin -c "ALTER ROLE ${PG_ROLE} WITH LOGIN CREATEDB PASSWORD '${PG_PASSWORD}'"
 
+# The read-only role the coordinator reads region databases with (audits, demand, stock):
+# it may only SELECT, granted by each region database's migration (region.Migrate).
+READER_ROLE=${QUOTA_PG_READER:-quota_reader}
+READER_PASSWORD=${QUOTA_PG_READER_PASSWORD:-quota_reader}
+if [[ "$(psql_admin -c "SELECT 1 FROM pg_roles WHERE rolname = '${READER_ROLE}'")" != 1 ]]; then
+	log "creating read-only role ${READER_ROLE}"
+	psql_admin -c "CREATE ROLE ${READER_ROLE} LOGIN PASSWORD '${READER_PASSWORD}'"
+fi
+psql_admin -c "ALTER ROLE ${READER_ROLE} WITH LOGIN NOCREATEDB NOCREATEROLE NOSUPERUSER PASSWORD '${READER_PASSWORD}'"
+
 # --- 5. max_connections --------------------------------------------------------
 cur_max="$(psql_admin -c 'SHOW max_connections')"
 if ((cur_max < MIN_MAX_CONNECTIONS)); then

@@ -120,6 +120,29 @@ func (c *localCluster) quotactl(addr string, args ...string) (string, error) {
 	return c.run(20*time.Second, filepath.Join(c.bin, "quotactl"), args...)
 }
 
+// noPasswordsOnCommandLines checks that no running process of the cluster has a database
+// password on its command line (what ps shows): they read them from the cluster's passfile.
+func (c *localCluster) noPasswordsOnCommandLines() {
+	c.t.Helper()
+	pids, err := filepath.Glob(filepath.Join(c.dir, "*.pid"))
+	if err != nil || len(pids) == 0 {
+		c.t.Fatalf("pid files in %s: %v, %v", c.dir, pids, err)
+	}
+	for _, f := range pids {
+		pid, err := os.ReadFile(f)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		cmdline, err := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/cmdline")
+		if err != nil {
+			continue // not running
+		}
+		if line := strings.ReplaceAll(string(cmdline), "\x00", " "); strings.Contains(line, ":quota@") || strings.Contains(line, ":quota_reader@") {
+			c.t.Errorf("%s: a password on the command line: %s", filepath.Base(f), line)
+		}
+	}
+}
+
 // certsDir is where the cluster script keeps the cluster's certificates.
 func (c *localCluster) certsDir() string { return filepath.Join(c.dir, "certs") }
 
@@ -275,6 +298,7 @@ func TestLocalCluster(t *testing.T) {
 		t.FailNow()
 	}
 
+	c.noPasswordsOnCommandLines()
 	c1, c2 := c.addr(0), c.addr(10)
 	if out, err := c.quotactl(c1, "sale", "create", "--sale", "t1", "--sku", "phone=100", "--allocate", "us=1,eu=1,ap=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)

@@ -160,3 +160,30 @@ func redact(s string) string {
 	}
 	return strings.TrimSpace(u.String())
 }
+
+// GrantRead grants role SELECT on every table of the database's public schema, now and for
+// tables made later by the same owner, when role exists (it does nothing otherwise). The
+// grants are idempotent; a database role that may not grant is an error.
+func GrantRead(ctx context.Context, pool *pgxpool.Pool, role string) error {
+	if !validRole.MatchString(role) {
+		return fmt.Errorf("reader role %q: want lower-case letters, digits and _", role)
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+		return fmt.Errorf("look up role %s: %w", role, err)
+	}
+	if !exists {
+		return nil
+	}
+	for _, stmt := range []string{
+		`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role,
+		`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO ` + role,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("grant %s read access: %w", role, err)
+		}
+	}
+	return nil
+}
+
+var validRole = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
