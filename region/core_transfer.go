@@ -19,7 +19,7 @@ func record[T any](m map[string]T, id string) *T {
 	return &v
 }
 
-// Credit is step 3 at this destination: available and credited_in rise once per transfer
+// Credit is step 4 at this destination: available and credited_in rise once per transfer
 // id (I3, I5), fenced (I4).
 func (c *Core) Credit(req CreditRequest) (transfer.InState, error) {
 	if err := c.admit(req.Sale, req.Generation); err != nil {

@@ -68,10 +68,10 @@ type creditOp struct {
 // creditResult is the destination's durable record of the transfer after the op.
 type creditResult struct{ state transfer.InState }
 
-// apply adds a transfer's units to the pool once per transfer id, fenced by the
-// coordinator's generation (I4). A retry of the same credit answers "credited" again without
-// adding anything; a credit after a refusal answers "refused" (I5: never both). Preserves I3:
-// credited_in and available rise together.
+// apply is protocol step 4 at the destination: it adds a transfer's units to the pool once
+// per transfer id, fenced by the coordinator's generation (I4). A retry of the same credit
+// answers "credited" again without adding anything; a credit after a refusal answers
+// "refused" (I5: never both). Preserves I3: credited_in and available rise together.
 func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)

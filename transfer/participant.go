@@ -31,7 +31,7 @@ func Admit(highest, gen int64) (int64, error) {
 	return gen, nil
 }
 
-// DecideCredit is step 3 at a destination. have is the existing record (nil: none); IDs are
+// DecideCredit is step 4 at a destination. have is the existing record (nil: none); IDs are
 // the caller's key and not compared. It
 // returns the record's state after the step and whether the units must be added now, which
 // happens once per transfer id: a retry answers credited again, a credit after a refusal
@@ -102,7 +102,7 @@ func AfterDebit(st OutState) (Event, error) {
 	return "", fmt.Errorf("unexpected answer %q to a debit", st)
 }
 
-// AfterCredit is the coordinator's reading of a destination's answer to step 3 (or to a
+// AfterCredit is the coordinator's reading of a destination's answer to step 4 (or to a
 // refusal): Credited, Refused (the source must restore before it is recorded), or an error.
 func AfterCredit(st InState) (Event, error) {
 	switch st {
