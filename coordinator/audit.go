@@ -41,6 +41,9 @@ type Report struct {
 	SKUs       []SKUAudit
 	Violations []Violation
 	At         time.Time
+	// Pauses are the audited sales' pauses in force, read after the audit: the continuous
+	// audit's (auditLoop) carry their evidence in the reason. They are no violation.
+	Pauses []Pause
 }
 
 // auditReads is how many times an audit reads the ledger and the regions before it gives up
@@ -94,6 +97,15 @@ func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 		time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
 	}
 	rep.At = c.cfg.Clock.Now()
+	pauses, err := c.readPauses(ctx, sale)
+	if err != nil {
+		return Report{}, err
+	}
+	for _, p := range pauses {
+		if p.Paused {
+			rep.Pauses = append(rep.Pauses, p)
+		}
+	}
 	return rep, nil
 }
 

@@ -72,6 +72,9 @@ type Participant interface {
 	Settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error)
 	// Status reads the region's durable records of transfer id.
 	Status(ctx context.Context, id string) (transfer.InState, transfer.OutState, error)
+	// SetPaused records at the region whether p's sale (p.SKU "") or SKU admits new holds,
+	// unless it has a later change of it; it answers the region's record.
+	SetPaused(ctx context.Context, gen int64, p Pause) (paused bool, version PauseVersion, err error)
 }
 
 // BooksReader reads one consistent snapshot of a region's durable state for a sale, straight
@@ -119,6 +122,11 @@ type Config struct {
 	// (see soldOutLoop); SoldOutInterval is how often they are recomputed (default 1s).
 	PublishSoldOut  func(ctx context.Context, sale, sku string, soldOut bool) error
 	SoldOutInterval time.Duration
+	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
+	// conservation (I1) is broken (auditLoop); 0 (the zero value, unlike the other
+	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says
+	// otherwise, and 0 there means never too.
+	AuditInterval time.Duration
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -154,6 +162,9 @@ func (c *Config) Validate() error {
 	if c.RetryInterval < 0 || c.StrandAfter < 0 || c.CallTimeout < 0 {
 		return errors.New("retry interval, strand-after and call timeout must be positive")
 	}
+	if c.AuditInterval < 0 {
+		return fmt.Errorf("audit interval %s: must not be negative (0: no continuous audit)", c.AuditInterval)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -186,7 +197,8 @@ func New(cfg Config, db *pgxpool.Pool) (*Coordinator, error) {
 }
 
 // Lead starts acting as the leader with generation gen (the election key's create
-// revision): it raises the ledger fence (I4), then resumes every unfinished transfer.
+// revision): it raises the ledger fence (I4), then resumes every unfinished transfer, the
+// delivery of sale terms and pauses, and (with AuditInterval) the continuous audit.
 func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -197,6 +209,9 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 		if err := fencing.CheckLedgerGeneration(ctx, tx, gen); err != nil {
 			return err
 		}
+		if err := queuePausesForNewRegions(ctx, tx, c.regionNames()); err != nil {
+			return err
+		}
 		return queueTermsForNewRegions(ctx, tx, c.regionNames())
 	})
 	if err != nil {
@@ -204,10 +219,12 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	c.gen, c.cancel = gen, cancel
-	c.wg.Add(3)
+	c.wg.Add(5)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
 	go c.soldOutLoop(dctx)
+	go c.pauseLoop(dctx, gen)
+	go c.auditLoop(dctx)
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil
 }

@@ -46,6 +46,9 @@ func (silentRegion) Settle(context.Context, int64, transfer.Transfer) (transfer.
 func (silentRegion) Status(context.Context, string) (transfer.InState, transfer.OutState, error) {
 	return "", "", errUnreachable
 }
+func (silentRegion) SetPaused(context.Context, int64, Pause) (bool, PauseVersion, error) {
+	return false, 0, errUnreachable
+}
 
 const (
 	testGen     = int64(1)

@@ -44,6 +44,8 @@ type Sale struct {
 	Terms     SaleTerms
 	SKUs      []SKULedger
 	CreatedAt time.Time
+	// Pauses are the sale's pauses in force, and its resumes some region lacks (pause.go).
+	Pauses []Pause
 }
 
 // checkSaleID refuses a malformed sale id as INVALID_ARGUMENT on field sale_id.
@@ -335,7 +337,12 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 			s.SKUs[len(s.SKUs)-1].Allocated[*to] = transfer.Units(units)
 		}
 	}
-	return s, rows.Err()
+	if err := rows.Err(); err != nil {
+		return s, err
+	}
+	rows.Close()
+	s.Pauses, err = c.readPauses(ctx, sale)
+	return s, err
 }
 
 func openMillis(t time.Time) int64 {

@@ -186,6 +186,9 @@ func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k key
 			return prior, err
 		}
 	}
+	if err := r.paused.Load().refuse(req); err != nil {
+		return ReserveResult{}, err
+	}
 	return ReserveResult{}, r.exhausted(req, avail)
 }
 

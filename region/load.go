@@ -28,6 +28,9 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time
 	if err := loadPools(ctx, tx, m); err != nil {
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
+	if err := loadPauses(ctx, tx, m); err != nil {
+		return nil, err
+	}
 	if err := loadHolds(ctx, tx, m, region, now, retain); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}

@@ -66,6 +66,9 @@ type memState struct {
 	// refuses a new key past Config.MaxKeysPerUser, which bounds what a buyer's retries
 	// with fresh keys can make the leader keep.
 	keysPer map[saleUser]int32
+	// paused is what admits no new holds (pause.go): replaced, never changed, by the op
+	// that changes it, so the leader publishes it to readers as is.
+	paused *pauseSet
 }
 
 type dueHold struct {

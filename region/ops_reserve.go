@@ -65,6 +65,9 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	if !o.keyLookedUp && b.m.retiredKey(k) {
 		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
 	}
+	if err := b.m.paused.refuse(req); err != nil {
+		return nil, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
+	}
 	pk := poolKey{req.Sale, req.SKU}
 	p := b.m.pools[pk]
 	if p == nil {

@@ -190,6 +190,9 @@ type Region struct {
 	batchFailures atomic.Int64
 	// coordGen is the highest coordinator leader generation read from etcd so far.
 	coordGen atomic.Int64
+	// paused is the leader's committed pauses (pause.go), for the answers given without the
+	// writer (an empty pool's); nil when not leading.
+	paused atomic.Pointer[pauseSet]
 }
 
 // New builds a region on pool, whose schema must be migrated (Migrate).
@@ -452,6 +455,7 @@ func (r *Region) reloadWith(ctx context.Context, epoch int64, load func(context.
 	r.avail = fresh
 	r.availMu.Unlock()
 	r.sales.Clear()
+	r.paused.Store(m.paused)
 	return m, how, nil
 }
 
@@ -502,6 +506,7 @@ func (r *Region) forget() {
 	r.avail = map[poolKey]*atomic.Int64{}
 	r.availMu.Unlock()
 	r.state.Store(nil)
+	r.paused.Store(nil)
 }
 
 // applyCommitted runs on the writer after a commit: the cache learns what is now durable.
@@ -516,6 +521,7 @@ func (r *Region) applyCommitted(b *batch) {
 		v.Store(int64(a))
 	}
 	r.availMu.Unlock()
+	r.paused.Store(b.m.paused) // the pauses this batch committed, if it changed them
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
 	}

@@ -166,6 +166,7 @@ func (r *Region) dropWarm() {
 // after a given stamp, and, for a takeover's check, how many holds are stored.
 type changes struct {
 	pools   map[poolKey]*memPool
+	paused  *pauseSet // every pause in force, as stored
 	holds   []loadedRow
 	changed int64 // the highest stamp among holds
 	rows    int64 // -1 when not counted
@@ -178,7 +179,10 @@ func readChanges(ctx context.Context, tx pgx.Tx, region string, since int64, cou
 	if err := loadPools(ctx, tx, fresh); err != nil {
 		return nil, fmt.Errorf("load pools: %w", err)
 	}
-	ch := &changes{pools: fresh.pools, rows: -1}
+	if err := loadPauses(ctx, tx, fresh); err != nil {
+		return nil, err
+	}
+	ch := &changes{pools: fresh.pools, paused: fresh.paused, rows: -1}
 	rows, err := tx.Query(ctx, `SELECT `+loadColumns+` FROM holds WHERE changed > $1`, since)
 	if err != nil {
 		return nil, err
@@ -217,7 +221,7 @@ func (m *memState) catchUp(ch *changes, now time.Time, retain time.Duration) err
 		}
 	}
 	m.changed = max(m.changed, ch.changed)
-	m.pools = ch.pools
+	m.pools, m.paused = ch.pools, ch.paused
 	sortNewlyClosed(m.closing, queued)
 	for m.archive && len(m.closing) > 0 && !m.closing[0].at.After(f.keepAfter) {
 		m.retireClosed(f.keepAfter)

@@ -23,6 +23,7 @@ var (
 	ErrConflict        = apierr.ErrConflict
 	ErrUnknownOutcome  = apierr.ErrUnknownOutcome
 	ErrAborted         = apierr.ErrAborted
+	ErrPaused          = apierr.ErrPaused
 )
 
 // HoldState is where a hold is in its life: held, then exactly one of sold, released or

@@ -68,10 +68,13 @@ type auditJSON struct {
 	At         time.Time       `json:"at"`
 	SKUs       []skuAuditJSON  `json:"skus"`
 	Violations []violationJSON `json:"violations"`
+	// Pauses are the audited sales' pauses in force: the continuous audit's have the
+	// evidence in their reason ("audit: I1 violation: ...").
+	Pauses []pauseJSON `json:"pauses"`
 }
 
 func toAuditJSON(r *quotav1.AuditResponse) auditJSON {
-	out := auditJSON{OK: r.GetOk(), At: r.GetAt().AsTime(), SKUs: []skuAuditJSON{}, Violations: []violationJSON{}}
+	out := auditJSON{OK: r.GetOk(), At: r.GetAt().AsTime(), SKUs: []skuAuditJSON{}, Violations: []violationJSON{}, Pauses: toPausesJSON(r.GetPauses())}
 	for _, s := range r.GetSkus() {
 		sa := skuAuditJSON{Sale: s.GetSaleId(), SKU: s.GetSku(), OK: s.GetOk(), Total: s.GetTotal(), Unallocated: s.GetUnallocated(),
 			Available: s.GetAvailable(), Held: s.GetHeld(), Sold: s.GetSold(), InFlight: s.GetInFlight(), Stranded: s.GetStranded()}
@@ -130,6 +133,9 @@ func printAuditText(w io.Writer, a auditJSON) {
 			where += " " + v.Region
 		}
 		fmt.Fprintf(w, "VIOLATION %s %s: %s\n", v.Invariant, where, v.Detail)
+	}
+	for _, p := range a.Pauses {
+		printPause(w, "", p)
 	}
 	if a.OK {
 		fmt.Fprintf(w, "audit ok: %d SKU(s), no violations\n", len(a.SKUs))

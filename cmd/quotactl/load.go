@@ -50,6 +50,7 @@ type loadJSON struct {
 	Exhausted    int64            `json:"region_exhausted"`
 	SoldOut      int64            `json:"sold_out"`
 	Limited      int64            `json:"limit_exceeded"`
+	Paused       int64            `json:"paused"`
 	Failed       int64            `json:"failed"`
 	FirstError   string           `json:"first_error,omitempty"`
 	Earlier      int64            `json:"replayed_from_earlier_run,omitempty"`
@@ -119,20 +120,9 @@ func runLoad(e *env) error {
 	out := loadJSON{Buyers: s.Buyers, Granted: s.Granted, UnitsGranted: s.UnitsGranted, PerRegion: s.PerRegion, Exhausted: s.Exhausted,
 		SoldOut: s.SoldOut, Limited: s.Limited, Failed: s.Failed, Retries: s.Retries, Confirmed: s.Confirmed, Refunded: s.Refunded,
 		Released: s.Released, Abandoned: s.Abandoned, Seconds: s.Elapsed.Seconds(), PerSecond: float64(s.Buyers) / s.Elapsed.Seconds(),
-		FirstError: s.FirstError, Earlier: s.Earlier}
-	err = e.print(out, func(w io.Writer) {
-		fmt.Fprintf(w, "%d buyers in %s (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
-			out.Buyers, s.Elapsed.Round(time.Millisecond), out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
-		fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
-			out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
-		if out.Earlier > 0 {
-			fmt.Fprintf(w, "%d buyers already had a hold from an earlier run with the same buyer ids (replayed, not counted above)\n", out.Earlier)
-		}
-		if out.FirstError != "" {
-			fmt.Fprintf(w, "first failure: %s\n", out.FirstError)
-		}
-	})
-	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited+out.Earlier == 0 {
+		FirstError: s.FirstError, Earlier: s.Earlier, Paused: s.Paused}
+	err = e.print(out, func(w io.Writer) { printLoadText(w, out, s.Elapsed) })
+	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited+out.Paused+out.Earlier == 0 {
 		return fmt.Errorf("every reserve failed; the first: %s", out.FirstError)
 	}
 	return err
@@ -148,4 +138,21 @@ func perRegion(m map[string]int64) string {
 		parts = append(parts, fmt.Sprintf("%s %d", r, m[r]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// printLoadText is a load's totals as text.
+func printLoadText(w io.Writer, out loadJSON, elapsed time.Duration) {
+	fmt.Fprintf(w, "%d buyers in %s (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
+		out.Buyers, elapsed.Round(time.Millisecond), out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
+	fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
+		out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
+	if out.Paused > 0 {
+		fmt.Fprintf(w, "%d buyers told the sale or SKU is paused (PAUSED)\n", out.Paused)
+	}
+	if out.Earlier > 0 {
+		fmt.Fprintf(w, "%d buyers already had a hold from an earlier run with the same buyer ids (replayed, not counted above)\n", out.Earlier)
+	}
+	if out.FirstError != "" {
+		fmt.Fprintf(w, "first failure: %s\n", out.FirstError)
+	}
 }

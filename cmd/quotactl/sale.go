@@ -38,7 +38,7 @@ func saleCmd() *cobra.Command {
 	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow),
 		Example: "  quotactl sale show --sale launch"}
 	show.Flags().String("sale", "", "sale id (required)")
-	return group("sale", "Create and inspect sales", create, show)
+	return group("sale", "Create, inspect, pause and resume sales", create, show, salePauseCmd(), saleResumeCmd())
 }
 
 // parsePairs parses "a=1,b=2" (or repeated "a=1") into ordered pairs.
@@ -75,6 +75,8 @@ type saleJSON struct {
 	SKUs         []skuJSON  `json:"skus"`
 	Replayed     bool       `json:"replayed,omitempty"`
 	Transfers    []xferJSON `json:"transfers,omitempty"`
+	// Pauses are the sale's pauses in force (and resumes not yet at every region).
+	Pauses []pauseJSON `json:"pauses,omitempty"`
 }
 
 type skuJSON struct {
@@ -109,6 +111,9 @@ func toSaleJSON(s *quotav1.Sale) saleJSON {
 		}
 		out.SKUs = append(out.SKUs, skuJSON{SKU: k.GetSku(), Total: k.GetTotal(), Unallocated: k.GetUnallocated(), Allocated: alloc})
 	}
+	for _, p := range s.GetPauses() {
+		out.Pauses = append(out.Pauses, toPauseJSON(p))
+	}
 	return out
 }
 
@@ -139,6 +144,9 @@ func printSale(e *env, s saleJSON) error {
 		}
 		for _, t := range s.Transfers {
 			fmt.Fprintf(w, "  transfer %s: %d %s %s → %s %s\n", t.ID, t.Units, t.SKU, t.From, t.To, t.State)
+		}
+		for _, p := range s.Pauses {
+			printPause(w, "  ", p)
 		}
 	})
 }

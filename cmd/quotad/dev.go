@@ -41,6 +41,7 @@ default. --insecure runs everything plaintext with no roles.`,
 	f.String("host", "127.0.0.1", "address every server binds")
 	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
+	addAuditFlag(cmd)
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(default <data-dir>/certs; what is missing is created)")
 	return cmd
@@ -55,6 +56,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
+		AuditInterval: v.GetDuration("audit-interval"),
 	}
 	return c, c.Validate()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
@@ -138,6 +139,7 @@ func coordinatorCmd() *cobra.Command {
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
 	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
+	addAuditFlag(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure; client.coordinator.crt is used to call the regions)")
 	return cmd
 }
@@ -159,7 +161,16 @@ func (c *CoordinatorProcessConfig) Validate() error {
 	if len(c.Etcd) == 0 {
 		return fmt.Errorf("etcd: name at least one endpoint")
 	}
+	if c.Node.AuditInterval < 0 {
+		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.Node.AuditInterval)
+	}
 	return nil
+}
+
+// addAuditFlag adds the coordinator's --audit-interval (quotad coordinator and dev).
+func addAuditFlag(cmd *cobra.Command) {
+	cmd.Flags().Duration("audit-interval", coordinator.DefaultAuditInterval,
+		"how often the leading coordinator audits every sale and pauses each SKU whose conservation (I1) is broken in every region (0: never)")
 }
 
 func parseRegions(specs []string) ([]cluster.RegionEndpoint, error) {
@@ -192,7 +203,7 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		FollowLeaders: true, TLS: tlsm},
+		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm},
 		Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

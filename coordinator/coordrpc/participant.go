@@ -152,3 +152,13 @@ func (p *Participant) Status(ctx context.Context, id string) (transfer.InState, 
 	}
 	return transfer.InState(resp.GetInbound()), transfer.OutState(resp.GetOutbound()), nil
 }
+
+// SetPaused implements coordinator.Participant.
+func (p *Participant) SetPaused(ctx context.Context, gen int64, ps coordinator.Pause) (bool, coordinator.PauseVersion, error) {
+	resp, err := p.client().SetPaused(ctx, &quotav1.SetPausedRequest{Generation: gen, SaleId: ps.Sale, Sku: ps.SKU, Paused: ps.Paused,
+		Reason: ps.Reason, Version: int64(ps.Version)})
+	if err != nil {
+		return false, 0, apierr.FromStatus(err)
+	}
+	return resp.GetPaused(), coordinator.PauseVersion(resp.GetVersion()), nil
+}

@@ -30,6 +30,9 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 		}
 		out.Skus = append(out.Skus, &quotav1.SkuLedger{Sku: k.SKU, Total: int64(k.Total), Unallocated: int64(k.Unallocated), Allocated: alloc})
 	}
+	for _, p := range s.Pauses {
+		out.Pauses = append(out.Pauses, PauseToProto(p))
+	}
 	return out
 }
 
@@ -114,6 +117,9 @@ func (s *Server) Audit(ctx context.Context, req *quotav1.AuditRequest) (*quotav1
 	}
 	for _, v := range rep.Violations {
 		out.Violations = append(out.Violations, &quotav1.Violation{Invariant: v.Invariant, SaleId: v.Sale, Sku: v.SKU, Region: v.Region, Detail: v.Detail})
+	}
+	for _, p := range rep.Pauses {
+		out.Pauses = append(out.Pauses, PauseToProto(p))
 	}
 	return out, nil
 }

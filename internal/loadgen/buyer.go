@@ -120,6 +120,8 @@ func (b buyer) countRefusal(err error) {
 		b.c.soldOut.Add(1)
 	case "LIMIT_EXCEEDED":
 		b.c.limited.Add(1)
+	case "PAUSED":
+		b.c.paused.Add(1)
 	default:
 		b.c.fail(err)
 	}

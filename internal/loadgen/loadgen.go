@@ -65,7 +65,9 @@ type Stats struct {
 	Buyers, Granted, UnitsGranted, Exhausted, SoldOut, Limited, Failed, Retries int64
 	// Earlier counts buyers whose first reserve replayed a hold an earlier run with the same
 	// buyer ids got: not granted by this run, and not paid or released again.
-	Earlier                                  int64
+	Earlier int64
+	// Paused counts buyers refused because the sale or SKU is paused (the kill switch).
+	Paused                                   int64
 	Confirmed, Refunded, Released, Abandoned int64
 	PerRegion                                map[string]int64 // units granted per region
 	Elapsed                                  time.Duration
@@ -78,6 +80,7 @@ type Stats struct {
 type counters struct {
 	buyers, granted, units, exhausted, soldOut, limited, failed, retries atomic.Int64
 	earlier                                                              atomic.Int64
+	paused                                                               atomic.Int64
 	confirmed, refunded, released, abandoned                             atomic.Int64
 	mu                                                                   sync.Mutex
 	perRegion                                                            map[string]int64
@@ -108,7 +111,7 @@ func (c *counters) snapshot(start time.Time) Stats {
 	}
 	return Stats{Buyers: c.buyers.Load(), Granted: c.granted.Load(), UnitsGranted: c.units.Load(), Exhausted: c.exhausted.Load(),
 		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), Earlier: c.earlier.Load(),
-		Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
+		Paused: c.paused.Load(), Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
 		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
 }
 

@@ -98,8 +98,9 @@ func contains(s string, subs ...string) bool {
 func TestMatrix(t *testing.T) {
 	want := map[trust.Role][]string{
 		trust.Storefront:  {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions"},
-		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus"},
+		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
+			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",
 			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
 			"RegionService/GetReservation", "RegionService/GetStock"},
 		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
@@ -235,5 +236,15 @@ func TestMessageLimit(t *testing.T) {
 	err := conn.Invoke(ctx, "/quota.v1.RegionService/Reserve", big, &quotav1.ReserveResponse{})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("an 8 KiB request to a 4 KiB limit: %v; want ResourceExhausted", err)
+	}
+}
+
+// TestTableCoversEveryRPC: every RPC of every service has a row in the role table, so a new
+// RPC cannot ship refused to everyone (or, worse, be added to the table by no one's review).
+func TestTableCoversEveryRPC(t *testing.T) {
+	for _, m := range everyMethod() {
+		if _, ok := trust.Methods[m]; !ok {
+			t.Errorf("%s has no row in trust.Methods", m)
+		}
 	}
 }

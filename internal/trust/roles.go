@@ -13,8 +13,8 @@ import (
 
 // Methods is the one table of who may call what: every RPC of every service, by gRPC full
 // method name, and the roles allowed to call it. A method missing from the table is refused
-// to every role. docs/security.md prints it as the role matrix; TestTableCoversEveryRPC keeps
-// it complete.
+// to every role. docs/security.md prints it as the role matrix; TestTableCoversEveryRPC
+// (internal/rpcserve) keeps it complete and TestMatrix pins it.
 var Methods = map[string][]Role{
 	// RegionService: storefronts reserve; the reads are open to operators and auditors too.
 	"/quota.v1.RegionService/Reserve":        {Storefront},
@@ -23,7 +23,8 @@ var Methods = map[string][]Role{
 	"/quota.v1.RegionService/GetReservation": {Storefront, Operator, Auditor},
 	"/quota.v1.RegionService/GetStock":       {Storefront, Operator, Auditor},
 
-	// ParticipantService: the transfer steps, for the coordinator alone.
+	// ParticipantService: the sale's terms and pauses and the transfer steps, for the
+	// coordinator alone.
 	"/quota.v1.ParticipantService/PutSale":        {Coordinator},
 	"/quota.v1.ParticipantService/Credit":         {Coordinator},
 	"/quota.v1.ParticipantService/Debit":          {Coordinator},
@@ -32,6 +33,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.ParticipantService/Restore":        {Coordinator},
 	"/quota.v1.ParticipantService/Settle":         {Coordinator},
 	"/quota.v1.ParticipantService/TransferStatus": {Coordinator},
+	"/quota.v1.ParticipantService/SetPaused":      {Coordinator},
 
 	// CoordinatorService: operators change; auditors read. ListRegions is also how a
 	// storefront finds its region's address.
@@ -40,6 +42,8 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/Transfer":        {Operator},
 	"/quota.v1.CoordinatorService/ResolveTransfer": {Operator},
 	"/quota.v1.CoordinatorService/Rebalance":       {Operator},
+	"/quota.v1.CoordinatorService/PauseSale":       {Operator},
+	"/quota.v1.CoordinatorService/ResumeSale":      {Operator},
 	"/quota.v1.CoordinatorService/GetSale":         {Operator, Auditor},
 	"/quota.v1.CoordinatorService/Audit":           {Operator, Auditor},
 	"/quota.v1.CoordinatorService/GetTransfer":     {Operator, Auditor},

@@ -172,3 +172,13 @@ func (s *Server) TransferStatus(ctx context.Context, req *quotav1.TransferStatus
 	}
 	return &quotav1.TransferStatusResponse{Inbound: string(st.In), Outbound: string(st.Out)}, nil
 }
+
+// SetPaused implements ParticipantService.
+func (s *Server) SetPaused(ctx context.Context, req *quotav1.SetPausedRequest) (*quotav1.SetPausedResponse, error) {
+	rec, err := s.R.SetPaused(ctx, region.PauseRequest{Generation: req.GetGeneration(), Sale: req.GetSaleId(), SKU: req.GetSku(),
+		Paused: req.GetPaused(), Reason: req.GetReason(), Version: region.PauseVersion(req.GetVersion())})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.SetPausedResponse{Paused: rec.Paused, Version: int64(rec.Version)}, nil
+}

@@ -15,13 +15,13 @@ var programKeys = map[string]bool{}
 
 func init() {
 	for _, k := range []string{
-		"allocate", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
+		"allocate", "audit-interval", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
 		"concurrency", "config", "confirm", "coordinator", "cpuprofile", "data-dir", "db-prefix",
 		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "from", "gc-percent", "help",
 		"hold", "hold-ttl", "horizon", "host", "initial-cluster", "insecure", "key", "lease-ttl", "listen",
 		"log-level", "max-batch", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "output", "overwrite", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
-		"quantity", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
+		"quantity", "reason", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "timeout", "to",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "warmup",
 		"warmup-ops", "window",

@@ -38,6 +38,10 @@ type CoordinatorConfig struct {
 	StrandAfter time.Duration
 	// RetryInterval is how often unfinished transfers are driven again (default 1s).
 	RetryInterval time.Duration
+	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
+	// conservation (I1) is broken; 0: never (quotad's --audit-interval defaults to
+	// coordinator.DefaultAuditInterval).
+	AuditInterval time.Duration
 	// FollowLeaders makes the coordinator reach each region at the address its current
 	// leader publishes in etcd (falling back to the configured one), so a region's failover
 	// to a standby on another address is followed.
@@ -69,10 +73,11 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n = &CoordinatorNode{etcd: etcd, cfg: cfg}
-	defer func() {
+	node := &CoordinatorNode{etcd: etcd, cfg: cfg}
+	n = node
+	defer func() { // on every error return (which sets n to nil), close what was opened
 		if err != nil {
-			n.closeResources()
+			node.closeResources()
 		}
 	}()
 	if n.DB, err = pgutil.Open(ctx, cfg.DBURL, 16); err != nil {
@@ -90,7 +95,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		return nil, err
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
-		RetryInterval: cfg.RetryInterval, Logger: cfg.Logger,
+		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger,
 		PublishSoldOut: func(ctx context.Context, sale, sku string, soldOut bool) error {
 			return fencing.SetSoldOut(ctx, etcd, sale, sku, soldOut)
 		}}, n.DB)

@@ -39,6 +39,9 @@ type DevConfig struct {
 	LeaseTTL time.Duration
 	// Region tunes every region (Name is set per region).
 	Region region.Config
+	// AuditInterval is the coordinator's continuous audit (CoordinatorConfig.AuditInterval);
+	// 0: none.
+	AuditInterval time.Duration
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
 	// (default <DataDir>/certs).
 	CertsDir string
@@ -79,6 +82,9 @@ func (c *DevConfig) Validate() error {
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("lease-ttl %s: must be at least 1s", c.LeaseTTL)
+	}
+	if c.AuditInterval < 0 {
+		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.AuditInterval)
 	}
 	if c.CertsDir == "" && !c.Insecure {
 		c.CertsDir = filepath.Join(c.DataDir, "certs")
@@ -233,7 +239,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
 	if err != nil {
 		return err
 	}

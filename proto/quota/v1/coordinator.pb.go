@@ -152,13 +152,15 @@ func (x *CreateSaleRequest) GetOpensAt() *timestamppb.Timestamp {
 }
 
 type Sale struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
-	PerUserLimit  int64                  `protobuf:"varint,2,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
-	HoldTtlMs     int64                  `protobuf:"varint,3,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
-	OpensAt       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
-	Skus          []*SkuLedger           `protobuf:"bytes,5,rep,name=skus,proto3" json:"skus,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	PerUserLimit int64                  `protobuf:"varint,2,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
+	HoldTtlMs    int64                  `protobuf:"varint,3,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
+	OpensAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	Skus         []*SkuLedger           `protobuf:"bytes,5,rep,name=skus,proto3" json:"skus,omitempty"`
+	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// pauses are the sale's pauses in force, and the resumes some region has not got yet.
+	Pauses        []*Pause `protobuf:"bytes,7,rep,name=pauses,proto3" json:"pauses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -235,6 +237,161 @@ func (x *Sale) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Sale) GetPauses() []*Pause {
+	if x != nil {
+		return x.Pauses
+	}
+	return nil
+}
+
+// Pause is one sale's (sku empty) or SKU's pause as the ledger records it.
+type Pause struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku    string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	// paused is false for a resume that has not reached every region yet.
+	Paused    bool                   `protobuf:"varint,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	ChangedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=changed_at,json=changedAt,proto3" json:"changed_at,omitempty"`
+	Version   int64                  `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	// undelivered names the regions that do not have this change yet.
+	Undelivered   []string `protobuf:"bytes,7,rep,name=undelivered,proto3" json:"undelivered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pause) Reset() {
+	*x = Pause{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pause) ProtoMessage() {}
+
+func (x *Pause) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pause.ProtoReflect.Descriptor instead.
+func (*Pause) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Pause) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *Pause) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *Pause) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *Pause) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Pause) GetChangedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ChangedAt
+	}
+	return nil
+}
+
+func (x *Pause) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Pause) GetUndelivered() []string {
+	if x != nil {
+		return x.Undelivered
+	}
+	return nil
+}
+
+// RegionFailure is a region a call could not reach, and why.
+type RegionFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionFailure) Reset() {
+	*x = RegionFailure{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionFailure) ProtoMessage() {}
+
+func (x *RegionFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionFailure.ProtoReflect.Descriptor instead.
+func (*RegionFailure) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RegionFailure) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type SkuLedger struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Sku         string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
@@ -248,7 +405,7 @@ type SkuLedger struct {
 
 func (x *SkuLedger) Reset() {
 	*x = SkuLedger{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[3]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +417,7 @@ func (x *SkuLedger) String() string {
 func (*SkuLedger) ProtoMessage() {}
 
 func (x *SkuLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[3]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +430,7 @@ func (x *SkuLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkuLedger.ProtoReflect.Descriptor instead.
 func (*SkuLedger) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SkuLedger) GetSku() string {
@@ -315,7 +472,7 @@ type CreateSaleResponse struct {
 
 func (x *CreateSaleResponse) Reset() {
 	*x = CreateSaleResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[4]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -327,7 +484,7 @@ func (x *CreateSaleResponse) String() string {
 func (*CreateSaleResponse) ProtoMessage() {}
 
 func (x *CreateSaleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[4]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -340,7 +497,7 @@ func (x *CreateSaleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSaleResponse.ProtoReflect.Descriptor instead.
 func (*CreateSaleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSaleResponse) GetSale() *Sale {
@@ -366,7 +523,7 @@ type GetSaleRequest struct {
 
 func (x *GetSaleRequest) Reset() {
 	*x = GetSaleRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[5]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +535,7 @@ func (x *GetSaleRequest) String() string {
 func (*GetSaleRequest) ProtoMessage() {}
 
 func (x *GetSaleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[5]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +548,7 @@ func (x *GetSaleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSaleRequest.ProtoReflect.Descriptor instead.
 func (*GetSaleRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSaleRequest) GetSaleId() string {
@@ -410,7 +567,7 @@ type GetSaleResponse struct {
 
 func (x *GetSaleResponse) Reset() {
 	*x = GetSaleResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[6]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +579,7 @@ func (x *GetSaleResponse) String() string {
 func (*GetSaleResponse) ProtoMessage() {}
 
 func (x *GetSaleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[6]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +592,7 @@ func (x *GetSaleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSaleResponse.ProtoReflect.Descriptor instead.
 func (*GetSaleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSaleResponse) GetSale() *Sale {
@@ -455,7 +612,7 @@ type RegionWeight struct {
 
 func (x *RegionWeight) Reset() {
 	*x = RegionWeight{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[7]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +624,7 @@ func (x *RegionWeight) String() string {
 func (*RegionWeight) ProtoMessage() {}
 
 func (x *RegionWeight) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[7]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +637,7 @@ func (x *RegionWeight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionWeight.ProtoReflect.Descriptor instead.
 func (*RegionWeight) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegionWeight) GetRegion() string {
@@ -509,7 +666,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[8]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +678,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[8]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +691,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AllocateRequest) GetSaleId() string {
@@ -577,7 +734,7 @@ type TransferInfo struct {
 
 func (x *TransferInfo) Reset() {
 	*x = TransferInfo{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[9]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +746,7 @@ func (x *TransferInfo) String() string {
 func (*TransferInfo) ProtoMessage() {}
 
 func (x *TransferInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[9]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +759,7 @@ func (x *TransferInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferInfo.ProtoReflect.Descriptor instead.
 func (*TransferInfo) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TransferInfo) GetTransferId() string {
@@ -692,7 +849,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[10]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +861,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[10]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +874,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AllocateResponse) GetTransfers() []*TransferInfo {
@@ -742,7 +899,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[11]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +911,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[11]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +924,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 type RegionInfo struct {
@@ -780,7 +937,7 @@ type RegionInfo struct {
 
 func (x *RegionInfo) Reset() {
 	*x = RegionInfo{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[12]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +949,7 @@ func (x *RegionInfo) String() string {
 func (*RegionInfo) ProtoMessage() {}
 
 func (x *RegionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[12]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +962,7 @@ func (x *RegionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionInfo.ProtoReflect.Descriptor instead.
 func (*RegionInfo) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RegionInfo) GetName() string {
@@ -832,7 +989,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[13]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +1001,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[13]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1014,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionInfo {
@@ -884,7 +1041,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[14]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1053,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[14]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1066,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AuditRequest) GetSaleId() string {
@@ -936,7 +1093,7 @@ type RegionAudit struct {
 
 func (x *RegionAudit) Reset() {
 	*x = RegionAudit{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[15]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1105,7 @@ func (x *RegionAudit) String() string {
 func (*RegionAudit) ProtoMessage() {}
 
 func (x *RegionAudit) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[15]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1118,7 @@ func (x *RegionAudit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionAudit.ProtoReflect.Descriptor instead.
 func (*RegionAudit) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegionAudit) GetRegion() string {
@@ -1039,7 +1196,7 @@ type SkuAudit struct {
 
 func (x *SkuAudit) Reset() {
 	*x = SkuAudit{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[16]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1208,7 @@ func (x *SkuAudit) String() string {
 func (*SkuAudit) ProtoMessage() {}
 
 func (x *SkuAudit) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[16]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1221,7 @@ func (x *SkuAudit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkuAudit.ProtoReflect.Descriptor instead.
 func (*SkuAudit) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SkuAudit) GetSaleId() string {
@@ -1158,7 +1315,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[17]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1327,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[17]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1340,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Violation) GetInvariant() string {
@@ -1222,18 +1379,21 @@ func (x *Violation) GetDetail() string {
 }
 
 type AuditResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ok            bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
-	Skus          []*SkuAudit            `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
-	Violations    []*Violation           `protobuf:"bytes,3,rep,name=violations,proto3" json:"violations,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Ok         bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	Skus       []*SkuAudit            `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
+	Violations []*Violation           `protobuf:"bytes,3,rep,name=violations,proto3" json:"violations,omitempty"`
+	At         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	// pauses are the audited sales' pauses in force (the continuous audit's among them, with
+	// the evidence in their reason).
+	Pauses        []*Pause `protobuf:"bytes,5,rep,name=pauses,proto3" json:"pauses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[18]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1405,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[18]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1418,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AuditResponse) GetOk() bool {
@@ -1289,6 +1449,13 @@ func (x *AuditResponse) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *AuditResponse) GetPauses() []*Pause {
+	if x != nil {
+		return x.Pauses
+	}
+	return nil
+}
+
 type TransferRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -1304,7 +1471,7 @@ type TransferRequest struct {
 
 func (x *TransferRequest) Reset() {
 	*x = TransferRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1483,7 @@ func (x *TransferRequest) String() string {
 func (*TransferRequest) ProtoMessage() {}
 
 func (x *TransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[19]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1496,7 @@ func (x *TransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
 func (*TransferRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TransferRequest) GetSaleId() string {
@@ -1384,7 +1551,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1563,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[20]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1576,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TransferResponse) GetTransfer() *TransferInfo {
@@ -1435,7 +1602,7 @@ type GetTransferRequest struct {
 
 func (x *GetTransferRequest) Reset() {
 	*x = GetTransferRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1614,7 @@ func (x *GetTransferRequest) String() string {
 func (*GetTransferRequest) ProtoMessage() {}
 
 func (x *GetTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[21]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1627,7 @@ func (x *GetTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTransferRequest.ProtoReflect.Descriptor instead.
 func (*GetTransferRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetTransferRequest) GetTransferId() string {
@@ -1479,7 +1646,7 @@ type GetTransferResponse struct {
 
 func (x *GetTransferResponse) Reset() {
 	*x = GetTransferResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1658,7 @@ func (x *GetTransferResponse) String() string {
 func (*GetTransferResponse) ProtoMessage() {}
 
 func (x *GetTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[22]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1671,7 @@ func (x *GetTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTransferResponse.ProtoReflect.Descriptor instead.
 func (*GetTransferResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetTransferResponse) GetTransfer() *TransferInfo {
@@ -1525,7 +1692,7 @@ type ListTransfersRequest struct {
 
 func (x *ListTransfersRequest) Reset() {
 	*x = ListTransfersRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1704,7 @@ func (x *ListTransfersRequest) String() string {
 func (*ListTransfersRequest) ProtoMessage() {}
 
 func (x *ListTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[23]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1717,7 @@ func (x *ListTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTransfersRequest.ProtoReflect.Descriptor instead.
 func (*ListTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListTransfersRequest) GetSaleId() string {
@@ -1576,7 +1743,7 @@ type ListTransfersResponse struct {
 
 func (x *ListTransfersResponse) Reset() {
 	*x = ListTransfersResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1755,7 @@ func (x *ListTransfersResponse) String() string {
 func (*ListTransfersResponse) ProtoMessage() {}
 
 func (x *ListTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[24]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1768,7 @@ func (x *ListTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTransfersResponse.ProtoReflect.Descriptor instead.
 func (*ListTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListTransfersResponse) GetTransfers() []*TransferInfo {
@@ -1623,7 +1790,7 @@ type ResolveTransferRequest struct {
 
 func (x *ResolveTransferRequest) Reset() {
 	*x = ResolveTransferRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1802,7 @@ func (x *ResolveTransferRequest) String() string {
 func (*ResolveTransferRequest) ProtoMessage() {}
 
 func (x *ResolveTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[25]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1815,7 @@ func (x *ResolveTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveTransferRequest.ProtoReflect.Descriptor instead.
 func (*ResolveTransferRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResolveTransferRequest) GetTransferId() string {
@@ -1674,7 +1841,7 @@ type ResolveTransferResponse struct {
 
 func (x *ResolveTransferResponse) Reset() {
 	*x = ResolveTransferResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1853,7 @@ func (x *ResolveTransferResponse) String() string {
 func (*ResolveTransferResponse) ProtoMessage() {}
 
 func (x *ResolveTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[26]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1866,7 @@ func (x *ResolveTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveTransferResponse.ProtoReflect.Descriptor instead.
 func (*ResolveTransferResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResolveTransferResponse) GetTransfer() *TransferInfo {
@@ -1724,7 +1891,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1903,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[27]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1916,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RebalanceRequest) GetSaleId() string {
@@ -1813,7 +1980,7 @@ type PoolDemand struct {
 
 func (x *PoolDemand) Reset() {
 	*x = PoolDemand{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1992,7 @@ func (x *PoolDemand) String() string {
 func (*PoolDemand) ProtoMessage() {}
 
 func (x *PoolDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[28]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +2005,7 @@ func (x *PoolDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDemand.ProtoReflect.Descriptor instead.
 func (*PoolDemand) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PoolDemand) GetPool() string {
@@ -1880,7 +2047,7 @@ type PlannedMove struct {
 
 func (x *PlannedMove) Reset() {
 	*x = PlannedMove{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2059,7 @@ func (x *PlannedMove) String() string {
 func (*PlannedMove) ProtoMessage() {}
 
 func (x *PlannedMove) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[29]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2072,7 @@ func (x *PlannedMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannedMove.ProtoReflect.Descriptor instead.
 func (*PlannedMove) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PlannedMove) GetFrom() string {
@@ -1943,7 +2110,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2122,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[30]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2135,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RebalanceResponse) GetPools() []*PoolDemand {
@@ -1999,6 +2166,244 @@ func (x *RebalanceResponse) GetReplayed() bool {
 	return false
 }
 
+type PauseSaleRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// sku empty pauses the whole sale.
+	Sku string `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	// reason says why, for the operators and in refused Reserves' messages.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSaleRequest) Reset() {
+	*x = PauseSaleRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSaleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSaleRequest) ProtoMessage() {}
+
+func (x *PauseSaleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSaleRequest.ProtoReflect.Descriptor instead.
+func (*PauseSaleRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PauseSaleRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *PauseSaleRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *PauseSaleRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type PauseSaleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale is the sale after the change, with its pauses.
+	Sale *Sale `protobuf:"bytes,1,opt,name=sale,proto3" json:"sale,omitempty"`
+	// reached are the regions that have the change durably; unreached those that could not be
+	// reached (the coordinator retries them every second until they have it).
+	Reached       []string         `protobuf:"bytes,2,rep,name=reached,proto3" json:"reached,omitempty"`
+	Unreached     []*RegionFailure `protobuf:"bytes,3,rep,name=unreached,proto3" json:"unreached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSaleResponse) Reset() {
+	*x = PauseSaleResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSaleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSaleResponse) ProtoMessage() {}
+
+func (x *PauseSaleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSaleResponse.ProtoReflect.Descriptor instead.
+func (*PauseSaleResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PauseSaleResponse) GetSale() *Sale {
+	if x != nil {
+		return x.Sale
+	}
+	return nil
+}
+
+func (x *PauseSaleResponse) GetReached() []string {
+	if x != nil {
+		return x.Reached
+	}
+	return nil
+}
+
+func (x *PauseSaleResponse) GetUnreached() []*RegionFailure {
+	if x != nil {
+		return x.Unreached
+	}
+	return nil
+}
+
+type ResumeSaleRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// sku empty resumes the whole sale and every one of its SKUs.
+	Sku           string `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSaleRequest) Reset() {
+	*x = ResumeSaleRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSaleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSaleRequest) ProtoMessage() {}
+
+func (x *ResumeSaleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSaleRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSaleRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ResumeSaleRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *ResumeSaleRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+type ResumeSaleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sale          *Sale                  `protobuf:"bytes,1,opt,name=sale,proto3" json:"sale,omitempty"`
+	Reached       []string               `protobuf:"bytes,2,rep,name=reached,proto3" json:"reached,omitempty"`
+	Unreached     []*RegionFailure       `protobuf:"bytes,3,rep,name=unreached,proto3" json:"unreached,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSaleResponse) Reset() {
+	*x = ResumeSaleResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSaleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSaleResponse) ProtoMessage() {}
+
+func (x *ResumeSaleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSaleResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSaleResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ResumeSaleResponse) GetSale() *Sale {
+	if x != nil {
+		return x.Sale
+	}
+	return nil
+}
+
+func (x *ResumeSaleResponse) GetReached() []string {
+	if x != nil {
+		return x.Reached
+	}
+	return nil
+}
+
+func (x *ResumeSaleResponse) GetUnreached() []*RegionFailure {
+	if x != nil {
+		return x.Unreached
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -2012,7 +2417,7 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x04skus\x18\x02 \x03(\v2\x12.quota.v1.SkuTotalR\x04skus\x12$\n" +
 	"\x0eper_user_limit\x18\x03 \x01(\x03R\fperUserLimit\x12\x1e\n" +
 	"\vhold_ttl_ms\x18\x04 \x01(\x03R\tholdTtlMs\x125\n" +
-	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\"\x80\x02\n" +
+	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\"\xa9\x02\n" +
 	"\x04Sale\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12$\n" +
 	"\x0eper_user_limit\x18\x02 \x01(\x03R\fperUserLimit\x12\x1e\n" +
@@ -2020,7 +2425,20 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\bopens_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\x12'\n" +
 	"\x04skus\x18\x05 \x03(\v2\x13.quota.v1.SkuLedgerR\x04skus\x129\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xd5\x01\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12'\n" +
+	"\x06pauses\x18\a \x03(\v2\x0f.quota.v1.PauseR\x06pauses\"\xd9\x01\n" +
+	"\x05Pause\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\bR\x06paused\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"changed_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tchangedAt\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x03R\aversion\x12 \n" +
+	"\vundelivered\x18\a \x03(\tR\vundelivered\"=\n" +
+	"\rRegionFailure\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xd5\x01\n" +
 	"\tSkuLedger\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x03R\x05total\x12 \n" +
@@ -2105,14 +2523,15 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x03 \x01(\tR\x03sku\x12\x16\n" +
 	"\x06region\x18\x04 \x01(\tR\x06region\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xa8\x01\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xd1\x01\n" +
 	"\rAuditResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12&\n" +
 	"\x04skus\x18\x02 \x03(\v2\x12.quota.v1.SkuAuditR\x04skus\x123\n" +
 	"\n" +
 	"violations\x18\x03 \x03(\v2\x13.quota.v1.ViolationR\n" +
 	"violations\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x95\x01\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12'\n" +
+	"\x06pauses\x18\x05 \x03(\v2\x0f.quota.v1.PauseR\x06pauses\"\x95\x01\n" +
 	"\x0fTransferRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x12\n" +
@@ -2164,7 +2583,22 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\x14.quota.v1.PoolDemandR\x05pools\x12+\n" +
 	"\x05moves\x18\x02 \x03(\v2\x15.quota.v1.PlannedMoveR\x05moves\x124\n" +
 	"\ttransfers\x18\x03 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers\x12\x1a\n" +
-	"\breplayed\x18\x04 \x01(\bR\breplayed2\xe5\x05\n" +
+	"\breplayed\x18\x04 \x01(\bR\breplayed\"U\n" +
+	"\x10PauseSaleRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x88\x01\n" +
+	"\x11PauseSaleResponse\x12\"\n" +
+	"\x04sale\x18\x01 \x01(\v2\x0e.quota.v1.SaleR\x04sale\x12\x18\n" +
+	"\areached\x18\x02 \x03(\tR\areached\x125\n" +
+	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached\">\n" +
+	"\x11ResumeSaleRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\"\x89\x01\n" +
+	"\x12ResumeSaleResponse\x12\"\n" +
+	"\x04sale\x18\x01 \x01(\v2\x0e.quota.v1.SaleR\x04sale\x12\x18\n" +
+	"\areached\x18\x02 \x03(\tR\areached\x125\n" +
+	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached2\xf4\x06\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -2176,7 +2610,10 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\vGetTransfer\x12\x1c.quota.v1.GetTransferRequest\x1a\x1d.quota.v1.GetTransferResponse\x12P\n" +
 	"\rListTransfers\x12\x1e.quota.v1.ListTransfersRequest\x1a\x1f.quota.v1.ListTransfersResponse\x12V\n" +
 	"\x0fResolveTransfer\x12 .quota.v1.ResolveTransferRequest\x1a!.quota.v1.ResolveTransferResponse\x12D\n" +
-	"\tRebalance\x12\x1a.quota.v1.RebalanceRequest\x1a\x1b.quota.v1.RebalanceResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\tRebalance\x12\x1a.quota.v1.RebalanceRequest\x1a\x1b.quota.v1.RebalanceResponse\x12D\n" +
+	"\tPauseSale\x12\x1a.quota.v1.PauseSaleRequest\x1a\x1b.quota.v1.PauseSaleResponse\x12G\n" +
+	"\n" +
+	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -2190,91 +2627,108 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
 	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
 	(*Sale)(nil),                    // 2: quota.v1.Sale
-	(*SkuLedger)(nil),               // 3: quota.v1.SkuLedger
-	(*CreateSaleResponse)(nil),      // 4: quota.v1.CreateSaleResponse
-	(*GetSaleRequest)(nil),          // 5: quota.v1.GetSaleRequest
-	(*GetSaleResponse)(nil),         // 6: quota.v1.GetSaleResponse
-	(*RegionWeight)(nil),            // 7: quota.v1.RegionWeight
-	(*AllocateRequest)(nil),         // 8: quota.v1.AllocateRequest
-	(*TransferInfo)(nil),            // 9: quota.v1.TransferInfo
-	(*AllocateResponse)(nil),        // 10: quota.v1.AllocateResponse
-	(*ListRegionsRequest)(nil),      // 11: quota.v1.ListRegionsRequest
-	(*RegionInfo)(nil),              // 12: quota.v1.RegionInfo
-	(*ListRegionsResponse)(nil),     // 13: quota.v1.ListRegionsResponse
-	(*AuditRequest)(nil),            // 14: quota.v1.AuditRequest
-	(*RegionAudit)(nil),             // 15: quota.v1.RegionAudit
-	(*SkuAudit)(nil),                // 16: quota.v1.SkuAudit
-	(*Violation)(nil),               // 17: quota.v1.Violation
-	(*AuditResponse)(nil),           // 18: quota.v1.AuditResponse
-	(*TransferRequest)(nil),         // 19: quota.v1.TransferRequest
-	(*TransferResponse)(nil),        // 20: quota.v1.TransferResponse
-	(*GetTransferRequest)(nil),      // 21: quota.v1.GetTransferRequest
-	(*GetTransferResponse)(nil),     // 22: quota.v1.GetTransferResponse
-	(*ListTransfersRequest)(nil),    // 23: quota.v1.ListTransfersRequest
-	(*ListTransfersResponse)(nil),   // 24: quota.v1.ListTransfersResponse
-	(*ResolveTransferRequest)(nil),  // 25: quota.v1.ResolveTransferRequest
-	(*ResolveTransferResponse)(nil), // 26: quota.v1.ResolveTransferResponse
-	(*RebalanceRequest)(nil),        // 27: quota.v1.RebalanceRequest
-	(*PoolDemand)(nil),              // 28: quota.v1.PoolDemand
-	(*PlannedMove)(nil),             // 29: quota.v1.PlannedMove
-	(*RebalanceResponse)(nil),       // 30: quota.v1.RebalanceResponse
-	nil,                             // 31: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
+	(*Pause)(nil),                   // 3: quota.v1.Pause
+	(*RegionFailure)(nil),           // 4: quota.v1.RegionFailure
+	(*SkuLedger)(nil),               // 5: quota.v1.SkuLedger
+	(*CreateSaleResponse)(nil),      // 6: quota.v1.CreateSaleResponse
+	(*GetSaleRequest)(nil),          // 7: quota.v1.GetSaleRequest
+	(*GetSaleResponse)(nil),         // 8: quota.v1.GetSaleResponse
+	(*RegionWeight)(nil),            // 9: quota.v1.RegionWeight
+	(*AllocateRequest)(nil),         // 10: quota.v1.AllocateRequest
+	(*TransferInfo)(nil),            // 11: quota.v1.TransferInfo
+	(*AllocateResponse)(nil),        // 12: quota.v1.AllocateResponse
+	(*ListRegionsRequest)(nil),      // 13: quota.v1.ListRegionsRequest
+	(*RegionInfo)(nil),              // 14: quota.v1.RegionInfo
+	(*ListRegionsResponse)(nil),     // 15: quota.v1.ListRegionsResponse
+	(*AuditRequest)(nil),            // 16: quota.v1.AuditRequest
+	(*RegionAudit)(nil),             // 17: quota.v1.RegionAudit
+	(*SkuAudit)(nil),                // 18: quota.v1.SkuAudit
+	(*Violation)(nil),               // 19: quota.v1.Violation
+	(*AuditResponse)(nil),           // 20: quota.v1.AuditResponse
+	(*TransferRequest)(nil),         // 21: quota.v1.TransferRequest
+	(*TransferResponse)(nil),        // 22: quota.v1.TransferResponse
+	(*GetTransferRequest)(nil),      // 23: quota.v1.GetTransferRequest
+	(*GetTransferResponse)(nil),     // 24: quota.v1.GetTransferResponse
+	(*ListTransfersRequest)(nil),    // 25: quota.v1.ListTransfersRequest
+	(*ListTransfersResponse)(nil),   // 26: quota.v1.ListTransfersResponse
+	(*ResolveTransferRequest)(nil),  // 27: quota.v1.ResolveTransferRequest
+	(*ResolveTransferResponse)(nil), // 28: quota.v1.ResolveTransferResponse
+	(*RebalanceRequest)(nil),        // 29: quota.v1.RebalanceRequest
+	(*PoolDemand)(nil),              // 30: quota.v1.PoolDemand
+	(*PlannedMove)(nil),             // 31: quota.v1.PlannedMove
+	(*RebalanceResponse)(nil),       // 32: quota.v1.RebalanceResponse
+	(*PauseSaleRequest)(nil),        // 33: quota.v1.PauseSaleRequest
+	(*PauseSaleResponse)(nil),       // 34: quota.v1.PauseSaleResponse
+	(*ResumeSaleRequest)(nil),       // 35: quota.v1.ResumeSaleRequest
+	(*ResumeSaleResponse)(nil),      // 36: quota.v1.ResumeSaleResponse
+	nil,                             // 37: quota.v1.SkuLedger.AllocatedEntry
+	(*timestamppb.Timestamp)(nil),   // 38: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	32, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	32, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
-	3,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	32, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
-	31, // 5: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
-	2,  // 6: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
-	2,  // 7: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
-	7,  // 8: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	32, // 9: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 10: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
-	12, // 11: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
-	15, // 12: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
-	16, // 13: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
-	17, // 14: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	32, // 15: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
-	9,  // 16: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
-	9,  // 17: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
-	9,  // 18: quota.v1.ListTransfersResponse.transfers:type_name -> quota.v1.TransferInfo
-	9,  // 19: quota.v1.ResolveTransferResponse.transfer:type_name -> quota.v1.TransferInfo
-	28, // 20: quota.v1.RebalanceResponse.pools:type_name -> quota.v1.PoolDemand
-	29, // 21: quota.v1.RebalanceResponse.moves:type_name -> quota.v1.PlannedMove
-	9,  // 22: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
-	1,  // 23: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	5,  // 24: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	8,  // 25: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	11, // 26: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	14, // 27: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	19, // 28: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	21, // 29: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	23, // 30: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	25, // 31: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	27, // 32: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	4,  // 33: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	6,  // 34: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	10, // 35: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	13, // 36: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	18, // 37: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	20, // 38: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	22, // 39: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	24, // 40: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	26, // 41: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	30, // 42: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	38, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	38, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
+	38, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
+	38, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	37, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
+	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
+	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
+	38, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
+	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
+	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
+	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
+	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
+	38, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
+	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	11, // 21: quota.v1.ListTransfersResponse.transfers:type_name -> quota.v1.TransferInfo
+	11, // 22: quota.v1.ResolveTransferResponse.transfer:type_name -> quota.v1.TransferInfo
+	30, // 23: quota.v1.RebalanceResponse.pools:type_name -> quota.v1.PoolDemand
+	31, // 24: quota.v1.RebalanceResponse.moves:type_name -> quota.v1.PlannedMove
+	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
+	2,  // 26: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
+	4,  // 27: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
+	2,  // 28: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
+	4,  // 29: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
+	1,  // 30: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 31: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 32: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 33: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 34: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 35: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 36: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 37: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 38: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 39: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 40: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	35, // 41: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	6,  // 42: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 43: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 44: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 45: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 46: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 47: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 48: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 49: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 50: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 51: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	34, // 52: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	36, // 53: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	42, // [42:54] is the sub-list for method output_type
+	30, // [30:42] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -2288,7 +2742,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,8 @@ const (
 	CoordinatorService_ListTransfers_FullMethodName   = "/quota.v1.CoordinatorService/ListTransfers"
 	CoordinatorService_ResolveTransfer_FullMethodName = "/quota.v1.CoordinatorService/ResolveTransfer"
 	CoordinatorService_Rebalance_FullMethodName       = "/quota.v1.CoordinatorService/Rebalance"
+	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
+	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -58,6 +60,14 @@ type CoordinatorServiceClient interface {
 	ResolveTransfer(ctx context.Context, in *ResolveTransferRequest, opts ...grpc.CallOption) (*ResolveTransferResponse, error)
 	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
 	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceResponse, error)
+	// PauseSale stops every region admitting new reservations of a sale (sku empty) or of one
+	// of its SKUs; Confirm, Release and expiry of existing holds go on. It records the pause in
+	// the ledger, then returns once every region it could reach has it durably, naming those it
+	// could not (the coordinator keeps trying them).
+	PauseSale(ctx context.Context, in *PauseSaleRequest, opts ...grpc.CallOption) (*PauseSaleResponse, error)
+	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
+	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
+	ResumeSale(ctx context.Context, in *ResumeSaleRequest, opts ...grpc.CallOption) (*ResumeSaleResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -168,6 +178,26 @@ func (c *coordinatorServiceClient) Rebalance(ctx context.Context, in *RebalanceR
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) PauseSale(ctx context.Context, in *PauseSaleRequest, opts ...grpc.CallOption) (*PauseSaleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseSaleResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_PauseSale_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ResumeSale(ctx context.Context, in *ResumeSaleRequest, opts ...grpc.CallOption) (*ResumeSaleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeSaleResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ResumeSale_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -195,6 +225,14 @@ type CoordinatorServiceServer interface {
 	ResolveTransfer(context.Context, *ResolveTransferRequest) (*ResolveTransferResponse, error)
 	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
 	Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error)
+	// PauseSale stops every region admitting new reservations of a sale (sku empty) or of one
+	// of its SKUs; Confirm, Release and expiry of existing holds go on. It records the pause in
+	// the ledger, then returns once every region it could reach has it durably, naming those it
+	// could not (the coordinator keeps trying them).
+	PauseSale(context.Context, *PauseSaleRequest) (*PauseSaleResponse, error)
+	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
+	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
+	ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -234,6 +272,12 @@ func (UnimplementedCoordinatorServiceServer) ResolveTransfer(context.Context, *R
 }
 func (UnimplementedCoordinatorServiceServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) PauseSale(context.Context, *PauseSaleRequest) (*PauseSaleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseSale not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeSale not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -436,6 +480,42 @@ func _CoordinatorService_Rebalance_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_PauseSale_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseSaleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).PauseSale(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_PauseSale_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).PauseSale(ctx, req.(*PauseSaleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ResumeSale_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeSaleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ResumeSale(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ResumeSale_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ResumeSale(ctx, req.(*ResumeSaleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -482,6 +562,14 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Rebalance",
 			Handler:    _CoordinatorService_Rebalance_Handler,
+		},
+		{
+			MethodName: "PauseSale",
+			Handler:    _CoordinatorService_PauseSale_Handler,
+		},
+		{
+			MethodName: "ResumeSale",
+			Handler:    _CoordinatorService_ResumeSale_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

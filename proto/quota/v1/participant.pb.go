@@ -994,6 +994,148 @@ func (x *TransferStatusResponse) GetOutbound() string {
 	return ""
 }
 
+type SetPausedRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Generation int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	SaleId     string                 `protobuf:"bytes,2,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// sku empty pauses or resumes the whole sale.
+	Sku    string `protobuf:"bytes,3,opt,name=sku,proto3" json:"sku,omitempty"`
+	Paused bool   `protobuf:"varint,4,opt,name=paused,proto3" json:"paused,omitempty"`
+	// reason is why the sale or SKU was paused (shown in a refused Reserve's message).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// version orders the changes of one sale and SKU: the coordinator's ledger numbers them,
+	// rising; it is positive.
+	Version       int64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPausedRequest) Reset() {
+	*x = SetPausedRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPausedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPausedRequest) ProtoMessage() {}
+
+func (x *SetPausedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPausedRequest.ProtoReflect.Descriptor instead.
+func (*SetPausedRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SetPausedRequest) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SetPausedRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *SetPausedRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *SetPausedRequest) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *SetPausedRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SetPausedRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type SetPausedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// paused and version are the region's durable record after the call (a newer change
+	// already recorded wins over this one).
+	Paused        bool  `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
+	Version       int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPausedResponse) Reset() {
+	*x = SetPausedResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPausedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPausedResponse) ProtoMessage() {}
+
+func (x *SetPausedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPausedResponse.ProtoReflect.Descriptor instead.
+func (*SetPausedResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetPausedResponse) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *SetPausedResponse) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_quota_v1_participant_proto protoreflect.FileDescriptor
 
 const file_quota_v1_participant_proto_rawDesc = "" +
@@ -1080,7 +1222,19 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"transferId\"N\n" +
 	"\x16TransferStatusResponse\x12\x18\n" +
 	"\ainbound\x18\x01 \x01(\tR\ainbound\x12\x1a\n" +
-	"\boutbound\x18\x02 \x01(\tR\boutbound2\xa6\x04\n" +
+	"\boutbound\x18\x02 \x01(\tR\boutbound\"\xa7\x01\n" +
+	"\x10SetPausedRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x17\n" +
+	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x03 \x01(\tR\x03sku\x12\x16\n" +
+	"\x06paused\x18\x04 \x01(\bR\x06paused\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x03R\aversion\"E\n" +
+	"\x11SetPausedResponse\x12\x16\n" +
+	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion2\xec\x04\n" +
 	"\x12ParticipantService\x12>\n" +
 	"\aPutSale\x12\x18.quota.v1.PutSaleRequest\x1a\x19.quota.v1.PutSaleResponse\x12;\n" +
 	"\x06Credit\x12\x17.quota.v1.CreditRequest\x1a\x18.quota.v1.CreditResponse\x128\n" +
@@ -1089,7 +1243,8 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\x06Refuse\x12\x17.quota.v1.RefuseRequest\x1a\x18.quota.v1.RefuseResponse\x12>\n" +
 	"\aRestore\x12\x18.quota.v1.RestoreRequest\x1a\x19.quota.v1.RestoreResponse\x12;\n" +
 	"\x06Settle\x12\x17.quota.v1.SettleRequest\x1a\x18.quota.v1.SettleResponse\x12S\n" +
-	"\x0eTransferStatus\x12\x1f.quota.v1.TransferStatusRequest\x1a .quota.v1.TransferStatusResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\x0eTransferStatus\x12\x1f.quota.v1.TransferStatusRequest\x1a .quota.v1.TransferStatusResponse\x12D\n" +
+	"\tSetPaused\x12\x1a.quota.v1.SetPausedRequest\x1a\x1b.quota.v1.SetPausedResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_participant_proto_rawDescOnce sync.Once
@@ -1103,7 +1258,7 @@ func file_quota_v1_participant_proto_rawDescGZIP() []byte {
 	return file_quota_v1_participant_proto_rawDescData
 }
 
-var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_quota_v1_participant_proto_goTypes = []any{
 	(*SaleTerms)(nil),              // 0: quota.v1.SaleTerms
 	(*PutSaleRequest)(nil),         // 1: quota.v1.PutSaleRequest
@@ -1122,10 +1277,12 @@ var file_quota_v1_participant_proto_goTypes = []any{
 	(*SettleResponse)(nil),         // 14: quota.v1.SettleResponse
 	(*TransferStatusRequest)(nil),  // 15: quota.v1.TransferStatusRequest
 	(*TransferStatusResponse)(nil), // 16: quota.v1.TransferStatusResponse
-	(*timestamppb.Timestamp)(nil),  // 17: google.protobuf.Timestamp
+	(*SetPausedRequest)(nil),       // 17: quota.v1.SetPausedRequest
+	(*SetPausedResponse)(nil),      // 18: quota.v1.SetPausedResponse
+	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
 }
 var file_quota_v1_participant_proto_depIdxs = []int32{
-	17, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
+	19, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: quota.v1.PutSaleRequest.sale:type_name -> quota.v1.SaleTerms
 	1,  // 2: quota.v1.ParticipantService.PutSale:input_type -> quota.v1.PutSaleRequest
 	3,  // 3: quota.v1.ParticipantService.Credit:input_type -> quota.v1.CreditRequest
@@ -1135,16 +1292,18 @@ var file_quota_v1_participant_proto_depIdxs = []int32{
 	11, // 7: quota.v1.ParticipantService.Restore:input_type -> quota.v1.RestoreRequest
 	13, // 8: quota.v1.ParticipantService.Settle:input_type -> quota.v1.SettleRequest
 	15, // 9: quota.v1.ParticipantService.TransferStatus:input_type -> quota.v1.TransferStatusRequest
-	2,  // 10: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
-	4,  // 11: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
-	6,  // 12: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
-	8,  // 13: quota.v1.ParticipantService.RefuseDebit:output_type -> quota.v1.RefuseDebitResponse
-	10, // 14: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
-	12, // 15: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
-	14, // 16: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
-	16, // 17: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
-	10, // [10:18] is the sub-list for method output_type
-	2,  // [2:10] is the sub-list for method input_type
+	17, // 10: quota.v1.ParticipantService.SetPaused:input_type -> quota.v1.SetPausedRequest
+	2,  // 11: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
+	4,  // 12: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
+	6,  // 13: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
+	8,  // 14: quota.v1.ParticipantService.RefuseDebit:output_type -> quota.v1.RefuseDebitResponse
+	10, // 15: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
+	12, // 16: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
+	14, // 17: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
+	16, // 18: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
+	18, // 19: quota.v1.ParticipantService.SetPaused:output_type -> quota.v1.SetPausedResponse
+	11, // [11:20] is the sub-list for method output_type
+	2,  // [2:11] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -1161,7 +1320,7 @@ func file_quota_v1_participant_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_participant_proto_rawDesc), len(file_quota_v1_participant_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

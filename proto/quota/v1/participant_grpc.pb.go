@@ -27,6 +27,7 @@ const (
 	ParticipantService_Restore_FullMethodName        = "/quota.v1.ParticipantService/Restore"
 	ParticipantService_Settle_FullMethodName         = "/quota.v1.ParticipantService/Settle"
 	ParticipantService_TransferStatus_FullMethodName = "/quota.v1.ParticipantService/TransferStatus"
+	ParticipantService_SetPaused_FullMethodName      = "/quota.v1.ParticipantService/SetPaused"
 )
 
 // ParticipantServiceClient is the client API for ParticipantService service.
@@ -54,6 +55,11 @@ type ParticipantServiceClient interface {
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// TransferStatus reads the region's durable records of a transfer.
 	TransferStatus(ctx context.Context, in *TransferStatusRequest, opts ...grpc.CallOption) (*TransferStatusResponse, error)
+	// SetPaused records whether a sale (sku empty) or one SKU of it admits new reservations
+	// at the region (the kill switch); Confirm, Release and expiry of existing holds go on.
+	// A change whose version is not above the one recorded for the same sale and SKU changes
+	// nothing, so a late retry never undoes a later change.
+	SetPaused(ctx context.Context, in *SetPausedRequest, opts ...grpc.CallOption) (*SetPausedResponse, error)
 }
 
 type participantServiceClient struct {
@@ -144,6 +150,16 @@ func (c *participantServiceClient) TransferStatus(ctx context.Context, in *Trans
 	return out, nil
 }
 
+func (c *participantServiceClient) SetPaused(ctx context.Context, in *SetPausedRequest, opts ...grpc.CallOption) (*SetPausedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPausedResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_SetPaused_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParticipantServiceServer is the server API for ParticipantService service.
 // All implementations must embed UnimplementedParticipantServiceServer
 // for forward compatibility.
@@ -169,6 +185,11 @@ type ParticipantServiceServer interface {
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	// TransferStatus reads the region's durable records of a transfer.
 	TransferStatus(context.Context, *TransferStatusRequest) (*TransferStatusResponse, error)
+	// SetPaused records whether a sale (sku empty) or one SKU of it admits new reservations
+	// at the region (the kill switch); Confirm, Release and expiry of existing holds go on.
+	// A change whose version is not above the one recorded for the same sale and SKU changes
+	// nothing, so a late retry never undoes a later change.
+	SetPaused(context.Context, *SetPausedRequest) (*SetPausedResponse, error)
 	mustEmbedUnimplementedParticipantServiceServer()
 }
 
@@ -202,6 +223,9 @@ func (UnimplementedParticipantServiceServer) Settle(context.Context, *SettleRequ
 }
 func (UnimplementedParticipantServiceServer) TransferStatus(context.Context, *TransferStatusRequest) (*TransferStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferStatus not implemented")
+}
+func (UnimplementedParticipantServiceServer) SetPaused(context.Context, *SetPausedRequest) (*SetPausedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPaused not implemented")
 }
 func (UnimplementedParticipantServiceServer) mustEmbedUnimplementedParticipantServiceServer() {}
 func (UnimplementedParticipantServiceServer) testEmbeddedByValue()                            {}
@@ -368,6 +392,24 @@ func _ParticipantService_TransferStatus_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParticipantService_SetPaused_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPausedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).SetPaused(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_SetPaused_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).SetPaused(ctx, req.(*SetPausedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParticipantService_ServiceDesc is the grpc.ServiceDesc for ParticipantService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -406,6 +448,10 @@ var ParticipantService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferStatus",
 			Handler:    _ParticipantService_TransferStatus_Handler,
+		},
+		{
+			MethodName: "SetPaused",
+			Handler:    _ParticipantService_SetPaused_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,91 @@
+package coordinator
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultAuditInterval is how often quotad's coordinator audits every sale unless told
+// otherwise (--audit-interval).
+const DefaultAuditInterval = 10 * time.Second
+
+// auditPausePrefix starts the reason of every pause the continuous audit makes.
+const auditPausePrefix = "audit: "
+
+// auditLoop audits every sale every AuditInterval while this coordinator leads, and pauses
+// each SKU whose conservation (I1) the audit finds broken in every region, through the same
+// kill switch as an operator's pause (SetPaused), with the evidence as the pause's reason.
+func (c *Coordinator) auditLoop(ctx context.Context) {
+	defer c.wg.Done()
+	if c.cfg.AuditInterval <= 0 {
+		return
+	}
+	every(ctx, c.cfg.AuditInterval, func() { c.auditRound(ctx) })
+}
+
+// auditRound is one round of auditLoop.
+func (c *Coordinator) auditRound(ctx context.Context) {
+	rep, err := c.Audit(ctx, "")
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.Warn("continuous audit could not run", "err", err)
+		}
+		return
+	}
+	for _, v := range rep.Violations {
+		if breach(v) {
+			c.pauseForBreach(ctx, v, rep)
+		} else {
+			c.cfg.Logger.Warn("continuous audit: violation", "invariant", v.Invariant, "sale", v.Sale, "sku", v.SKU,
+				"region", v.Region, "evidence", v.Detail)
+		}
+	}
+}
+
+// breach tells whether a violation proves a SKU's conservation broken: the I1 sum of a SKU
+// whose every region was read. An unreadable region ("conservation unproven") or views that
+// never agreed prove nothing about the stock and pause nothing: a database that does not
+// answer for a moment must not stop a sale. Both stay in the report (quotactl audit) and
+// are logged by auditRound.
+func breach(v Violation) bool {
+	return v.Invariant == "I1" && v.SKU != "" && v.Region == ""
+}
+
+// pauseForBreach pauses v's SKU in every region, unless the SKU's own pause is in force
+// already, and logs the evidence at error level.
+func (c *Coordinator) pauseForBreach(ctx context.Context, v Violation, rep Report) {
+	var paused bool
+	err := c.db.QueryRow(ctx, `SELECT paused FROM pauses WHERE sale_id = $1 AND sku = $2`, v.Sale, v.SKU).Scan(&paused)
+	if err != nil && err != pgx.ErrNoRows {
+		c.cfg.Logger.Warn("continuous audit: read pause", "sale", v.Sale, "sku", v.SKU, "err", err)
+		return
+	}
+	if paused {
+		c.cfg.Logger.Debug("continuous audit: I1 still broken; the SKU is paused", "sale", v.Sale, "sku", v.SKU, "evidence", v.Detail)
+		return
+	}
+	reason := auditPausePrefix + "I1 violation: " + v.Detail
+	if len(reason) > maxPauseReason {
+		reason = strings.ToValidUTF8(reason[:maxPauseReason], "")
+	}
+	args := []any{"sale", v.Sale, "sku", v.SKU, "evidence", v.Detail}
+	for _, a := range rep.SKUs {
+		if a.Sale == v.Sale && a.SKU == v.SKU {
+			args = append(args, "total", a.Total, "unallocated", a.Unallocated, "available", a.Available,
+				"held", a.Held, "sold", a.Sold, "in_flight", a.InFlight, "regions", a.Regions)
+		}
+	}
+	c.cfg.Logger.Error("continuous audit: conservation (I1) broken; pausing the SKU in every region", args...)
+	res, err := c.SetPaused(ctx, PauseChange{Sale: v.Sale, SKU: v.SKU, Paused: true, Reason: reason})
+	if err != nil {
+		c.cfg.Logger.Error("continuous audit: could not pause the SKU", "sale", v.Sale, "sku", v.SKU, "err", err)
+		return
+	}
+	if len(res.Unreached) > 0 {
+		c.cfg.Logger.Error("continuous audit: SKU paused, but not every region has it yet; the coordinator keeps trying",
+			"sale", v.Sale, "sku", v.SKU, "unreached", res.Unreached)
+	}
+}
