@@ -153,17 +153,17 @@ func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
 
 // track counts the reserves of a key on their way through the writer.
 func (r *Region) track(k keyKey, d int) {
-	r.pendingMu.Lock()
-	defer r.pendingMu.Unlock()
-	if r.pending[k] += d; r.pending[k] == 0 {
-		delete(r.pending, k)
+	r.inWriterMu.Lock()
+	defer r.inWriterMu.Unlock()
+	if r.inWriterKeys[k] += d; r.inWriterKeys[k] == 0 {
+		delete(r.inWriterKeys, k)
 	}
 }
 
 func (r *Region) inWriter(k keyKey) bool {
-	r.pendingMu.Lock()
-	defer r.pendingMu.Unlock()
-	return r.pending[k] > 0
+	r.inWriterMu.Lock()
+	defer r.inWriterMu.Unlock()
+	return r.inWriterKeys[k] > 0
 }
 
 // reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and, but for

@@ -145,6 +145,14 @@ type poolKey struct{ sale, sku string }
 
 // Region serves one region's pools. It writes only while it leads (Lead with an epoch from
 // the region's election); otherwise every change answers ErrNotLeader.
+//
+// Locks, in the only order in which one is taken while another is held: leadMu (a change of
+// leadership, held for a whole Lead or StepDown), then warmSem (a standby's copy, held for a
+// whole refresh or takeover), then the leaf locks, none of which is held while taking any
+// other: mu (the writer and its cancel), warmMu, availMu, inWriterMu, and the memState's own
+// mu (its committed holds). The writer's gate (writer.go) is taken under none of them but
+// leadMu. The wait groups: wg for the leader's sweeper, selfStops for failed writers stepping
+// down; Close waits for both.
 type Region struct {
 	cfg  Config
 	pool *pgxpool.Pool
@@ -166,12 +174,12 @@ type Region struct {
 	avail   map[poolKey]*atomic.Int64
 
 	// state is the leader's memory (its committed holds by key are readable from any
-	// goroutine), and pending counts the reserves of each key on their way through the
+	// goroutine), and inWriterKeys counts the reserves of each key on their way through the
 	// writer: together they let an empty pool answer without the writer and, but for a key
 	// whose hold has left memory (archive.go), without SQL.
-	state     atomic.Pointer[memState]
-	pendingMu sync.Mutex
-	pending   map[keyKey]int
+	state        atomic.Pointer[memState]
+	inWriterMu   sync.Mutex
+	inWriterKeys map[keyKey]int
 
 	// warm is a standby's copy of the state (standby.go). It belongs to whoever holds
 	// warmSem, a one-slot semaphore held for a whole refresh (a channel, so a takeover can
@@ -200,7 +208,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, pending: map[keyKey]int{}, warmSem: make(chan struct{}, 1)}, nil
+	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, inWriterKeys: map[keyKey]int{}, warmSem: make(chan struct{}, 1)}, nil
 }
 
 // Name is the region's name.
@@ -232,7 +240,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	}
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
-		in: make(chan *pending, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m,
+		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m,
 	}
 	w.onFail = func(err error) (*memState, bool) { return r.onBatchFailure(w, err) }
 	w.start()

@@ -201,7 +201,8 @@ func (b *batch) applyAvailable(k poolKey, a transfer.Units) {
 // took over (Region.onBatchFailure decides; Region.submit answers NOT_LEADER for it).
 var errDeposed = errors.New("deposed by a newer leader")
 
-type pending struct {
+// request is one op waiting for the writer, and its answer once its batch is done.
+type request struct {
 	op   op
 	res  any
 	err  error
@@ -219,7 +220,7 @@ type writer struct {
 	max      int
 	window   time.Duration
 	retain   time.Duration // how long a closed hold stays whole in memory (Config.RetainClosed)
-	in       chan *pending
+	in       chan *request
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
 	// region stops leading), since memory may be ahead of the database, and whether a newer
@@ -266,7 +267,7 @@ func (w *writer) submit(ctx context.Context, o op) (any, error) {
 // stopped (close runs it after shutting the gate). So the wait needs no stop case, and the
 // hot path selects over two channels, not three.
 func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, error) {
-	p := &pending{op: o, done: make(chan struct{})}
+	p := &request{op: o, done: make(chan struct{})}
 	if err := w.enqueue(ctx, p); err != nil {
 		finished()
 		return nil, err
@@ -288,7 +289,7 @@ func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, er
 // (Config.MaxQueue: OVERLOADED, with a retry-after; nothing was done). The gate is held
 // shared while sending, so that once close holds it exclusively no op can enter the queue
 // after its last drain.
-func (w *writer) enqueue(ctx context.Context, p *pending) error {
+func (w *writer) enqueue(ctx context.Context, p *request) error {
 	w.gate.RLock()
 	defer w.gate.RUnlock()
 	if w.shut {
@@ -312,7 +313,7 @@ const queueRetryAfter = 50 * time.Millisecond
 func (w *writer) run() {
 	defer w.wg.Done()
 	for {
-		var first *pending
+		var first *request
 		select {
 		case <-w.stop: // checked first: once stopped, take no new batch
 			w.failQueued()
@@ -331,8 +332,8 @@ func (w *writer) run() {
 
 // collect gathers what is already queued behind first (and, with a window, what arrives
 // within it), up to max ops.
-func (w *writer) collect(first *pending) []*pending {
-	ps := []*pending{first}
+func (w *writer) collect(first *request) []*request {
+	ps := []*request{first}
 	var timeout <-chan time.Time
 	if w.window > 0 {
 		t := time.NewTimer(w.window)
@@ -360,7 +361,7 @@ func (w *writer) collect(first *pending) []*pending {
 	return ps
 }
 
-func (w *writer) commit(ps []*pending) {
+func (w *writer) commit(ps []*request) {
 	type result struct {
 		res any
 		err error
@@ -425,7 +426,7 @@ func (w *writer) commit(ps []*pending) {
 	}
 }
 
-func (w *writer) failAll(ps []*pending, err error) {
+func (w *writer) failAll(ps []*request, err error) {
 	for _, p := range ps {
 		p.err = err
 		close(p.done)

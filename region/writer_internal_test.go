@@ -62,10 +62,10 @@ func newInternalRegion(t *testing.T) (*Region, context.Context) {
 
 // runBatch commits ops as one batch on the region's writer (the writer goroutine is idle:
 // nothing else is submitted meanwhile) and returns each op's answer.
-func runBatch(r *Region, ops ...op) []*pending {
-	ps := make([]*pending, len(ops))
+func runBatch(r *Region, ops ...op) []*request {
+	ps := make([]*request, len(ops))
 	for i, o := range ops {
-		ps[i] = &pending{op: o, done: make(chan struct{})}
+		ps[i] = &request{op: o, done: make(chan struct{})}
 	}
 	r.w.commit(ps)
 	return ps

@@ -26,7 +26,7 @@ func (o gateOp) apply(context.Context, *batch) (any, error, error) {
 }
 
 func newBareWriter(queue int) *writer {
-	w := &writer{clock: clock.Real{}, max: 4, in: make(chan *pending, queue), m: newMemState(),
+	w := &writer{clock: clock.Real{}, max: 4, in: make(chan *request, queue), m: newMemState(),
 		onCommit: func(*batch) {}, onFail: func(error) (*memState, bool) { return nil, false }}
 	w.start()
 	return w
