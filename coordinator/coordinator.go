@@ -43,14 +43,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...pgutil.MigrateOpti
 	return pgutil.Migrate(ctx, pool, sub, nil, opts...)
 }
 
-// SaleTerms are a sale's rules as published to regions.
-type SaleTerms struct {
-	Sale         string
-	SKUs         []string
-	PerUserLimit transfer.Units
-	HoldTTL      time.Duration
-	OpensAt      time.Time
-}
+// SaleTerms are a sale's rules as published to regions: the one definition,
+// transfer.SaleTerms.
+type SaleTerms = transfer.SaleTerms
 
 // Participant is the coordinator's transport to one region: each call is idempotent and
 // carries the coordinator's generation, which the region fences on (I4). Errors from the

@@ -58,7 +58,7 @@ func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
 // checkAgainstTerms refuses a reserve the sale's terms rule out before any state is read:
 // an SKU not in the sale, a quantity over the per-user limit, a sale not open yet.
 func checkAgainstTerms(t SaleTerms, req ReserveRequest, now time.Time) error {
-	if !t.hasSKU(req.SKU) {
+	if !t.HasSKU(req.SKU) {
 		return fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
 	}
 	if req.Quantity > t.PerUserLimit {

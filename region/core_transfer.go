@@ -29,7 +29,7 @@ func (c *Core) Credit(req CreditRequest) (transfer.InState, error) {
 	if !ok {
 		return "", fmt.Errorf("sale_id %q: %w", req.Sale, ErrNotFound)
 	}
-	if !t.hasSKU(req.SKU) {
+	if !t.HasSKU(req.SKU) {
 		return "", fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
 	}
 	want := transfer.InboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, Units: req.Units}

@@ -85,7 +85,7 @@ func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 		}
 		return nil, nil, err
 	}
-	if !terms.hasSKU(r.SKU) {
+	if !terms.HasSKU(r.SKU) {
 		return nil, fmt.Errorf("sku %q is not in sale %s: %w", r.SKU, r.Sale, ErrNotFound), nil
 	}
 	have, err := readIn(ctx, tx, r.TransferID)

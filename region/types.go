@@ -53,23 +53,9 @@ type Hold struct {
 	PaymentID  string
 }
 
-// SaleTerms are the rules of a sale as the coordinator published them to this region.
-type SaleTerms struct {
-	Sale         string
-	SKUs         []string
-	PerUserLimit transfer.Units
-	HoldTTL      time.Duration
-	OpensAt      time.Time
-}
-
-func (t SaleTerms) hasSKU(sku string) bool {
-	for _, s := range t.SKUs {
-		if s == sku {
-			return true
-		}
-	}
-	return false
-}
+// SaleTerms are the rules of a sale as the coordinator published them to this region: the
+// one definition, transfer.SaleTerms.
+type SaleTerms = transfer.SaleTerms
 
 // ReserveRequest asks for quantity units of sku for user, idempotent by RequestKey.
 type ReserveRequest struct {
