@@ -398,7 +398,9 @@ func TestContinuousAuditPausesABreach(t *testing.T) {
 	defer cancel()
 	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{"us", "eu"}, PGURL: testpg.AdminURL(), DBPrefix: prefix,
 		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, AuditInterval: interval, CertsDir: certs.Dir(),
-		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), Region: region.Config{Verify: verify()}})
+		// No QUOTA_VERIFY checks in the regions: the test tampers with a region's stored rows, which
+		// those checks would (rightly) take for a bug of the process and crash on.
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), Region: region.Config{Verify: false}})
 	if err != nil {
 		t.Fatal(err)
 	}
