@@ -114,7 +114,7 @@ func (r *Region) reserveInWriter(ctx context.Context, w *writer, k keyKey, o *re
 	r.track(k, 1)
 	res, err := w.submitThen(ctx, o, func() { r.track(k, -1) })
 	if err != nil {
-		return ReserveResult{}, r.unlessDeposed(err)
+		return ReserveResult{}, err
 	}
 	return res.(ReserveResult), nil
 }

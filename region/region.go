@@ -242,7 +242,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
 		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m,
 	}
-	w.onFail = func(err error) (*memState, bool) { return r.onBatchFailure(w, err) }
+	w.onFail = func(err error) (*memState, error) { return r.onBatchFailure(w, err) }
 	w.start()
 	sctx, cancel := context.WithCancel(context.Background())
 	r.mu.Lock()
@@ -406,19 +406,7 @@ func (r *Region) submit(ctx context.Context, o op) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := w.submit(ctx, o)
-	return res, r.unlessDeposed(err)
-}
-
-// unlessDeposed turns the failure of a batch that committed nothing because a newer leader
-// took over (errDeposed) into NOT_LEADER with where to go, the answer every request gets from
-// now on. Any other error is returned as is.
-func (r *Region) unlessDeposed(err error) error {
-	if !errors.Is(err, errDeposed) {
-		return err
-	}
-	r.cfg.Logger.Info("region batch fenced by a newer leader", "region", r.cfg.Name, "err", err)
-	return r.notLeader()
+	return w.submit(ctx, o)
 }
 
 // submitAs submits o and returns its result as T (the type every op of its kind returns).
@@ -538,15 +526,40 @@ func (r *Region) applyCommitted(b *batch) {
 	}
 }
 
-// onBatchFailure runs on the writer after a failed batch: forget the cache (it may be ahead
-// of the database) and reload it; a fenced writer stops serving. It also says whether the
-// batch's callers should be told NOT_LEADER: a newer leader has taken over, and the batch
-// surely committed nothing (it met the epoch fence itself, as only that fence fails a whole
-// batch, or it failed before its commit and the reload met the fence). A batch whose outcome
-// is unknown keeps that answer: its callers must ask again with the same key.
-func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
-	batchErr := err
+// onBatchFailure runs on the writer after a failed batch, and is the one place that decides
+// what the batch's requests are told. It first forgets the cache (it may be ahead of the
+// database) and reloads it, or, fenced or unable to reload, steps down (recoverFrom); then
+// every request of the batch gets the same answer (batchAnswer).
+func (r *Region) onBatchFailure(w *writer, err error) (*memState, error) {
 	r.batchFailures.Add(1)
+	m, reloadErr := r.recoverFrom(w, err)
+	return m, r.batchAnswer(err, m == nil && errors.Is(reloadErr, ErrFenced))
+}
+
+// batchAnswer is what every request of a failed batch is told (I6: none is told it
+// succeeded):
+//   - UNKNOWN_OUTCOME when the commit may have happened (its reply was lost, or a
+//     one-round-trip batch's backend was orphaned): ask again with the same key or id;
+//   - NOT_LEADER, with where the leader is, when a newer leader has taken over and the batch
+//     surely committed nothing (it met the epoch fence itself, as only that fence fails a
+//     whole batch, or it failed before its commit and the reload met the fence);
+//   - ABORTED otherwise: surely not committed, so it may be asked again as it was.
+func (r *Region) batchAnswer(batchErr error, fencedNow bool) error {
+	switch {
+	case errors.Is(batchErr, ErrUnknownOutcome):
+		return batchErr
+	case errors.Is(batchErr, ErrFenced) || fencedNow:
+		r.cfg.Logger.Info("region batch fenced by a newer leader", "region", r.cfg.Name, "err", batchErr)
+		return r.notLeader()
+	default:
+		return fmt.Errorf("%w: %w", ErrAborted, batchErr)
+	}
+}
+
+// recoverFrom reloads the leader's memory after a failed batch, or steps down when it is
+// fenced or cannot reload; it returns the reloaded state (nil: stepping down) and why it
+// could not reload.
+func (r *Region) recoverFrom(w *writer, err error) (*memState, error) {
 	r.cfg.Logger.Warn("region batch failed", "region", r.cfg.Name, "err", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -571,9 +584,9 @@ func (r *Region) onBatchFailure(w *writer, err error) (*memState, bool) {
 			defer r.selfStops.Done()
 			r.stepDownFrom(w)
 		}()
-		return nil, errors.Is(err, ErrFenced) && !errors.Is(batchErr, ErrUnknownOutcome)
+		return nil, err
 	}
-	return m, false
+	return m, nil
 }
 
 // cachedAvailable returns the committed available count of a pool, and whether it is known.

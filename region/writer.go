@@ -197,10 +197,6 @@ func (b *batch) applyAvailable(k poolKey, a transfer.Units) {
 	b.touched[k] = a
 }
 
-// errDeposed marks the failure of a batch that surely committed nothing while a newer leader
-// took over (Region.onBatchFailure decides; Region.submit answers NOT_LEADER for it).
-var errDeposed = errors.New("deposed by a newer leader")
-
 // request is one op waiting for the writer, and its answer once its batch is done.
 type request struct {
 	op   op
@@ -223,9 +219,9 @@ type writer struct {
 	in       chan *request
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
-	// region stops leading), since memory may be ahead of the database, and whether a newer
-	// leader has taken over (seen in the batch's error or while reloading).
-	onFail func(err error) (m *memState, deposed bool)
+	// region stops leading), since memory may be ahead of the database, and what every
+	// request of the batch is told (Region.onBatchFailure: the one place that decides it).
+	onFail func(err error) (m *memState, answer error)
 	m      *memState
 
 	stop     chan struct{}
@@ -403,16 +399,7 @@ func (w *writer) commit(ps []*request) {
 	if err != nil {
 		// Reload first: a client retrying at once must meet the state the database holds,
 		// not the one this batch left in memory.
-		var deposed bool
-		w.m, deposed = w.onFail(err)
-		switch {
-		case deposed:
-			err = fmt.Errorf("%w: %w", errDeposed, err)
-		case !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrFenced):
-			// Surely not committed (a commit that may have is an unknown outcome): every
-			// request in the batch may be asked again as it was.
-			err = fmt.Errorf("%w: %w", ErrAborted, err)
-		}
+		w.m, err = w.onFail(err)
 		w.failAll(ps, err)
 		return
 	}

@@ -27,7 +27,7 @@ func (o gateOp) apply(context.Context, *batch) (any, error, error) {
 
 func newBareWriter(queue int) *writer {
 	w := &writer{clock: clock.Real{}, max: 4, in: make(chan *request, queue), m: newMemState(),
-		onCommit: func(*batch) {}, onFail: func(error) (*memState, bool) { return nil, false }}
+		onCommit: func(*batch) {}, onFail: func(err error) (*memState, error) { return nil, err }}
 	w.start()
 	return w
 }
