@@ -2,8 +2,10 @@ package fencing
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,12 +18,27 @@ type Client struct {
 	c *clientv3.Client
 }
 
-// Dial connects to etcd at endpoints.
+// Dial connects to etcd at endpoints, in plaintext.
 func Dial(endpoints []string, timeout time.Duration) (*Client, error) {
+	return DialTLS(endpoints, timeout, nil)
+}
+
+// DialTLS connects to etcd at endpoints with TLS (a client certificate in cfg.Certificates,
+// the CA in cfg.RootCAs), or in plaintext when cfg is nil. The endpoints must all be
+// https:// with a cfg and must not be https:// without one.
+func DialTLS(endpoints []string, timeout time.Duration, cfg *tls.Config) (*Client, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("etcd: no endpoints")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout})
+	for _, ep := range endpoints {
+		if secure := strings.HasPrefix(ep, "https://"); secure != (cfg != nil) {
+			if secure {
+				return nil, fmt.Errorf("etcd endpoint %s: https:// needs a TLS config", ep)
+			}
+			return nil, fmt.Errorf("etcd endpoint %s: want https:// with TLS", ep)
+		}
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, TLS: cfg})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
 	}

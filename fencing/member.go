@@ -10,8 +10,37 @@ import (
 	"strings"
 	"sync"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
+
+// TLSFiles names the PEM files of a member's TLS. The member serves clients and peers with
+// CertFile/KeyFile and requires a client certificate signed by TrustedCAFile on both; it
+// presents the same pair to its peers, so the certificate needs both the server and the
+// client extended key usage (quotactl's node.crt has them).
+type TLSFiles struct {
+	CertFile      string
+	KeyFile       string
+	TrustedCAFile string
+}
+
+// validate checks that every file is named and readable, naming the missing one.
+func (f *TLSFiles) validate() error {
+	for field, path := range map[string]string{"cert-file": f.CertFile, "key-file": f.KeyFile, "trusted-ca-file": f.TrustedCAFile} {
+		if path == "" {
+			return fmt.Errorf("tls %s: must be set", field)
+		}
+		if _, err := os.Stat(path); err != nil {
+			return fmt.Errorf("tls %s: %w", field, err)
+		}
+	}
+	return nil
+}
+
+// info is etcd's form of f, with client-certificate auth on.
+func (f *TLSFiles) info() transport.TLSInfo {
+	return transport.TLSInfo{CertFile: f.CertFile, KeyFile: f.KeyFile, TrustedCAFile: f.TrustedCAFile, ClientCertAuth: true}
+}
 
 // MemberConfig configures one member of a static, multi-member etcd cluster (the local
 // multi-process cluster of deploy/local runs three).
@@ -20,7 +49,8 @@ type MemberConfig struct {
 	Name string
 	// Dir holds the member's data (WAL and snapshots, in Dir/member).
 	Dir string
-	// ClientURL and PeerURL are http://host:port; the member listens on and advertises them.
+	// ClientURL and PeerURL are http://host:port (https:// with TLS); the member listens on
+	// and advertises them.
 	ClientURL string
 	PeerURL   string
 	// InitialCluster names every member's peer URL: "e1=http://127.0.0.1:7591,e2=...,e3=...".
@@ -30,6 +60,9 @@ type MemberConfig struct {
 	Token string
 	// LogLevel is etcd's: debug, info, warn, error (default warn).
 	LogLevel string
+	// TLS, when set, secures client and peer traffic with client-certificate auth; every
+	// URL (InitialCluster's too) must then be https://. Nil serves plaintext http://.
+	TLS *TLSFiles
 }
 
 // Validate checks the configuration, naming the bad field.
@@ -40,10 +73,17 @@ func (c *MemberConfig) Validate() error {
 	if c.Dir == "" {
 		return errors.New("data-dir: must be set")
 	}
+	scheme := "http"
+	if c.TLS != nil {
+		if err := c.TLS.validate(); err != nil {
+			return err
+		}
+		scheme = "https"
+	}
 	for field, raw := range map[string]string{"client-url": c.ClientURL, "peer-url": c.PeerURL} {
 		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%s %q: want http://host:port", field, raw)
+		if err != nil || u.Scheme != scheme || u.Host == "" {
+			return fmt.Errorf("%s %q: want %s://host:port%s", field, raw, scheme, tlsHint(c.TLS != nil))
 		}
 	}
 	found := false
@@ -51,6 +91,9 @@ func (c *MemberConfig) Validate() error {
 		name, peer, ok := strings.Cut(strings.TrimSpace(m), "=")
 		if !ok || name == "" || peer == "" {
 			return fmt.Errorf("initial-cluster %q: want name=peer-url,name=peer-url,...", c.InitialCluster)
+		}
+		if !strings.HasPrefix(peer, scheme+"://") {
+			return fmt.Errorf("initial-cluster member %s=%s: want a %s:// peer URL%s", name, peer, scheme, tlsHint(c.TLS != nil))
 		}
 		if name == c.Name {
 			if peer != c.PeerURL {
@@ -68,6 +111,13 @@ func (c *MemberConfig) Validate() error {
 		return fmt.Errorf("log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return nil
+}
+
+func tlsHint(secure bool) string {
+	if secure {
+		return " (the member serves TLS)"
+	}
+	return " (the member serves plaintext: https needs TLS)"
 }
 
 // Member is a running member of a multi-member etcd cluster.
@@ -114,6 +164,10 @@ func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	ec.ClusterState = embed.ClusterStateFlagNew
 	if HasMemberData(cfg.Dir) {
 		ec.ClusterState = embed.ClusterStateFlagExisting
+	}
+	if cfg.TLS != nil {
+		ec.ClientTLSInfo = cfg.TLS.info()
+		ec.PeerTLSInfo = cfg.TLS.info()
 	}
 	ec.LogLevel = cfg.LogLevel
 	if ec.LogLevel == "" {

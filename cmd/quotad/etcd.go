@@ -2,8 +2,11 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
 )
 
@@ -14,20 +17,25 @@ func etcdCmd() *cobra.Command {
 		Long: `etcd runs one member of a static etcd cluster (real etcd, embedded in this process) until
 SIGINT or SIGTERM. Every member is started with the same --initial-cluster. A member serves
 clients once a quorum of the cluster is up, so start the others too. A member whose
---data-dir already holds data restarts from it (initial cluster state "existing").`,
-		Example: `  quotad etcd --name e1 --data-dir .cluster/etcd1 --client-url http://127.0.0.1:7581 --peer-url http://127.0.0.1:7591 \
-    --initial-cluster e1=http://127.0.0.1:7591,e2=http://127.0.0.1:7592,e3=http://127.0.0.1:7593`,
+--data-dir already holds data restarts from it (initial cluster state "existing").
+With --certs-dir it serves clients and peers over TLS (https:// URLs) with node.crt and
+node.key, and requires a client certificate signed by ca.crt on both; --insecure serves
+plaintext (http:// URLs).`,
+		Example: `  quotad etcd --name e1 --data-dir .cluster/etcd1 --certs-dir .cluster/certs \
+    --client-url https://127.0.0.1:7581 --peer-url https://127.0.0.1:7591 \
+    --initial-cluster e1=https://127.0.0.1:7591,e2=https://127.0.0.1:7592,e3=https://127.0.0.1:7593`,
 		Args: cobra.NoArgs,
 		RunE: runEtcd,
 	}
 	f := cmd.Flags()
 	f.String("name", "", "member name, as in --initial-cluster (required)")
 	f.String("data-dir", "", "the member's data directory (required)")
-	f.String("client-url", "http://127.0.0.1:2379", "URL clients reach this member at (listened on and advertised)")
-	f.String("peer-url", "http://127.0.0.1:2380", "URL the other members reach this member at (listened on and advertised)")
+	f.String("client-url", "", "URL clients reach this member at (listened on and advertised; default https://127.0.0.1:2379, http:// with --insecure)")
+	f.String("peer-url", "", "URL the other members reach this member at (listened on and advertised; default https://127.0.0.1:2380, http:// with --insecure)")
 	f.String("initial-cluster", "", "every member as name=peer-url, comma-separated (required; the same on every member)")
 	f.String("cluster-token", "quota-local", "initial cluster token: tells clusters apart when they bootstrap")
 	f.String("etcd-log-level", "warn", "etcd's own log level: debug, info, warn, error")
+	addSecurityFlags(cmd, "(required unless --insecure; node.crt serves clients and peers and is presented to peers)")
 	return cmd
 }
 
@@ -41,7 +49,37 @@ func (c *EtcdProcessConfig) Validate() error {
 	if c.Member.InitialCluster == "" {
 		return fmt.Errorf("initial-cluster: must be set, as name=peer-url,name=peer-url,...")
 	}
+	for flag, u := range map[string]string{"client-url": c.Member.ClientURL, "peer-url": c.Member.PeerURL} {
+		if c.Member.TLS == nil && strings.HasPrefix(u, "https://") {
+			return fmt.Errorf("%s %s: https:// needs --certs-dir (with --insecure the member serves http://)", flag, u)
+		}
+		if c.Member.TLS != nil && strings.HasPrefix(u, "http://") {
+			return fmt.Errorf("%s %s: with --certs-dir the member serves TLS: want https:// (or pass --insecure)", flag, u)
+		}
+	}
 	return c.Member.Validate()
+}
+
+// memberTLS names the files of an etcd member's TLS in the certificates directory (nil
+// for --insecure).
+func memberTLS(m *trust.Material) *fencing.TLSFiles {
+	if m.Insecure() {
+		return nil
+	}
+	return &fencing.TLSFiles{CertFile: filepath.Join(m.Dir(), trust.NodeCert), KeyFile: filepath.Join(m.Dir(), trust.NodeKey),
+		TrustedCAFile: filepath.Join(m.Dir(), trust.CACert)}
+}
+
+// orDefaultURL is u, or hostPort as an https:// URL (http:// when insecure) when u is unset.
+func orDefaultURL(u, hostPort string, m *trust.Material) string {
+	switch {
+	case u != "":
+		return u
+	case m.Insecure():
+		return "http://" + hostPort
+	default:
+		return "https://" + hostPort
+	}
 }
 
 func runEtcd(cmd *cobra.Command, _ []string) error {
@@ -49,9 +87,15 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badUsage(err)
 	}
+	tlsm, err := security(v, log)
+	if err != nil {
+		return badUsage(err)
+	}
 	cfg := EtcdProcessConfig{Member: fencing.MemberConfig{Name: v.GetString("name"), Dir: v.GetString("data-dir"),
 		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"), InitialCluster: v.GetString("initial-cluster"),
-		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level")}}
+		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm)}}
+	cfg.Member.ClientURL = orDefaultURL(cfg.Member.ClientURL, "127.0.0.1:2379", tlsm)
+	cfg.Member.PeerURL = orDefaultURL(cfg.Member.PeerURL, "127.0.0.1:2380", tlsm)
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}

@@ -106,9 +106,13 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
+	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm)
+	if err != nil {
+		return badUsage(err)
+	}
 	ctx, stop := signalContext()
 	defer stop()
-	etcd, err := fencing.Dial(cfg.Etcd, 5*time.Second)
+	etcd, err := fencing.DialTLS(cfg.Etcd, 5*time.Second, etcdTLSConfig)
 	if err != nil {
 		return err
 	}
@@ -208,9 +212,13 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
+	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm)
+	if err != nil {
+		return badUsage(err)
+	}
 	ctx, stop := signalContext()
 	defer stop()
-	etcd, err := fencing.Dial(cfg.Etcd, 5*time.Second)
+	etcd, err := fencing.DialTLS(cfg.Etcd, 5*time.Second, etcdTLSConfig)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
@@ -44,4 +46,28 @@ func security(v *viper.Viper, log *slog.Logger) (*trust.Material, error) {
 		return nil, fmt.Errorf("certs-dir: %w", err)
 	}
 	return m, nil
+}
+
+// etcdTLS is a server's TLS config for etcd at endpoints: nil when they are http://,
+// node.crt as the client certificate and ca.crt as the roots when they are https://.
+func etcdTLS(endpoints []string, m *trust.Material) (*tls.Config, error) {
+	secure := 0
+	for _, ep := range endpoints {
+		if strings.HasPrefix(ep, "https://") {
+			secure++
+		}
+	}
+	switch {
+	case secure == 0:
+		return nil, nil
+	case secure < len(endpoints):
+		return nil, fmt.Errorf("etcd %s: endpoints mix https:// and plaintext", strings.Join(endpoints, ","))
+	case m.Insecure():
+		return nil, fmt.Errorf("etcd %s: https:// endpoints need --certs-dir (node.crt is the client certificate), not --insecure", strings.Join(endpoints, ","))
+	}
+	cfg, err := m.NodeClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("certs-dir: etcd client certificate: %w", err)
+	}
+	return cfg, nil
 }

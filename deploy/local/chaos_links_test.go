@@ -42,7 +42,7 @@ func newLinks(t *testing.T, c *localCluster, pgAddr string) *links {
 			if err != nil {
 				t.Fatal(err)
 			}
-			eps = append(eps, "http://"+e)
+			eps = append(eps, "https://"+e)
 		}
 		env := strings.ToUpper(strings.ReplaceAll(p, "-", "_"))
 		c.env = append(c.env, "QUOTA_CLUSTER_PG_ADDR_"+env+"="+pg, "QUOTA_CLUSTER_ETCD_"+env+"="+strings.Join(eps, ","))

@@ -78,6 +78,17 @@ func (m *Material) ClientConfig(role Role) (*tls.Config, error) {
 	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: m.pool, MinVersion: tls.VersionTLS13}, nil
 }
 
+// NodeClientConfig is the TLS config of a server calling a peer that checks client
+// certificates but knows no roles (etcd): node.crt as the client certificate, ca.crt as
+// the only roots.
+func (m *Material) NodeClientConfig() (*tls.Config, error) {
+	pair, err := m.pair(NodeCert, NodeKey, "create it with quotactl cert create-node --host HOST --certs-dir "+m.dir)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: m.pool, MinVersion: tls.VersionTLS12}, nil
+}
+
 // ServerCreds are the gRPC transport credentials of a server: TLS, or plaintext when m is nil.
 func (m *Material) ServerCreds() (credentials.TransportCredentials, error) {
 	if m == nil {
