@@ -343,10 +343,12 @@ func TestPauseReachesACutOffRegionLater(t *testing.T) {
 		_, err := ksReserve(ctx, tc.region("eu"), "cut", "poll"+itoa(polls))
 		return isPaused(err)
 	})
-	g, err := coord.GetSale(ctx, &quotav1.GetSaleRequest{SaleId: "cut"})
-	if err != nil || len(g.GetSale().GetPauses()) != 1 || len(g.GetSale().GetPauses()[0].GetUndelivered()) != 0 {
-		t.Fatalf("the sale after the retries: %v, %v; want the pause delivered everywhere", g, err)
-	}
+	// The ledger records the delivery once the region's answer is back, just after the region
+	// has the pause: wait for it too.
+	waitFor(t, "the ledger to record the pause delivered everywhere", 15*time.Second, func() bool {
+		g, err := coord.GetSale(ctx, &quotav1.GetSaleRequest{SaleId: "cut"})
+		return err == nil && len(g.GetSale().GetPauses()) == 1 && len(g.GetSale().GetPauses()[0].GetUndelivered()) == 0
+	})
 	tc.proxies["eu"].Cut()
 	resumed, err := coord.ResumeSale(ctx, &quotav1.ResumeSaleRequest{SaleId: "cut"})
 	if err != nil || len(resumed.GetUnreached()) != 1 {
