@@ -1,13 +1,10 @@
 package region
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // A closed hold (sold, released, expired) never changes again, so the leader need not keep
@@ -94,36 +91,4 @@ func (m *memState) retireClosed(cutoff time.Time) {
 		m.closing = m.closing[1:]
 		n++
 	}
-}
-
-// storedKey reads the hold of an idempotency key from SQL, with its request fingerprint.
-func storedKey(ctx context.Context, q rowQuerier, region string, k keyKey) (*memHold, bool, error) {
-	var hash string
-	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
-		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, k.sale, k.user, k.key), region, &hash)
-	if err == pgx.ErrNoRows {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("read the hold of request_key %q: %w", k.key, err)
-	}
-	fp, err := fingerprint(h.ID, []byte(hash))
-	if err != nil {
-		return nil, false, err
-	}
-	return &memHold{Hold: h, hash: fp}, true, nil
-}
-
-// holdOrStored returns the hold id as this batch sees it, or else stored, the hold as read
-// from SQL after memory missed it. A stored hold must be closed: one held in SQL but not in
-// memory means a newer leader made it (this one is deposed) or memory is wrong, so the batch
-// fails, and the leader reloads or, fenced, stops.
-func (b *batch) holdOrStored(id string, stored *memHold) (*memHold, error) {
-	if h := b.hold(id); h != nil {
-		return h, nil
-	}
-	if stored != nil && stored.State == Held {
-		return nil, fmt.Errorf("hold %s is held in the database but not in the leader's memory", id)
-	}
-	return stored, nil
 }

@@ -70,6 +70,25 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx, now time.Time, stamp int6
 	return nil
 }
 
+// execAll sends a batch of statements and checks each one changed exactly the number of
+// rows expected. A guard that matches nothing means the writer's decision and the stored
+// state disagree: the batch must not commit.
+func execAll(ctx context.Context, tx pgx.Tx, b *pgx.Batch, want ...int64) error {
+	res := tx.SendBatch(ctx, b)
+	for i, w := range want {
+		tag, err := res.Exec()
+		if err != nil {
+			res.Close()
+			return fmt.Errorf("statement %d: %w", i, err)
+		}
+		if w >= 0 && tag.RowsAffected() != w {
+			res.Close()
+			return fmt.Errorf("statement %d changed %d rows, want %d: guard failed", i, tag.RowsAffected(), w)
+		}
+	}
+	return res.Close()
+}
+
 // queue adds the writes' statements to b and returns the rows each must change (-1: any).
 // Every hold inserted or closed gets stamp in its changed column (standby.go). With serverGuards the guards are part of the statements (quota_expect fails the one that
 // changed another count), for a batch whose commit happens before the client reads a count.

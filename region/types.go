@@ -1,6 +1,3 @@
-// Package region is one region's reservation service: its pools, holds, per-user counts,
-// idempotency records and inbound transfers, kept in the region's own SQL database and
-// changed only by a single writer that commits operations in batches (group commit).
 package region
 
 import (

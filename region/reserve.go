@@ -1,0 +1,269 @@
+package region
+
+import (
+	"container/heap"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Reserve takes req.Quantity units from this region's pool for req.User and returns the
+// hold, durable before it returns (I6). Bad input changes nothing and names the field.
+func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if err := CheckReserve(req); err != nil {
+		return ReserveResult{}, err
+	}
+	t, err := r.terms(ctx, req.Sale)
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	if err := checkAgainstTerms(t, req, r.cfg.Clock.Now()); err != nil {
+		return ReserveResult{}, err
+	}
+	w, err := r.writer() // a standby answers NOT_LEADER, even for an empty pool
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	k := keyKey{req.Sale, req.User, req.RequestKey}
+	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
+		return r.reserveWhenEmpty(ctx, req, k, avail)
+	}
+	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser}
+	res, err := r.reserveInWriter(ctx, w, k, o)
+	if errors.Is(err, errKeyRetired) {
+		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
+			return prior, err
+		}
+		// SQL has no hold of this key: the digest was another key's. Between the two submits
+		// the key is not counted as in the writer, so a same-key request meanwhile may be
+		// answered by the empty-pool path as if it came first; no request is decided twice.
+		o.keyLookedUp = true
+		res, err = r.reserveInWriter(ctx, w, k, o)
+	}
+	return res, err
+}
+
+// CheckReserve validates a reserve request's fields on their own (no state needed), naming
+// the first bad field.
+func CheckReserve(req ReserveRequest) error {
+	if err := checkIDs("sale_id", req.Sale, "sku", req.SKU, "user_id", req.User, "request_key", req.RequestKey); err != nil {
+		return err
+	}
+	return checkQuantity("quantity", req.Quantity)
+}
+
+// checkAgainstTerms refuses a reserve the sale's terms rule out before any state is read:
+// an SKU not in the sale, a quantity over the per-user limit, a sale not open yet.
+func checkAgainstTerms(t SaleTerms, req ReserveRequest, now time.Time) error {
+	if !t.HasSKU(req.SKU) {
+		return fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
+	}
+	if req.Quantity > t.PerUserLimit {
+		return apierr.Invalid("quantity", "%d is over the per-user limit %d", req.Quantity, t.PerUserLimit)
+	}
+	if now.Before(t.OpensAt) {
+		return fmt.Errorf("sale_id %q opens at %s (in %s): %w", req.Sale,
+			t.OpensAt.UTC().Format(time.RFC3339), t.OpensAt.Sub(now).Round(time.Second), ErrNotOpen)
+	}
+	return nil
+}
+
+// reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and, but for
+// a retired key, without SQL. The key is not in the writer (checked first), so the committed
+// index has every hold it ever got (the writer publishes a hold before it answers), or its
+// digest once the hold retired: a retry of a granted request gets its hold back, a new one is
+// told the region is exhausted.
+func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
+	m := r.state.Load()
+	if m == nil {
+		// The state was dropped (forget) after the count was read: nothing can be said
+		// without it, and the writer is stopping.
+		return ReserveResult{}, r.notLeader()
+	}
+	if prior, ok := m.committedKey(k); ok {
+		return replayOf(prior, req)
+	}
+	if m.isRetired(k) { // a hold that closed long ago, or a digest collision: SQL tells
+		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
+			return prior, err
+		}
+	}
+	if err := r.paused.Load().refuse(req); err != nil {
+		return ReserveResult{}, err
+	}
+	return ReserveResult{}, r.exhausted(req, avail)
+}
+
+// exhausted is the answer to a reserve this region's pool cannot satisfy: SOLD_OUT when the
+// coordinator has flagged the SKU gone everywhere, REGION_EXHAUSTED (retry elsewhere or
+// later) otherwise.
+func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
+	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
+		return fmt.Errorf("sale %s: %s is sold out in every region: %w", req.Sale, req.SKU, ErrSoldOut)
+	}
+	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+}
+
+// reserveInWriter submits a reserve to the writer. The key counts as in the writer until its
+// op is done, even if this caller gives up first: a retry meanwhile must go through the
+// writer, not the empty-pool answer.
+func (r *Region) reserveInWriter(ctx context.Context, w *writer, k keyKey, o *reserveOp) (ReserveResult, error) {
+	r.track(k, 1)
+	res, err := w.submitThen(ctx, o, func() { r.track(k, -1) })
+	if err != nil {
+		return ReserveResult{}, err
+	}
+	return res.(ReserveResult), nil
+}
+
+// track counts the reserves of a key on their way through the writer.
+func (r *Region) track(k keyKey, d int) {
+	r.inWriterMu.Lock()
+	defer r.inWriterMu.Unlock()
+	if r.inWriterKeys[k] += d; r.inWriterKeys[k] == 0 {
+		delete(r.inWriterKeys, k)
+	}
+}
+
+func (r *Region) inWriter(k keyKey) bool {
+	r.inWriterMu.Lock()
+	defer r.inWriterMu.Unlock()
+	return r.inWriterKeys[k] > 0
+}
+
+// replayStored answers a reserve whose key may be a retired hold's from that hold as stored:
+// the same request gets the hold back (a replay), another one ALREADY_EXISTS. found is false
+// when SQL has no hold of the key.
+func (r *Region) replayStored(ctx context.Context, req ReserveRequest, k keyKey) (res ReserveResult, found bool, err error) {
+	prior, found, err := storedKey(ctx, r.pool, r.cfg.Name, k)
+	if !found || err != nil {
+		return ReserveResult{}, found, err
+	}
+	res, err = replayOf(prior, req)
+	return res, true, err
+}
+
+// storedKey reads the hold of an idempotency key from SQL, with its request fingerprint.
+func storedKey(ctx context.Context, q rowQuerier, region string, k keyKey) (*memHold, bool, error) {
+	var hash string
+	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
+		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, k.sale, k.user, k.key), region, &hash)
+	if err == pgx.ErrNoRows {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read the hold of request_key %q: %w", k.key, err)
+	}
+	fp, err := fingerprint(h.ID, []byte(hash))
+	if err != nil {
+		return nil, false, err
+	}
+	return &memHold{Hold: h, hash: fp}, true, nil
+}
+
+// replayOf answers a reserve whose key already has a hold: the hold itself when the request
+// is the same (I6: a retry never takes units twice), ALREADY_EXISTS when it is another.
+func replayOf(prior *memHold, req ReserveRequest) (ReserveResult, error) {
+	if prior.hash != requestHash(req.SKU, req.Quantity) {
+		return ReserveResult{}, fmt.Errorf("request_key %q was used for a different request (sku %s, quantity %d): %w",
+			req.RequestKey, prior.SKU, prior.Quantity, ErrAlreadyExists)
+	}
+	return ReserveResult{Hold: prior.Hold, Replayed: true}, nil
+}
+
+// requestHash fingerprints what a request key stands for, so a retry is told apart from a
+// reuse of the key for a different request: the first 16 bytes of a SHA-256, stored as hex.
+func requestHash(sku string, q transfer.Units) [16]byte {
+	var buf [64]byte
+	h := sha256.Sum256(strconv.AppendInt(append(append(buf[:0], sku...), 0), int64(q), 10))
+	return [16]byte(h[:16])
+}
+
+type reserveOp struct {
+	req       ReserveRequest
+	terms     SaleTerms
+	holdID    string
+	region    string
+	exhausted func(ReserveRequest, transfer.Units) error
+	maxKeys   int32 // Config.MaxKeysPerUser
+	// keyLookedUp says SQL has no hold of the request's key: a retired digest that matches it
+	// is another key's (a collision), not this one's.
+	keyLookedUp bool
+}
+
+// apply is the atomic conditional take, decided in memory by the single writer: the pool's
+// available ≥ q and the user's held + bought + q ≤ limit are checked and changed in the same
+// step, and the hold and counters are written in this batch's commit, before any reply (I6).
+// Preserves I1 (available → held), I2 (checked here, CHECKs in SQL) and I3 (credited_in and
+// debited_out unchanged).
+func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
+	req := o.req
+	hash := requestHash(req.SKU, req.Quantity)
+	k := keyKey{req.Sale, req.User, req.RequestKey}
+	if prior, ok := b.key(k); ok {
+		res, err := replayOf(prior, req)
+		return res, err, nil
+	}
+	if !o.keyLookedUp && b.m.retiredKey(k) {
+		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
+	}
+	if err := b.m.paused.refuse(req); err != nil {
+		return nil, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
+	}
+	pk := poolKey{req.Sale, req.SKU}
+	p := b.m.pools[pk]
+	if p == nil {
+		return nil, o.exhausted(req, 0), nil
+	}
+	if p.available < req.Quantity {
+		b.touched[pk] = p.available
+		return nil, o.exhausted(req, p.available), nil
+	}
+	var used transfer.Units
+	if u := b.m.users[userKey{req.Sale, req.SKU, req.User}]; u != nil {
+		used = u.held + u.bought
+	}
+	if used+req.Quantity > o.terms.PerUserLimit {
+		return nil, fmt.Errorf("user %s has %d of %s, limit %d: %w", req.User, used, req.SKU, o.terms.PerUserLimit, ErrLimitExceeded), nil
+	}
+	if n := b.m.keysPer[saleUser{req.Sale, req.User}]; n >= o.maxKeys {
+		return nil, fmt.Errorf("user %s has used %d request keys in sale %s here, the most a buyer may: %w", req.User, n, req.Sale, apierr.ErrTooManyKeys), nil
+	}
+	h := &memHold{Hold: Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
+		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}, hash: hash}
+	b.take(h)
+	return ReserveResult{Hold: h.Hold}, nil, nil
+}
+
+// take records a new hold: available → held in its pool, the user's held count up. The
+// caller has checked both conditions (I1, I2, I3).
+func (b *batch) take(h *memHold) {
+	pk, uk, q := poolKey{h.Sale, h.SKU}, userKey{h.Sale, h.SKU, h.User}, h.Quantity
+	p := b.m.pools[pk]
+	if p == nil || p.available < q {
+		panic(fmt.Sprintf("region: take %d from pool %+v", q, p)) // the caller checked: a programmer error
+	}
+	p.available -= q
+	p.held += q
+	u := b.m.users[uk]
+	if u == nil {
+		u = &memUser{}
+		b.m.users[uk] = u
+	}
+	u.held += q
+	d := b.w.pool(pk)
+	d.available -= q
+	d.held += q
+	b.w.newHolds = append(b.w.newHolds, h)
+	b.m.keysPer[saleUser{h.Sale, h.User}]++
+	b.put(h)
+	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
+	b.touched[pk] = p.available
+}

@@ -1,0 +1,38 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// terms returns a sale's terms from the cache or the database.
+func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
+	if t, ok := r.sales.Load(sale); ok {
+		return t.(SaleTerms), nil
+	}
+	t, err := readTerms(ctx, r.pool, sale)
+	if err != nil {
+		return t, err
+	}
+	r.sales.Store(sale, t)
+	return t, nil
+}
+
+func readTerms(ctx context.Context, q rowQuerier, sale string) (SaleTerms, error) {
+	t := SaleTerms{Sale: sale}
+	var limit, ttl int64
+	err := q.QueryRow(ctx, `SELECT skus, per_user_limit, hold_ttl_ms, opens_at FROM sales WHERE sale_id = $1`, sale).
+		Scan(&t.SKUs, &limit, &ttl, &t.OpensAt)
+	if err == pgx.ErrNoRows {
+		return t, fmt.Errorf("sale_id %q: %w", sale, ErrNotFound)
+	}
+	if err != nil {
+		return t, fmt.Errorf("read sale: %w", err)
+	}
+	t.PerUserLimit, t.HoldTTL = transfer.Units(limit), time.Duration(ttl)*time.Millisecond
+	return t, nil
+}
