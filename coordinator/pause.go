@@ -251,7 +251,10 @@ func (c *Coordinator) undeliveredPauses(ctx context.Context, sale string) (map[s
 func (c *Coordinator) deliverPauseTo(ctx context.Context, gen int64, r RegionLink, p Pause) error {
 	cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, pauseTimeout))
 	defer cancel()
-	_, _, err := r.Participant.SetPaused(cctx, gen, p)
+	_, version, err := r.Participant.SetPaused(cctx, gen, p)
+	if err == nil && version != p.Version {
+		err = c.checkForeignPause(ctx, r, p, version)
+	}
 	switch {
 	case errors.Is(err, apierr.ErrInvalid):
 		c.cfg.Logger.Error("region refuses a pause for good; it is no longer sent", "sale", p.Sale, "sku", p.SKU,
@@ -266,6 +269,27 @@ func (c *Coordinator) deliverPauseTo(ctx context.Context, gen int64, r RegionLin
 		return fmt.Errorf("record pause delivered to %s: %w", r.Name, err)
 	}
 	return nil
+}
+
+// checkForeignPause is for a region that answers a pause change with a version other than
+// the one sent: a later change of this ledger's has superseded it (fine), or the region holds
+// a change no coordinator of this ledger made, which only a misused coordinator certificate
+// can send. That is an error, logged and returned, so the change stays undelivered and the
+// operator is told the region was not reached; it is retried until a newer coordinator
+// generation replaces the foreign change.
+func (c *Coordinator) checkForeignPause(ctx context.Context, r RegionLink, p Pause, have PauseVersion) error {
+	var latest int64
+	err := c.db.QueryRow(ctx, `SELECT version FROM pauses WHERE sale_id = $1 AND sku = $2`, p.Sale, p.SKU).Scan(&latest)
+	if err != nil {
+		return fmt.Errorf("read the ledger's pause of %s/%s: %w", p.Sale, p.SKU, err)
+	}
+	if int64(have) <= latest {
+		return nil
+	}
+	c.cfg.Logger.Error("a region holds a pause change this ledger never made; is a coordinator certificate misused?",
+		"region", r.Name, "sale", p.Sale, "sku", p.SKU, "region_version", have, "ledger_version", latest)
+	return fmt.Errorf("region %s holds a pause change of %s/%s at version %d, above the ledger's %d: not made by this coordinator",
+		r.Name, p.Sale, p.SKU, have, latest)
 }
 
 // readPauses reads the pauses (of one sale, or "" all) in force, and the resumes some region

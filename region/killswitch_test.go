@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -138,4 +139,21 @@ func TestPauseVersionsAndFences(t *testing.T) {
 	if !errors.Is(err, region.ErrPaused) {
 		t.Fatalf("reserve of a sale paused before its terms came: %v; want PAUSED", err)
 	}
+}
+
+// TestPauseOfANewerGenerationWins: a pause change at the highest version (what a misused
+// coordinator certificate could send at the current generation) holds against later
+// versions of that generation, but a newer coordinator leader's change replaces it whatever
+// its version, so no value of the version can switch the kill switch off for good.
+func TestPauseOfANewerGenerationWins(t *testing.T) {
+	e := newEnv(t)
+	e.sale(defaultTerms(testSale, 5), 10)
+	e.pause(5, testSKU, false, math.MaxInt64, "foreign")
+	if rec := e.pause(5, testSKU, true, 7, "fraud"); rec.Paused || rec.Version != math.MaxInt64 {
+		t.Fatalf("a pause at the same generation under the foreign change: %+v; want the foreign record answered", rec)
+	}
+	if rec := e.pause(6, testSKU, true, 8, "fraud"); !rec.Paused || rec.Version != 8 {
+		t.Fatalf("a pause of a newer generation: %+v; want it recorded", rec)
+	}
+	e.wantPaused(testSKU, "ann", testSKU)
 }

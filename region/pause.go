@@ -117,7 +117,9 @@ func (r *Region) SetPaused(ctx context.Context, req PauseRequest) (PauseRecord, 
 type setPausedOp struct{ req PauseRequest }
 
 // apply records the change in the pauses table, fenced by the coordinator's generation (I4),
-// unless a change of the same or a higher version is there already, and then makes memory
+// unless a change of the same generation and the same or a higher version is there already
+// (changes are ordered by generation first, so a newer coordinator leader's change replaces
+// whatever an older generation recorded, whatever its version), and then makes memory
 // say what the table says: from this batch on, no reserve of a paused sale or SKU takes units
 // (I1, I2 and I3 are untouched: no count moves; Confirm, Release and expiry go on as before,
 // so I5 and I6 hold for the holds already made). Memory changes only after every statement
@@ -132,7 +134,7 @@ func (o *setPausedOp) apply(ctx context.Context, b *batch) (any, error, error) {
 		VALUES ($1, $2, $3, $4, $5, $6, $7)
 		ON CONFLICT (sale_id, sku) DO UPDATE SET paused = excluded.paused, reason = excluded.reason,
 			version = excluded.version, generation = excluded.generation, changed_at = excluded.changed_at
-		WHERE pauses.version < excluded.version`,
+		WHERE (pauses.generation, pauses.version) < (excluded.generation, excluded.version)`,
 		r.Sale, r.SKU, r.Paused, r.Reason, int64(r.Version), r.Generation, b.now); err != nil {
 		return nil, nil, fmt.Errorf("record pause: %w", err)
 	}

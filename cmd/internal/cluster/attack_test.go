@@ -240,3 +240,34 @@ func TestBadParticipantRequestFailsAlone(t *testing.T) {
 		t.Errorf("held %d; want the 150 reserves", a.GetHeld())
 	}
 }
+
+// TestForeignPauseIsReported: a misused coordinator certificate records, at the current
+// generation, a resume at the highest version, which no later change of that generation can
+// replace. The operator's pause is then not claimed to have reached the region: it is
+// reported unreached, with the reason, and stays undelivered (retried) instead of being
+// lost.
+func TestForeignPauseIsReported(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	createSale2(t, op, "s", 100)
+	gen, err := d.Coordinator.C.Generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := quotav1.NewParticipantServiceClient(dial(t, d.Regions[0].Addr(), trust.Coordinator))
+	if _, err := p.SetPaused(ctx, &quotav1.SetPausedRequest{Generation: gen, SaleId: "s", Paused: false, Reason: "foreign", Version: math.MaxInt64}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := op.PauseSale(ctx, &quotav1.PauseSaleRequest{SaleId: "s", Reason: "fraud"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetUnreached()) != 1 || resp.GetUnreached()[0].GetRegion() != "us" || !strings.Contains(resp.GetUnreached()[0].GetError(), "not made by this coordinator") {
+		t.Fatalf("pause over a foreign record at us: reached %v, unreached %v; want us reported unreached, naming why", resp.GetReached(), resp.GetUnreached())
+	}
+	if ps := resp.GetSale().GetPauses(); len(ps) != 1 || strings.Join(ps[0].GetUndelivered(), ",") != "us" {
+		t.Fatalf("the sale's pauses: %v; want the pause undelivered at us", ps)
+	}
+}
