@@ -31,13 +31,20 @@ type Limits struct {
 	MaxConnections int
 	// MaxConnectionIdle closes a connection with no call for this long (default 5 minutes).
 	MaxConnectionIdle time.Duration
-	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (default 10 s).
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (default 5 s).
 	HandshakeTimeout time.Duration
+	// MaxHandshakesPerIP is the most connections from one address still in their handshake;
+	// more are closed as they arrive (default 32), so one host cannot fill the connection
+	// slots with connections that never handshake.
+	MaxHandshakesPerIP int
+	// MaxAnonymousConnections is the most connections without a client certificate, which
+	// may only check health (default 64); more are closed after their handshake.
+	MaxAnonymousConnections int
 }
 
 // DefaultLimits are the limits a server has unless told otherwise (docs/security.md).
 var DefaultLimits = Limits{MaxRecvMsgBytes: 1 << 20, MaxConcurrentStreams: 1024, MaxConnections: 1024,
-	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 10 * time.Second}
+	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 5 * time.Second, MaxHandshakesPerIP: 32, MaxAnonymousConnections: 64}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -55,6 +62,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.HandshakeTimeout > 0 {
 		d.HandshakeTimeout = l.HandshakeTimeout
+	}
+	if l.MaxHandshakesPerIP > 0 {
+		d.MaxHandshakesPerIP = l.MaxHandshakesPerIP
+	}
+	if l.MaxAnonymousConnections > 0 {
+		d.MaxAnonymousConnections = l.MaxAnonymousConnections
 	}
 	return d
 }
@@ -104,6 +117,9 @@ func Listen(addr string, opts Options) (*Server, error) {
 		return nil, err
 	}
 	lim := opts.Limits.withDefaults()
+	if !opts.TLS.Insecure() {
+		creds = &anonymousBudget{TransportCredentials: creds, max: int64(lim.MaxAnonymousConnections), open: &atomic.Int64{}}
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
@@ -119,52 +135,10 @@ func Listen(addr string, opts Options) (*Server, error) {
 		grpc.ConnectionTimeout(lim.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim.MaxConnections)}
+	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim, !opts.TLS.Insecure())}
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil
-}
-
-// limited is a listener that closes connections arriving while max are open, at once, so
-// a flood of idle connections costs the server a file descriptor each only up to max.
-type limited struct {
-	net.Listener
-	max  int64
-	open atomic.Int64
-}
-
-func limitListener(l net.Listener, max int) net.Listener {
-	return &limited{Listener: l, max: int64(max)}
-}
-
-// Accept returns the next connection within the limit, closing those beyond it.
-func (l *limited) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
-			_ = c.Close() // refused: the client sees the connection closed
-			continue
-		}
-		return &counted{Conn: c, l: l}, nil
-	}
-}
-
-// Open is the number of connections accepted and not yet closed.
-func (l *limited) Open() int64 { return l.open.Load() }
-
-type counted struct {
-	net.Conn
-	l    *limited
-	once sync.Once
-}
-
-func (c *counted) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
-	return c.Conn.Close()
 }
 
 // Addr is the address the server listens on.

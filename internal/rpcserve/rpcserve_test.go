@@ -248,3 +248,80 @@ func TestTableCoversEveryRPC(t *testing.T) {
 		}
 	}
 }
+
+// TestAnonymousConnectionsHaveABudget: connections without a client certificate may only
+// check health, and only MaxAnonymousConnections of them at once; a certified client still
+// connects while they are all taken. Health's Watch stream needs a certificate.
+func TestAnonymousConnectionsHaveABudget(t *testing.T) {
+	m := testcerts.New(t)
+	s := startSecure(t, m, rpcserve.Limits{MaxAnonymousConnections: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ok int
+	for range 3 {
+		conn := testcerts.DialAnonymous(t, m, s.Addr())
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		if _, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{}); err == nil {
+			ok++
+		}
+		ccancel()
+	}
+	if ok != 2 {
+		t.Errorf("%d of 3 connections without a certificate were served; want the budget of 2", ok)
+	}
+	certified := testcerts.Dial(t, m, s.Addr(), trust.Auditor)
+	if _, err := healthpb.NewHealthClient(certified).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("a certified client with the anonymous budget spent: %v", err)
+	}
+	watch, err := healthpb.NewHealthClient(testcerts.DialAnonymous(t, m, s.Addr())).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = watch.Recv()
+	}
+	if code := status.Code(err); code != codes.Unauthenticated && code != codes.Unavailable {
+		t.Errorf("a Watch without a certificate: %v; want it refused", err)
+	}
+	cw, err := healthpb.NewHealthClient(certified).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = cw.Recv()
+	}
+	if err != nil {
+		t.Errorf("a Watch with a certificate: %v", err)
+	}
+}
+
+// TestHandshakesPerAddressAreBounded: connections from one address that never handshake
+// take at most MaxHandshakesPerIP slots; past it they are closed at once, and once they are
+// gone clients connect again.
+func TestHandshakesPerAddressAreBounded(t *testing.T) {
+	m := testcerts.New(t)
+	s := startSecure(t, m, rpcserve.Limits{MaxHandshakesPerIP: 4, HandshakeTimeout: 30 * time.Second})
+	var idle []net.Conn
+	for range 4 {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(200 * time.Millisecond)
+	extra, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if err := extra.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := extra.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Errorf("a fifth connection in its handshake from one address: read %v; want it closed", err)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := testcerts.Dial(t, m, s.Addr(), trust.Auditor)
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Errorf("after the idle connections closed: %v", err)
+	}
+}

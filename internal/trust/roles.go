@@ -51,17 +51,18 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/ListRegions":     {Operator, Auditor, Storefront},
 }
 
-// openService is the service anyone may call, with or without a certificate: health checks,
-// for load balancers and orchestrators.
-const openService = "/grpc.health.v1.Health/"
+// openMethod is the one call anyone may make, with or without a certificate: a health check,
+// for load balancers and orchestrators. Health's Watch stream needs a certificate: an open
+// stream per call would let anyone hold memory and connections for as long as they like.
+const openMethod = "/grpc.health.v1.Health/Check"
 
 // anyRoleServices may be called by any client with a valid certificate, whatever its role:
-// server reflection (grpcurl's describe and list).
-var anyRoleServices = []string{"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"}
+// server reflection (grpcurl's describe and list) and health's Watch.
+var anyRoleServices = []string{"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.health.v1.Health/"}
 
 // Allowed reports whether role may call method, by the table.
 func Allowed(role Role, method string) bool {
-	if strings.HasPrefix(method, openService) {
+	if method == openMethod {
 		return true
 	}
 	if role == "" {
@@ -99,7 +100,7 @@ func CallerOf(ctx context.Context) Caller {
 // verified client certificate is Unauthenticated; a role the table does not allow is
 // PermissionDenied, naming the role and the method.
 func Authorize(ctx context.Context, method string) error {
-	if strings.HasPrefix(method, openService) {
+	if method == openMethod {
 		return nil
 	}
 	c := CallerOf(ctx)
