@@ -69,8 +69,8 @@ func (p PauseChange) Check() error {
 			return apierr.Invalid("sku", "%s", why)
 		}
 	}
-	if len(p.Reason) > maxPauseReason {
-		return apierr.Invalid("reason", "%d bytes; at most %d", len(p.Reason), maxPauseReason)
+	if why := transfer.CheckText(p.Reason, maxPauseReason); why != "" {
+		return apierr.Invalid("reason", "%s", why)
 	}
 	return nil
 }

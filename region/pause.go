@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // The kill switch: the coordinator pauses a sale (SKU "") or one SKU of it at every region
@@ -95,8 +96,8 @@ func CheckPause(req PauseRequest) error {
 	if req.Version <= 0 {
 		return apierr.Invalid("version", "must be positive, got %d", req.Version)
 	}
-	if len(req.Reason) > maxPauseReason {
-		return apierr.Invalid("reason", "%d bytes; at most %d", len(req.Reason), maxPauseReason)
+	if why := transfer.CheckText(req.Reason, maxPauseReason); why != "" {
+		return apierr.Invalid("reason", "%s", why)
 	}
 	return nil
 }

@@ -130,3 +130,26 @@ func TestCheckID(t *testing.T) {
 		t.Error("CheckRegion")
 	}
 }
+
+// TestCheckText: free text a person wrote may be any printable UTF-8, but no control
+// character (which would forge log lines or terminal output) and nothing too long.
+func TestCheckText(t *testing.T) {
+	for _, tc := range []struct {
+		s  string
+		ok bool
+	}{
+		{"price error on the listing", true},
+		{"prix erroné — 50 % trop bas", true},
+		{"", true},
+		{"a\x00b", false},
+		{"\x1b[31mred\x1b[0m", false},
+		{"two\nlines", false},
+		{"tab\there", false},
+		{string([]byte{0xff, 0xfe}), false},
+		{strings.Repeat("x", 1025), false},
+	} {
+		if got := CheckText(tc.s, 1024) == ""; got != tc.ok {
+			t.Errorf("CheckText(%q) ok = %v, want %v", tc.s, got, tc.ok)
+		}
+	}
+}

@@ -6,6 +6,9 @@ package transfer
 import (
 	"fmt"
 	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Units counts units of stock. Every stock quantity in the project is Units, never a bare int.
@@ -78,6 +81,21 @@ func CheckRegion(name string) string {
 		return "is reserved for the coordinator's pool"
 	case !regionPattern.MatchString(name):
 		return "must be 1..32 lowercase letters, digits or '-', starting with a letter"
+	}
+	return ""
+}
+
+// CheckText says why s cannot be a short free text a person wrote (a pause's reason, shown to
+// buyers and in logs), or "" when it can: valid UTF-8, no control characters (NUL, escape
+// sequences, new lines), at most max bytes.
+func CheckText(s string, max int) string {
+	switch {
+	case len(s) > max:
+		return fmt.Sprintf("%d bytes; at most %d", len(s), max)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return "contains a control character (a new line, an escape, NUL, ...)"
 	}
 	return ""
 }

@@ -96,6 +96,9 @@ func (s *Server) PutSale(ctx context.Context, req *quotav1.PutSaleRequest) (*quo
 	if t == nil {
 		return nil, apierr.Invalid("sale", "missing")
 	}
+	if err := t.GetOpensAt().CheckValid(); err != nil { // a nil opens_at is invalid too
+		return nil, apierr.Invalid("opens_at", "%v", err)
+	}
 	err := s.R.PutSale(ctx, req.GetGeneration(), region.SaleTerms{
 		Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
 		HoldTTL: time.Duration(t.GetHoldTtlMs()) * time.Millisecond, OpensAt: t.GetOpensAt().AsTime(),

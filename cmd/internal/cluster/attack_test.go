@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // regionState is everything an attack could change at a region, as one comparable string
@@ -269,5 +270,38 @@ func TestForeignPauseIsReported(t *testing.T) {
 	}
 	if ps := resp.GetSale().GetPauses(); len(ps) != 1 || strings.Join(ps[0].GetUndelivered(), ",") != "us" {
 		t.Fatalf("the sale's pauses: %v; want the pause undelivered at us", ps)
+	}
+}
+
+// TestHostileTextAndTimesAreRefused: a pause reason with control characters (it is shown to
+// buyers and written to logs) and a sale's terms without a valid opens_at (it would open the
+// sale at once) are refused naming the field, and change nothing.
+func TestHostileTextAndTimesAreRefused(t *testing.T) {
+	d := startDev(t, "us")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	if _, err := op.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "s", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}}, PerUserLimit: 1, HoldTtlMs: 60000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, reason := range []string{"a\x00b", "\x1b[31mRED\x1b[0m\nfake log line"} {
+		_, err := op.PauseSale(ctx, &quotav1.PauseSaleRequest{SaleId: "s", Reason: reason})
+		if status.Code(err) != codes.InvalidArgument || apierr.Field(err) != "reason" {
+			t.Errorf("pause with reason %q: %v; want InvalidArgument naming reason", reason, err)
+		}
+	}
+	if g, err := op.GetSale(ctx, &quotav1.GetSaleRequest{SaleId: "s"}); err != nil || len(g.GetSale().GetPauses()) != 0 {
+		t.Errorf("after the refused pauses: %v, %v; want no pause", g, err)
+	}
+	gen, err := d.Coordinator.C.Generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := quotav1.NewParticipantServiceClient(dial(t, d.Regions[0].Addr(), trust.Coordinator))
+	for _, opens := range []*timestamppb.Timestamp{nil, {Seconds: math.MaxInt64}} {
+		_, err := p.PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{SaleId: "t", Skus: []string{"phone"}, PerUserLimit: 1, HoldTtlMs: 60000, OpensAt: opens}})
+		if status.Code(err) != codes.InvalidArgument || apierr.Field(err) != "opens_at" {
+			t.Errorf("put sale with opens_at %v: %v; want InvalidArgument naming opens_at", opens, err)
+		}
 	}
 }
