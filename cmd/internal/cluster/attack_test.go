@@ -176,7 +176,8 @@ func TestCoordinatorGenerationFromTheFuture(t *testing.T) {
 	before := regionState(t, db)
 	p := quotav1.NewParticipantServiceClient(dial(t, d.Regions[0].Addr(), trust.Coordinator))
 	for _, gen := range []int64{math.MaxInt64, 1 << 40} {
-		_, err := p.PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{SaleId: "s", Skus: []string{"phone"}, PerUserLimit: 5, HoldTtlMs: 60000}})
+		_, err := p.PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{SaleId: "s", Skus: []string{"phone"}, PerUserLimit: 5, HoldTtlMs: 60000,
+			OpensAt: timestamppb.Now()}})
 		if status.Code(err) != codes.InvalidArgument || apierr.Field(err) != "generation" {
 			t.Errorf("put sale at generation %d: %v; want InvalidArgument naming generation", gen, err)
 		}
