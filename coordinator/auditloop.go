@@ -2,10 +2,10 @@ package coordinator
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // DefaultAuditInterval is how often quotad's coordinator audits every sale unless told
@@ -67,10 +67,8 @@ func (c *Coordinator) pauseForBreach(ctx context.Context, v Violation, rep Repor
 		c.cfg.Logger.Debug("continuous audit: I1 still broken; the SKU is paused", "sale", v.Sale, "sku", v.SKU, "evidence", v.Detail)
 		return
 	}
-	reason := auditPausePrefix + "I1 violation: " + v.Detail
-	if len(reason) > maxPauseReason {
-		reason = strings.ToValidUTF8(reason[:maxPauseReason], "")
-	}
+	// The evidence quotes stored data: made text a pause accepts, so the pause cannot be refused.
+	reason := transfer.AsText(auditPausePrefix+"I1 violation: "+v.Detail, transfer.MaxReasonLen)
 	args := []any{"sale", v.Sale, "sku", v.SKU, "evidence", v.Detail}
 	for _, a := range rep.SKUs {
 		if a.Sale == v.Sale && a.SKU == v.SKU {

@@ -53,9 +53,6 @@ type PauseResult struct {
 	Unreached []RegionFailure
 }
 
-// maxPauseReason is the longest reason a pause may carry, in bytes (as at the regions).
-const maxPauseReason = 1024
-
 // pauseTimeout bounds one SetPaused call to a region.
 const pauseTimeout = 2 * time.Second
 
@@ -69,7 +66,7 @@ func (p PauseChange) Check() error {
 			return apierr.Invalid("sku", "%s", why)
 		}
 	}
-	if why := transfer.CheckText(p.Reason, maxPauseReason); why != "" {
+	if why := transfer.CheckText(p.Reason, transfer.MaxReasonLen); why != "" {
 		return apierr.Invalid("reason", "%s", why)
 	}
 	return nil

@@ -21,9 +21,6 @@ import (
 // retry of an older change never undoes a newer one.
 type PauseVersion int64
 
-// maxPauseReason is the longest reason a pause may carry, in bytes.
-const maxPauseReason = 1024
-
 // PauseRequest pauses (Paused) or resumes new reservations of a sale (SKU "") or of one SKU
 // of it, fenced by the coordinator's generation like every participant write.
 type PauseRequest struct {
@@ -96,7 +93,7 @@ func CheckPause(req PauseRequest) error {
 	if req.Version <= 0 {
 		return apierr.Invalid("version", "must be positive, got %d", req.Version)
 	}
-	if why := transfer.CheckText(req.Reason, maxPauseReason); why != "" {
+	if why := transfer.CheckText(req.Reason, transfer.MaxReasonLen); why != "" {
 		return apierr.Invalid("reason", "%s", why)
 	}
 	return nil

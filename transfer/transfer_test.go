@@ -153,3 +153,17 @@ func TestCheckText(t *testing.T) {
 		}
 	}
 }
+
+// TestAsText: what AsText makes of any string, CheckText accepts, and printable text passes
+// through unchanged.
+func TestAsText(t *testing.T) {
+	for _, s := range []string{"total 100 != 101", "a\x00b\nc\x1b[0m", string([]byte{0xff, 'x'}), strings.Repeat("é", 600), strings.Repeat("x", 2000)} {
+		got := AsText(s, 1024)
+		if why := CheckText(got, 1024); why != "" {
+			t.Errorf("AsText(%q) = %q, which CheckText refuses: %s", s, got, why)
+		}
+	}
+	if got := AsText("price error — 50 %", 1024); got != "price error — 50 %" {
+		t.Errorf("printable text changed: %q", got)
+	}
+}

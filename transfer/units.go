@@ -85,6 +85,29 @@ func CheckRegion(name string) string {
 	return ""
 }
 
+// MaxReasonLen is the longest reason a pause may carry, in bytes, at the coordinator and at
+// every region.
+const MaxReasonLen = 1024
+
+// AsText makes s a text CheckText(s, max) accepts: control characters become spaces, invalid
+// UTF-8 is dropped, and it is cut to at most max bytes on a character boundary. It is for
+// text a process writes itself from other text (the continuous audit's evidence).
+func AsText(s string, max int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
+	if len(s) > max {
+		s = s[:max]
+		for !utf8.ValidString(s) { // the cut split a character: at most three bytes go
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
 // CheckText says why s cannot be a short free text a person wrote (a pause's reason, shown to
 // buyers and in logs), or "" when it can: valid UTF-8, no control characters (NUL, escape
 // sequences, new lines), at most max bytes.
