@@ -2,6 +2,7 @@ package rpcserve
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -20,16 +21,17 @@ type limited struct {
 	open       atomic.Int64
 	mu         sync.Mutex
 	pending    map[string]int64 // address → connections in their handshake
+	log        *slog.Logger
 }
 
 // limitListener bounds l by lim; the bound on handshakes per address holds only on a secure
 // server, whose credentials (anonymousBudget) mark a connection's handshake done.
-func limitListener(l net.Listener, lim Limits, secure bool) net.Listener {
+func limitListener(l net.Listener, lim Limits, secure bool, log *slog.Logger) net.Listener {
 	perIP := int64(lim.MaxHandshakesPerIP)
 	if !secure {
 		perIP = int64(lim.MaxConnections)
 	}
-	return &limited{Listener: l, max: int64(lim.MaxConnections), perIP: perIP, pending: map[string]int64{}}
+	return &limited{Listener: l, max: int64(lim.MaxConnections), perIP: perIP, pending: map[string]int64{}, log: log}
 }
 
 // Accept returns the next connection within the limits, closing those beyond them.
@@ -41,7 +43,7 @@ func (l *limited) Accept() (net.Conn, error) {
 		}
 		ip := hostOf(c.RemoteAddr())
 		if !l.admit(ip) {
-			_ = c.Close() // refused: the client sees the connection closed; nothing to report
+			refused(l.log, c, "connection limit")
 			continue
 		}
 		return &counted{Conn: c, l: l, ip: ip}, nil
@@ -70,6 +72,12 @@ func (l *limited) handshaken(ip string) {
 	if l.pending[ip]--; l.pending[ip] <= 0 {
 		delete(l.pending, ip)
 	}
+}
+
+// refused closes a connection a limit turned away and says so at debug level: a flood would
+// fill any higher level.
+func refused(log *slog.Logger, c net.Conn, limit string) {
+	log.Debug("connection refused", "limit", limit, "remote", c.RemoteAddr().String(), "close_err", c.Close())
 }
 
 func hostOf(a net.Addr) string {
@@ -107,6 +115,7 @@ type anonymousBudget struct {
 	credentials.TransportCredentials
 	max  int64
 	open *atomic.Int64
+	log  *slog.Logger
 }
 
 var errTooManyAnonymous = errors.New("too many connections without a client certificate")
@@ -125,7 +134,7 @@ func (b *anonymousBudget) ServerHandshake(raw net.Conn) (net.Conn, credentials.A
 	}
 	if b.open.Add(1) > b.max {
 		b.open.Add(-1)
-		_ = conn.Close() // refused; the handshake error below is what gRPC logs
+		refused(b.log, conn, "connections without a certificate")
 		return nil, nil, errTooManyAnonymous
 	}
 	return &anonymous{Conn: conn, release: func() { b.open.Add(-1) }}, info, nil
@@ -133,7 +142,7 @@ func (b *anonymousBudget) ServerHandshake(raw net.Conn) (net.Conn, credentials.A
 
 // Clone keeps the budget shared with the clone.
 func (b *anonymousBudget) Clone() credentials.TransportCredentials {
-	return &anonymousBudget{TransportCredentials: b.TransportCredentials.Clone(), max: b.max, open: b.open}
+	return &anonymousBudget{TransportCredentials: b.TransportCredentials.Clone(), max: b.max, open: b.open, log: b.log}
 }
 
 // anonymous is a connection without a client certificate: its close gives its budget back.

@@ -7,6 +7,7 @@ package rpcserve
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,8 @@ func (l Limits) withDefaults() Limits {
 type Options struct {
 	TLS    *trust.Material
 	Limits Limits
+	// Logger receives the connections refused by a limit (at debug level); default slog.Default().
+	Logger *slog.Logger
 }
 
 // Server is a gRPC server listening on one address.
@@ -117,8 +120,11 @@ func Listen(addr string, opts Options) (*Server, error) {
 		return nil, err
 	}
 	lim := opts.Limits.withDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	if !opts.TLS.Insecure() {
-		creds = &anonymousBudget{TransportCredentials: creds, max: int64(lim.MaxAnonymousConnections), open: &atomic.Int64{}}
+		creds = &anonymousBudget{TransportCredentials: creds, max: int64(lim.MaxAnonymousConnections), open: &atomic.Int64{}, log: opts.Logger}
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -135,7 +141,7 @@ func Listen(addr string, opts Options) (*Server, error) {
 		grpc.ConnectionTimeout(lim.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim, !opts.TLS.Insecure())}
+	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim, !opts.TLS.Insecure(), opts.Logger)}
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil

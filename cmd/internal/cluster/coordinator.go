@@ -102,7 +102,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err != nil {
 		return nil, err
 	}
-	if n.Server, err = rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS}); err != nil {
+	if n.Server, err = rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
 		return nil, err
 	}
 	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})

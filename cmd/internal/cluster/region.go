@@ -147,7 +147,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		db.Close()
 		return nil, err
 	}
-	srv, err := rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS})
+	srv, err := rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
 	if err != nil {
 		db.Close()
 		return nil, err
