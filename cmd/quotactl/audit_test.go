@@ -7,9 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/testcerts"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/internal/trust"
 	"google.golang.org/grpc"
@@ -41,23 +40,7 @@ func run(t *testing.T, args ...string) (string, error) {
 // secure default, and run passes --certs-dir unless a test names its own.
 var certs *trust.Material
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "quotactl-certs-")
-	if err == nil {
-		if _, err = trust.EnsureDev(dir, trust.DevHosts); err == nil {
-			certs, err = trust.Load(dir)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "test certificates:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := os.RemoveAll(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testcerts.Main(m, &certs) }
 
 // startDev starts an all-in-one cluster on free ports with fresh databases, stopped and
 // dropped at the end of the test.

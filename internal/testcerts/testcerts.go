@@ -3,6 +3,8 @@
 package testcerts
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"github.com/quotaworks/quota/internal/trust"
@@ -55,4 +57,25 @@ func DialAnonymous(t testing.TB, m *trust.Material, addr string) *grpc.ClientCon
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// Main runs a test binary's tests (from TestMain) with one certificates directory for the
+// whole package, made in a fresh temporary directory, set in *certs, and removed at the end;
+// it exits with the tests' status.
+func Main(m *testing.M, certs **trust.Material) {
+	dir, err := os.MkdirTemp("", "quota-test-certs-")
+	if err == nil {
+		if _, err = trust.EnsureDev(dir, trust.DevHosts); err == nil {
+			*certs, err = trust.Load(dir)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "test certificates:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "remove test certificates:", err)
+	}
+	os.Exit(code)
 }

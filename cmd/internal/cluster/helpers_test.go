@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/testcerts"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
@@ -25,25 +25,7 @@ import (
 // every test here runs in the secure default, mutual TLS with roles.
 var certs *trust.Material
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "quota-cluster-certs-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if _, err := trust.EnsureDev(dir, trust.DevHosts); err == nil {
-		certs, err = trust.Load(dir)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "test certificates:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := os.RemoveAll(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testcerts.Main(m, &certs) }
 
 // creds are the transport credentials of a client acting as role.
 func creds(t testing.TB, role trust.Role) credentials.TransportCredentials {
