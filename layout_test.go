@@ -28,15 +28,16 @@ type layer struct {
 // proto/internal. Adapters (coordrpc, regionrpc) are the only packages below cmd that speak
 // proto; process wiring lives under cmd/.
 var layers = []layer{
-	{"commands", prefix("cmd/"), []string{"cmd/", "coordinator", "region", "transfer", "fencing", "proto/", "internal/"}},
+	{"commands", prefix("cmd/"), []string{"cmd/", "coordinator", "region", "admission", "transfer", "fencing", "proto/", "internal/"}},
 	{"simulation", prefix("sim"), []string{"coordinator", "region", "transfer", "internal/"}},
 	{"harness", prefix("deploy/"), []string{"internal/", "proto/", "transfer"}},
 	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"}},
-	{"region adapter", prefix("region/regionrpc"), []string{"region", "proto/", "transfer", "internal/"}},
+	{"region adapter", prefix("region/regionrpc"), []string{"region", "admission", "proto/", "transfer", "internal/"}},
 	{"coordinator", prefix("coordinator"), []string{"transfer", "fencing", "internal/"}},
-	{"region", prefix("region"), []string{"transfer", "fencing", "internal/"}},
+	{"region", prefix("region"), []string{"admission", "transfer", "fencing", "internal/"}},
 	{"fencing", prefix("fencing"), []string{"transfer", "internal/"}},
 	{"transfer", prefix("transfer"), []string{"internal/"}},
+	{"admission", prefix("admission"), []string{"transfer", "internal/"}},
 	{"proto", prefix("proto/"), nil},
 	{"internal", prefix("internal/"), []string{"internal/"}},
 }
@@ -49,7 +50,7 @@ var exceptions = map[string]string{
 		"quotactl's load and bench commands and the chaos suite in deploy/local, which cannot import cmd/",
 }
 
-// noIO is what transfer (pure rules) may not import from the standard library.
+// noIO is what transfer and admission (pure rules) may not import from the standard library.
 var noIO = []string{"os", "os/exec", "net", "net/http", "database/sql", "syscall", "io/ioutil", "log", "log/slog", "io/fs"}
 
 // prefix matches a package and everything under it: "region" matches region and
@@ -119,7 +120,7 @@ func violations(p listed) []string {
 		if strings.HasPrefix(imp, "go.etcd.io/") && l.name != "fencing" {
 			bad = append(bad, fmt.Sprintf("%s -> %s (only fencing imports etcd)", pkg, imp))
 		}
-		if l.name == "transfer" && (slices.Contains(noIO, imp) || strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")) && !strings.HasPrefix(imp, module) {
+		if (l.name == "transfer" || l.name == "admission") && (slices.Contains(noIO, imp) || strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")) && !strings.HasPrefix(imp, module) {
 			bad = append(bad, fmt.Sprintf("%s -> %s (transfer does no I/O and has no dependencies)", pkg, imp))
 		}
 		r, ours := rel(imp)

@@ -28,6 +28,9 @@ type SaleSpec struct {
 	HoldTTL      time.Duration
 	// OpensAt zero means open at once.
 	OpensAt time.Time
+	// Admission is the sale's waiting room (zero: none); unset TicketTTL and MaxLive take
+	// their defaults (transfer.AdmissionTerms.WithDefaults).
+	Admission transfer.AdmissionTerms
 }
 
 // SKULedger is one SKU's ledger counts.
@@ -86,16 +89,24 @@ func (s SaleSpec) Check() error {
 	if s.HoldTTL < time.Second || s.HoldTTL > 24*time.Hour {
 		return apierr.Invalid("hold_ttl", "must be 1s..24h, got %s", s.HoldTTL)
 	}
+	if field, why := s.Admission.WithDefaults().Check(); field != "" {
+		return apierr.Invalid(field, "%s", why)
+	}
 	return nil
 }
 
 func (s SaleSpec) definition() string {
+	var admit *transfer.AdmissionTerms // absent for a sale without a waiting room
+	if a := s.Admission.WithDefaults(); a.Waiting() {
+		admit = &a
+	}
 	b, _ := json.Marshal(struct {
 		SKUs    []SKUTotal
 		Limit   transfer.Units
 		TTL     time.Duration
 		OpensAt int64
-	}{s.SKUs, s.PerUserLimit, s.HoldTTL, openMillis(s.OpensAt)})
+		Admit   *transfer.AdmissionTerms `json:",omitempty"`
+	}{s.SKUs, s.PerUserLimit, s.HoldTTL, openMillis(s.OpensAt), admit})
 	return string(b)
 }
 
@@ -111,6 +122,8 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 	}
 	now := c.cfg.Clock.Now()
 	spec.OpensAt = spec.OpensAt.Truncate(time.Millisecond)
+	spec.Admission = spec.Admission.WithDefaults()
+	spec.Admission.TicketTTL = spec.Admission.TicketTTL.Truncate(time.Millisecond)
 	def := spec.definition() // before the default: a retry without opens_at is the same sale
 	if spec.OpensAt.IsZero() {
 		spec.OpensAt = now.Truncate(time.Millisecond)
@@ -130,8 +143,11 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		if err != pgx.ErrNoRows {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, per_user_limit, hold_ttl_ms, opens_at, created_at, definition)
-			VALUES ($1, $2, $3, $4, $5, $6)`, spec.Sale, int64(spec.PerUserLimit), spec.HoldTTL.Milliseconds(), spec.OpensAt, now, def); err != nil {
+		a := spec.Admission
+		if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, per_user_limit, hold_ttl_ms, opens_at, created_at, definition,
+			admit_rate, ticket_ttl_ms, max_live_tickets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			spec.Sale, int64(spec.PerUserLimit), spec.HoldTTL.Milliseconds(), spec.OpensAt, now, def,
+			a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive); err != nil {
 			return err
 		}
 		for _, k := range spec.SKUs {
@@ -305,9 +321,10 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 		return Sale{}, err
 	}
 	s := Sale{Terms: SaleTerms{Sale: sale}}
-	var limit, ttl int64
-	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at FROM sales WHERE sale_id = $1`, sale).
-		Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt)
+	var limit, ttl, ticketTTL int64
+	a := &s.Terms.Admission
+	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets
+		FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive)
 	if err == pgx.ErrNoRows {
 		return s, apierr.NotFound("sale_id", sale)
 	}
@@ -315,6 +332,7 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 		return s, fmt.Errorf("read sale: %w", err)
 	}
 	s.Terms.PerUserLimit, s.Terms.HoldTTL = transfer.Units(limit), time.Duration(ttl)*time.Millisecond
+	a.TicketTTL = time.Duration(ticketTTL) * time.Millisecond
 	rows, err := c.db.Query(ctx, `SELECT k.sku, k.total, k.unallocated, t.to_pool, coalesce(sum(t.units), 0)
 		FROM skus k LEFT JOIN transfers t ON t.sale_id = k.sale_id AND t.sku = k.sku AND t.state = 'posted' AND t.from_pool = $2
 		WHERE k.sale_id = $1 GROUP BY k.sku, k.total, k.unallocated, t.to_pool ORDER BY k.sku`, sale, transfer.Unallocated)

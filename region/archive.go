@@ -92,3 +92,20 @@ func (m *memState) retireClosed(cutoff time.Time) {
 		n++
 	}
 }
+
+type saleAdmission struct{ sale, admission string }
+
+// useTicket records that h's admission ticket backs h's request key.
+func (m *memState) useTicket(h Hold) {
+	if h.Admission != "" {
+		m.tickets[maphash.Comparable(m.seed, saleAdmission{h.Sale, h.Admission})] = maphash.String(m.seed, h.RequestKey)
+	}
+}
+
+// ticketUsedBy reports whether sale's admission already backs a hold with a request key
+// other than key (a digest collision of two keys would let the second through; the unique
+// index on holds (sale_id, admission_id) refuses it at the commit).
+func (m *memState) ticketUsedBy(sale, admission, key string) bool {
+	used, ok := m.tickets[maphash.Comparable(m.seed, saleAdmission{sale, admission})]
+	return ok && used != maphash.String(m.seed, key)
+}

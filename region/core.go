@@ -46,7 +46,8 @@ func (c *Core) Clone() *Core {
 	n := &Core{name: c.name, sales: maps.Clone(c.sales), fence: maps.Clone(c.fence), in: maps.Clone(c.in),
 		out: maps.Clone(c.out), moved: make(map[poolKey]*corePoolBooks, len(c.moved))}
 	n.m = &memState{pools: make(map[poolKey]*memPool, len(c.m.pools)), users: make(map[userKey]*memUser, len(c.m.users)),
-		due: slices.Clone(c.m.due), keys: maps.Clone(c.m.keys), holds: maps.Clone(c.m.holds), keysPer: maps.Clone(c.m.keysPer)}
+		due: slices.Clone(c.m.due), keys: maps.Clone(c.m.keys), holds: maps.Clone(c.m.holds), keysPer: maps.Clone(c.m.keysPer),
+		tickets: maps.Clone(c.m.tickets)}
 	for k, p := range c.m.pools {
 		cp := *p
 		n.m.pools[k] = &cp

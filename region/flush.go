@@ -228,21 +228,22 @@ func endBackendStarted(ctx context.Context, db *pgxpool.Pool, pid uint32, starte
 	}
 }
 
-const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at, changed)
-		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires, $10::bigint
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::timestamptz[], $9::timestamptz[])
-			AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires)`
+const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at,
+			admission_id, changed)
+		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires, adm, $11::bigint
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::timestamptz[], $9::timestamptz[],
+			$10::text[]) AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires, adm)`
 
 func holdColumnsOf(hs []*memHold) []any {
 	n := len(hs)
 	ids, sales, skus, users, keys, hashes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	qty := make([]int64, n)
-	created, expires := make([]time.Time, n), make([]time.Time, n)
+	created, expires, adms := make([]time.Time, n), make([]time.Time, n), make([]string, n)
 	for i, h := range hs {
 		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, hex.EncodeToString(h.hash[:])
-		qty[i], created[i], expires[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt
+		qty[i], created[i], expires[i], adms[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt, h.Admission
 	}
-	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires}
+	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires, adms}
 }
 
 const closeHoldsSQL = `UPDATE holds h SET state = v.state, payment_id = nullif(v.pay, ''), closed_at = $4, changed = $5::bigint

@@ -124,7 +124,7 @@ type rowScanner struct {
 func newRowScanner(region string) *rowScanner {
 	s := &rowScanner{region: region, names: interner{}}
 	h := &s.row.hold
-	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &s.hash, &s.row.closed, &s.stamp}
+	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &h.Admission, &s.hash, &s.row.closed, &s.stamp}
 	return s
 }
 
@@ -210,6 +210,7 @@ func (f *filler) run() {
 func (f *filler) add(r *loadedRow) {
 	h, m := r.hold, f.m
 	m.keysPer[saleUser{h.Sale, h.User}]++
+	m.useTicket(h)
 	if h.State != Held && (!r.closed.Valid || !r.closed.Time.After(f.keepAfter)) {
 		// Closed long enough: its user and key are not interned (a user's count keeps the
 		// user's first copy).
@@ -251,6 +252,7 @@ func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) 
 	m.keys = make(map[keyKey]*memHold, kept)
 	m.users = make(map[userKey]*memUser, counted)
 	m.keysPer = make(map[saleUser]int32, counted)
+	m.tickets = map[uint64]uint64{}
 	m.retired = make(map[uint64]struct{}, total-kept)
 	m.due = make(expiryHeap, 0, held)
 	m.closing = make([]closedAt, 0, kept-held)

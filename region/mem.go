@@ -66,6 +66,11 @@ type memState struct {
 	// refuses a new key past Config.MaxKeysPerUser, which bounds what a buyer's retries
 	// with fresh keys can make the leader keep.
 	keysPer map[saleUser]int32
+	// tickets records, for every stored hold made with an admission ticket, the digest of
+	// its request key under the digest of (sale, admission), so a ticket backs one request
+	// key (useTicket, ticketUsedBy). Kept for good, like keysPer: a ticket outlives the hold
+	// it made, and a digest per hold is what that costs.
+	tickets map[uint64]uint64
 	// paused is what admits no new holds (pause.go): replaced, never changed, by the op
 	// that changes it, so the leader publishes it to readers as is.
 	paused *pauseSet
@@ -143,6 +148,6 @@ func fingerprint(holdID string, hexHash []byte) ([16]byte, error) {
 
 // newMemState returns an empty state: no pools, users or holds.
 func newMemState() *memState {
-	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keysPer: map[saleUser]int32{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
+	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keysPer: map[saleUser]int32{}, tickets: map[uint64]uint64{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
 		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }

@@ -24,6 +24,7 @@ func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
 	// TTL in milliseconds), so a retry compares equal to the stored terms and the cached
 	// terms are the ones a reload reads back.
 	t.OpensAt, t.HoldTTL = t.OpensAt.Truncate(time.Microsecond), t.HoldTTL.Truncate(time.Millisecond)
+	t.Admission.TicketTTL = t.Admission.TicketTTL.Truncate(time.Millisecond)
 	_, err := r.submit(ctx, &putSaleOp{gen: gen, terms: t})
 	return err
 }
@@ -46,6 +47,9 @@ func CheckTerms(t SaleTerms) error {
 	}
 	if t.HoldTTL < time.Second || t.HoldTTL > 24*time.Hour {
 		return apierr.Invalid("hold_ttl", "must be 1s..24h, got %s", t.HoldTTL)
+	}
+	if field, why := t.Admission.Check(); field != "" {
+		return apierr.Invalid(field, "%s", why)
 	}
 	return nil
 }
@@ -98,8 +102,10 @@ func (o *putSaleOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if !isNotFound(err) {
 		return nil, nil, err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, skus, per_user_limit, hold_ttl_ms, opens_at) VALUES ($1, $2, $3, $4, $5)`,
-		t.Sale, t.SKUs, int64(t.PerUserLimit), t.HoldTTL.Milliseconds(), t.OpensAt); err != nil {
+	a := t.Admission
+	if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, skus, per_user_limit, hold_ttl_ms, opens_at, admit_rate, ticket_ttl_ms,
+		max_live_tickets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, t.Sale, t.SKUs, int64(t.PerUserLimit), t.HoldTTL.Milliseconds(),
+		t.OpensAt, a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive); err != nil {
 		return nil, nil, fmt.Errorf("insert sale: %w", err)
 	}
 	b.sales[t.Sale] = t
@@ -110,7 +116,7 @@ func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 
 func sameTerms(a, b SaleTerms) bool {
 	return a.Sale == b.Sale && slices.Equal(a.SKUs, b.SKUs) && a.PerUserLimit == b.PerUserLimit &&
-		a.HoldTTL == b.HoldTTL && a.OpensAt.Equal(b.OpensAt)
+		a.HoldTTL == b.HoldTTL && a.OpensAt.Equal(b.OpensAt) && a.Admission == b.Admission
 }
 
 // Credit adds a transfer's units to this region, once per transfer id, and returns the

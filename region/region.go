@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
@@ -72,6 +73,10 @@ type Config struct {
 	// (I4: a fence rises only to a real leader's generation). Unset (tests, the
 	// simulation): no bound.
 	CoordinatorGeneration func(ctx context.Context) (int64, error)
+	// Tickets, when set, returns the cluster's ticket keys as last read (the key file can
+	// change under a running region: keys rotate). A sale with a waiting room needs them:
+	// without them every reservation of it is refused TICKET_INVALID.
+	Tickets func() *admission.Keyring
 }
 
 // DefaultMaxKeysPerUser is Config.MaxKeysPerUser's default.

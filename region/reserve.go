@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -24,7 +25,12 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if err != nil {
 		return ReserveResult{}, err
 	}
-	if err := checkAgainstTerms(t, req, r.cfg.Clock.Now()); err != nil {
+	now := r.cfg.Clock.Now()
+	if err := checkAgainstTerms(t, req, now); err != nil {
+		return ReserveResult{}, err
+	}
+	admitted, err := r.checkTicket(t, req, now)
+	if err != nil {
 		return ReserveResult{}, err
 	}
 	w, err := r.writer() // a standby answers NOT_LEADER, even for an empty pool
@@ -35,7 +41,8 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
 		return r.reserveWhenEmpty(ctx, req, k, avail)
 	}
-	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser}
+	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
+		ticket: admitted}
 	res, err := r.reserveInWriter(ctx, w, k, o)
 	if errors.Is(err, errKeyRetired) {
 		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
@@ -196,6 +203,8 @@ type reserveOp struct {
 	// keyLookedUp says SQL has no hold of the request's key: a retired digest that matches it
 	// is another key's (a collision), not this one's.
 	keyLookedUp bool
+	// ticket is the request's verified admission ticket, in a sale with a waiting room.
+	ticket admission.Ticket
 }
 
 // apply is the atomic conditional take, decided in memory by the single writer: the pool's
@@ -213,6 +222,9 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	}
 	if !o.keyLookedUp && b.m.retiredKey(k) {
 		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
+	}
+	if a := o.ticket.Admission; a != "" && b.m.ticketUsedBy(req.Sale, a, req.RequestKey) {
+		return nil, fmt.Errorf("admission %s's ticket already backs another request_key: %w", a, ErrTicketUsed), nil
 	}
 	if err := b.m.paused.refuse(req); err != nil {
 		return nil, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
@@ -237,7 +249,8 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 		return nil, fmt.Errorf("user %s has used %d request keys in sale %s here, the most a buyer may: %w", req.User, n, req.Sale, apierr.ErrTooManyKeys), nil
 	}
 	h := &memHold{Hold: Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
-		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL)}, hash: hash}
+		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL), Admission: o.ticket.Admission},
+		hash: hash}
 	b.take(h)
 	return ReserveResult{Hold: h.Hold}, nil, nil
 }
@@ -263,7 +276,43 @@ func (b *batch) take(h *memHold) {
 	d.held += q
 	b.w.newHolds = append(b.w.newHolds, h)
 	b.m.keysPer[saleUser{h.Sale, h.User}]++
+	b.m.useTicket(h.Hold)
 	b.put(h)
 	heap.Push(&b.m.due, dueHold{h.ExpiresAt, h.ID})
 	b.touched[pk] = p.available
+}
+
+// checkTicket verifies a reservation's admission ticket in a sale with a waiting room: signed
+// by a key of the cluster, not expired by this region's clock, and for this sale, buyer and
+// region (and, from a waitlist, this SKU). Whether it already backs another request key is
+// the writer's to decide (reserveOp.apply), with the hold. A sale without a waiting room
+// takes no ticket.
+func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (admission.Ticket, error) {
+	if !t.Admission.Waiting() {
+		if req.Ticket != "" {
+			return admission.Ticket{}, apierr.Invalid("ticket", "sale %s has no waiting room; send no ticket", req.Sale)
+		}
+		return admission.Ticket{}, nil
+	}
+	if req.Ticket == "" {
+		return admission.Ticket{}, fmt.Errorf("sale %s admits through its waiting room: a reservation needs a ticket: %w", req.Sale, ErrTicketInvalid)
+	}
+	var keys *admission.Keyring
+	if r.cfg.Tickets != nil {
+		keys = r.cfg.Tickets()
+	}
+	if keys == nil {
+		return admission.Ticket{}, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
+	}
+	tk, err := keys.Verify(req.Ticket, now)
+	if err != nil {
+		return admission.Ticket{}, err
+	}
+	if err := tk.Check(req.Sale, req.User, r.cfg.Name); err != nil {
+		return admission.Ticket{}, err
+	}
+	if tk.SKU != "" && tk.SKU != req.SKU {
+		return admission.Ticket{}, fmt.Errorf("the ticket is a waitlist offer of %s, not %s: %w", tk.SKU, req.SKU, ErrTicketInvalid)
+	}
+	return tk, nil
 }

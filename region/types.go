@@ -21,6 +21,8 @@ var (
 	ErrUnknownOutcome  = apierr.ErrUnknownOutcome
 	ErrAborted         = apierr.ErrAborted
 	ErrPaused          = apierr.ErrPaused
+	ErrTicketInvalid   = apierr.ErrTicketInvalid
+	ErrTicketUsed      = apierr.ErrTicketUsed
 )
 
 // HoldState is where a hold is in its life: held, then exactly one of sold, released or
@@ -48,6 +50,9 @@ type Hold struct {
 	CreatedAt  time.Time
 	ExpiresAt  time.Time
 	PaymentID  string
+	// Admission is the waiting room's admission whose ticket the hold was made with, or ""
+	// in a sale without one. No two holds of a sale share one.
+	Admission string
 }
 
 // SaleTerms are the rules of a sale as the coordinator published them to this region: the
@@ -61,6 +66,9 @@ type ReserveRequest struct {
 	User       string
 	Quantity   transfer.Units
 	RequestKey string
+	// Ticket is the admission ticket, required in a sale with a waiting room; it backs at
+	// most one RequestKey.
+	Ticket string
 }
 
 // ReserveResult is a granted reservation. Replayed is true when RequestKey matched an

@@ -33,6 +33,10 @@ func saleCmd() *cobra.Command {
 	f.Int64("per-user-limit", 2, "most units of each SKU one user may hold or buy")
 	f.Duration("hold-ttl", 2*time.Minute, "how long a hold waits for payment")
 	f.String("opens-at", "", "when reservations open (RFC3339); default now")
+	f.Int64("admit-rate", 0, "the waiting room: buyers admitted per second at each region, each with a ticket for one\n"+
+		"reservation and bound to that region for the sale (the per-user limit across regions); 0: no waiting room")
+	f.Duration("ticket-ttl", 0, "how long an admission ticket lasts (10s..1h); default 2m with a waiting room")
+	f.Int64("max-live-tickets", 0, "most tickets live at once at each region; default 30 s of --admit-rate")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
 	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
 	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow),
@@ -68,13 +72,17 @@ func parsePairs(flag string, items []string) ([]string, []int64, error) {
 }
 
 type saleJSON struct {
-	Sale         string     `json:"sale"`
-	PerUserLimit int64      `json:"per_user_limit"`
-	HoldTTL      string     `json:"hold_ttl"`
-	OpensAt      time.Time  `json:"opens_at"`
-	SKUs         []skuJSON  `json:"skus"`
-	Replayed     bool       `json:"replayed,omitempty"`
-	Transfers    []xferJSON `json:"transfers,omitempty"`
+	Sale         string    `json:"sale"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	HoldTTL      string    `json:"hold_ttl"`
+	OpensAt      time.Time `json:"opens_at"`
+	// AdmitRate is the waiting room's buyers per second at each region; 0: none.
+	AdmitRate      int64      `json:"admit_rate"`
+	TicketTTL      string     `json:"ticket_ttl,omitempty"`
+	MaxLiveTickets int64      `json:"max_live_tickets,omitempty"`
+	SKUs           []skuJSON  `json:"skus"`
+	Replayed       bool       `json:"replayed,omitempty"`
+	Transfers      []xferJSON `json:"transfers,omitempty"`
 	// Pauses are the sale's pauses in force (and resumes not yet at every region).
 	Pauses []pauseJSON `json:"pauses,omitempty"`
 }
@@ -103,7 +111,11 @@ type xferJSON struct {
 
 func toSaleJSON(s *quotav1.Sale) saleJSON {
 	out := saleJSON{Sale: s.GetSaleId(), PerUserLimit: s.GetPerUserLimit(),
-		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime()}
+		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime(),
+		AdmitRate: s.GetAdmitRate(), MaxLiveTickets: s.GetMaxLiveTickets()}
+	if s.GetAdmitRate() > 0 {
+		out.TicketTTL = (time.Duration(s.GetTicketTtlMs()) * time.Millisecond).String()
+	}
 	for _, k := range s.GetSkus() {
 		alloc := k.GetAllocated()
 		if alloc == nil {
@@ -124,6 +136,9 @@ func printSale(e *env, s saleJSON) error {
 			replayed = " (replayed)"
 		}
 		fmt.Fprintf(w, "sale %s: per-user limit %d, hold ttl %s, opens %s%s\n", s.Sale, s.PerUserLimit, s.HoldTTL, s.OpensAt.Format(time.RFC3339), replayed)
+		if s.AdmitRate > 0 {
+			fmt.Fprintf(w, "  waiting room: %d buyers/s per region, tickets last %s, at most %d live\n", s.AdmitRate, s.TicketTTL, s.MaxLiveTickets)
+		}
 		for _, k := range s.SKUs {
 			regions := make([]string, 0, len(k.Allocated))
 			for r := range k.Allocated {
@@ -262,7 +277,8 @@ func toXferJSON(t *quotav1.TransferInfo) xferJSON {
 
 func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 	req := &quotav1.CreateSaleRequest{SaleId: e.v.GetString("sale"), PerUserLimit: e.v.GetInt64("per-user-limit"),
-		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds()}
+		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds(), AdmitRate: e.v.GetInt64("admit-rate"),
+		TicketTtlMs: e.v.GetDuration("ticket-ttl").Milliseconds(), MaxLiveTickets: e.v.GetInt64("max-live-tickets")}
 	skus, err := e.cmd.Flags().GetStringArray("sku") // --sale and --sku are required: checkRequired
 	if err != nil {
 		return nil, err

@@ -86,7 +86,8 @@ func (p *Participant) Close() error {
 func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.SaleTerms) error {
 	_, err := p.client().PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{
 		SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
-		OpensAt: timestamppb.New(t.OpensAt)}})
+		OpensAt: timestamppb.New(t.OpensAt), AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
+		MaxLiveTickets: t.Admission.MaxLive}})
 	return apierr.FromStatus(err)
 }
 

@@ -22,7 +22,8 @@ type Server struct {
 
 func saleToProto(s coordinator.Sale) *quotav1.Sale {
 	out := &quotav1.Sale{SaleId: s.Terms.Sale, PerUserLimit: int64(s.Terms.PerUserLimit),
-		HoldTtlMs: s.Terms.HoldTTL.Milliseconds(), OpensAt: timestamppb.New(s.Terms.OpensAt), CreatedAt: timestamppb.New(s.CreatedAt)}
+		HoldTtlMs: s.Terms.HoldTTL.Milliseconds(), OpensAt: timestamppb.New(s.Terms.OpensAt), CreatedAt: timestamppb.New(s.CreatedAt),
+		AdmitRate: s.Terms.Admission.Rate, TicketTtlMs: s.Terms.Admission.TicketTTL.Milliseconds(), MaxLiveTickets: s.Terms.Admission.MaxLive}
 	for _, k := range s.SKUs {
 		alloc := map[string]int64{}
 		for r, u := range k.Allocated {
@@ -39,7 +40,9 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 // CreateSale implements CoordinatorService.
 func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (*quotav1.CreateSaleResponse, error) {
 	spec := coordinator.SaleSpec{Sale: req.GetSaleId(), PerUserLimit: transfer.Units(req.GetPerUserLimit()),
-		HoldTTL: time.Duration(req.GetHoldTtlMs()) * time.Millisecond}
+		HoldTTL: time.Duration(req.GetHoldTtlMs()) * time.Millisecond,
+		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), TicketTTL: time.Duration(req.GetTicketTtlMs()) * time.Millisecond,
+			MaxLive: req.GetMaxLiveTickets()}}
 	if req.GetOpensAt() != nil {
 		if err := req.GetOpensAt().CheckValid(); err != nil {
 			return nil, apierr.Invalid("opens_at", "%v", err)

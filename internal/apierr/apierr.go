@@ -51,6 +51,14 @@ var (
 	ErrTooManyKeys = errors.New("too many request keys")
 	// ErrPaused: the sale or SKU is paused (the kill switch); no new holds are made.
 	ErrPaused = errors.New("paused")
+	// ErrTicketInvalid: an admission ticket is badly signed, expired, or for another sale,
+	// user or region.
+	ErrTicketInvalid = errors.New("ticket invalid")
+	// ErrTicketUsed: the admission ticket already backs a reservation with another request key.
+	ErrTicketUsed = errors.New("ticket used")
+	// ErrBoundElsewhere: the buyer is admitted to this sale at another region, which alone
+	// serves them (the global per-user limit); BoundError names it.
+	ErrBoundElsewhere = errors.New("buyer bound to another region")
 )
 
 // InvalidError names the field of a bad request and why it is bad.
@@ -106,3 +114,18 @@ func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 func NotFound(field, value string) error {
 	return fmt.Errorf("%s %q: %w", field, value, ErrNotFound)
 }
+
+// BoundError is ErrBoundElsewhere with the region the buyer is bound to, so a storefront can
+// send the buyer there.
+type BoundError struct {
+	Sale   string
+	Region string
+}
+
+// Error names the sale and the region that serves the buyer.
+func (e *BoundError) Error() string {
+	return fmt.Sprintf("sale %s: this buyer was admitted at region %s, which alone serves them", e.Sale, e.Region)
+}
+
+// Unwrap makes errors.Is(err, ErrBoundElsewhere) hold.
+func (e *BoundError) Unwrap() error { return ErrBoundElsewhere }

@@ -20,31 +20,39 @@ type mapping struct {
 	err    error
 	code   codes.Code
 	reason string
+	// http is the HTTP status of the edge's answer: the mapping grpc-gateway and connect-go
+	// share for code, but for the outcomes of a sale's state a storefront acts on (sold out,
+	// exhausted, over the limit, a used ticket, not open, paused, bound elsewhere), which are
+	// 409 Conflict: the request was fine, the sale's state refuses it.
+	http int
 }
 
-// table is the single map from outcome to gRPC code (DESIGN.md §10). Order matters only
-// for errors wrapping several sentinels; the first match wins.
+// table is the single map from outcome to gRPC code, reason and HTTP status (DESIGN.md §10).
+// Order matters only for errors wrapping several sentinels; the first match wins.
 var table = []mapping{
-	{ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT"},
-	{ErrAborted, codes.Aborted, "ABORTED"}, // before the sentinels a batch's failure may wrap
-	{ErrSoldOut, codes.FailedPrecondition, "SOLD_OUT"},
-	{ErrRegionExhausted, codes.ResourceExhausted, "REGION_EXHAUSTED"},
-	{ErrLimitExceeded, codes.ResourceExhausted, "LIMIT_EXCEEDED"},
-	{ErrHoldExpired, codes.FailedPrecondition, "HOLD_EXPIRED"},
-	{ErrFenced, codes.FailedPrecondition, "FENCED"},
-	{ErrNotLeader, codes.Unavailable, "NOT_LEADER"},
-	{ErrAlreadyExists, codes.AlreadyExists, "ALREADY_EXISTS"},
-	{ErrNotFound, codes.NotFound, "NOT_FOUND"},
-	{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN"},
-	{ErrConflict, codes.FailedPrecondition, "CONFLICT"},
-	{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME"},
-	{ErrUnauthenticated, codes.Unauthenticated, "UNAUTHENTICATED"},
-	{ErrPermissionDenied, codes.PermissionDenied, "PERMISSION_DENIED"},
-	{ErrOverloaded, codes.ResourceExhausted, "OVERLOADED"},
-	{ErrTooManyKeys, codes.ResourceExhausted, "TOO_MANY_KEYS"},
-	{ErrPaused, codes.FailedPrecondition, "PAUSED"},
-	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME"},
-	{context.Canceled, codes.Canceled, "CANCELED"},
+	{ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT", 400},
+	{ErrAborted, codes.Aborted, "ABORTED", 409}, // before the sentinels a batch's failure may wrap
+	{ErrSoldOut, codes.FailedPrecondition, "SOLD_OUT", 409},
+	{ErrRegionExhausted, codes.ResourceExhausted, "REGION_EXHAUSTED", 409},
+	{ErrLimitExceeded, codes.ResourceExhausted, "LIMIT_EXCEEDED", 409},
+	{ErrHoldExpired, codes.FailedPrecondition, "HOLD_EXPIRED", 409},
+	{ErrFenced, codes.FailedPrecondition, "FENCED", 409},
+	{ErrNotLeader, codes.Unavailable, "NOT_LEADER", 503},
+	{ErrTicketUsed, codes.AlreadyExists, "TICKET_USED", 409}, // before ErrAlreadyExists
+	{ErrAlreadyExists, codes.AlreadyExists, "ALREADY_EXISTS", 409},
+	{ErrNotFound, codes.NotFound, "NOT_FOUND", 404},
+	{ErrNotOpen, codes.FailedPrecondition, "NOT_OPEN", 409},
+	{ErrConflict, codes.FailedPrecondition, "CONFLICT", 409},
+	{ErrUnknownOutcome, codes.Unavailable, "UNKNOWN_OUTCOME", 503},
+	{ErrUnauthenticated, codes.Unauthenticated, "UNAUTHENTICATED", 401},
+	{ErrTicketInvalid, codes.Unauthenticated, "TICKET_INVALID", 401},
+	{ErrPermissionDenied, codes.PermissionDenied, "PERMISSION_DENIED", 403},
+	{ErrOverloaded, codes.ResourceExhausted, "OVERLOADED", 429},
+	{ErrTooManyKeys, codes.ResourceExhausted, "TOO_MANY_KEYS", 429},
+	{ErrPaused, codes.FailedPrecondition, "PAUSED", 409},
+	{ErrBoundElsewhere, codes.FailedPrecondition, "BOUND_ELSEWHERE", 409},
+	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME", 504},
+	{context.Canceled, codes.Canceled, "CANCELED", 499},
 }
 
 // ToStatus turns an error from the domain packages into a gRPC status error with an
@@ -57,7 +65,7 @@ func ToStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	m := mapping{code: codes.Internal, reason: "INTERNAL"}
+	m := mapping{code: codes.Internal, reason: "INTERNAL", http: 500}
 	for _, t := range table {
 		if errors.Is(err, t.err) {
 			m = t
@@ -102,6 +110,10 @@ func build(err error, m mapping) error {
 	var nl *NotLeaderError
 	if errors.As(err, &nl) && nl.Leader != "" {
 		info.Metadata = map[string]string{"leader": nl.Leader}
+	}
+	var be *BoundError
+	if errors.As(err, &be) {
+		info.Metadata = map[string]string{"region": be.Region}
 	}
 	var over *OverloadedError
 	if errors.As(err, &over) {

@@ -22,6 +22,10 @@ var Methods = map[string][]Role{
 	"/quota.v1.RegionService/Release":        {Storefront},
 	"/quota.v1.RegionService/GetReservation": {Storefront, Operator, Auditor},
 	"/quota.v1.RegionService/GetStock":       {Storefront, Operator, Auditor},
+	"/quota.v1.RegionService/DescribeSale":   {Storefront, Operator, Auditor},
+	"/quota.v1.RegionService/Enter":          {Storefront},
+	"/quota.v1.RegionService/GetAdmission":   {Storefront},
+	"/quota.v1.RegionService/JoinWaitlist":   {Storefront},
 
 	// ParticipantService: the sale's terms and pauses and the transfer steps, for the
 	// coordinator alone.

@@ -18,6 +18,9 @@ type Server struct {
 	quotav1.UnimplementedRegionServiceServer
 	quotav1.UnimplementedParticipantServiceServer
 	R *region.Region
+	// D is the region's front door (waiting rooms and tickets); nil: the storefront calls of
+	// it answer CONFLICT, and Reserve goes to R directly.
+	D *region.Door
 }
 
 var holdStates = map[region.HoldState]quotav1.HoldState{
@@ -29,15 +32,19 @@ func toProto(h region.Hold) *quotav1.Reservation {
 	return &quotav1.Reservation{
 		HoldId: h.ID, SaleId: h.Sale, Sku: h.SKU, UserId: h.User, Quantity: int64(h.Quantity),
 		RequestKey: h.RequestKey, State: holdStates[h.State], ExpiresAt: timestamppb.New(h.ExpiresAt),
-		PaymentId: h.PaymentID, Region: h.Region,
+		PaymentId: h.PaymentID, Region: h.Region, AdmissionId: h.Admission,
 	}
 }
 
 // Reserve implements RegionService.
 func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
-	res, err := s.R.Reserve(ctx, region.ReserveRequest{
+	reserve := s.R.Reserve
+	if s.D != nil {
+		reserve = s.D.Reserve
+	}
+	res, err := reserve(ctx, region.ReserveRequest{
 		Sale: req.GetSaleId(), SKU: req.GetSku(), User: req.GetUserId(),
-		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(),
+		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(), Ticket: req.GetTicket(),
 	})
 	if err != nil {
 		return nil, err
@@ -102,6 +109,8 @@ func (s *Server) PutSale(ctx context.Context, req *quotav1.PutSaleRequest) (*quo
 	err := s.R.PutSale(ctx, req.GetGeneration(), region.SaleTerms{
 		Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
 		HoldTTL: time.Duration(t.GetHoldTtlMs()) * time.Millisecond, OpensAt: t.GetOpensAt().AsTime(),
+		Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), TicketTTL: time.Duration(t.GetTicketTtlMs()) * time.Millisecond,
+			MaxLive: t.GetMaxLiveTickets()},
 	})
 	if err != nil {
 		return nil, err

@@ -81,9 +81,16 @@ type CreateSaleRequest struct {
 	PerUserLimit int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
 	HoldTtlMs    int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
 	// opens_at unset means the sale is open at once.
-	OpensAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OpensAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	// admit_rate is the waiting room's rate at each region, buyers per second; 0: no waiting
+	// room (reservations need no ticket, and the per-user limit holds per region only).
+	AdmitRate int64 `protobuf:"varint,6,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	// ticket_ttl_ms is how long an admission ticket lasts; 0: the default (2 minutes).
+	TicketTtlMs int64 `protobuf:"varint,7,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
+	// max_live_tickets caps the tickets live at once at each region; 0: the default.
+	MaxLiveTickets int64 `protobuf:"varint,8,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateSaleRequest) Reset() {
@@ -151,6 +158,27 @@ func (x *CreateSaleRequest) GetOpensAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CreateSaleRequest) GetAdmitRate() int64 {
+	if x != nil {
+		return x.AdmitRate
+	}
+	return 0
+}
+
+func (x *CreateSaleRequest) GetTicketTtlMs() int64 {
+	if x != nil {
+		return x.TicketTtlMs
+	}
+	return 0
+}
+
+func (x *CreateSaleRequest) GetMaxLiveTickets() int64 {
+	if x != nil {
+		return x.MaxLiveTickets
+	}
+	return 0
+}
+
 type Sale struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -160,9 +188,12 @@ type Sale struct {
 	Skus         []*SkuLedger           `protobuf:"bytes,5,rep,name=skus,proto3" json:"skus,omitempty"`
 	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// pauses are the sale's pauses in force, and the resumes some region has not got yet.
-	Pauses        []*Pause `protobuf:"bytes,7,rep,name=pauses,proto3" json:"pauses,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pauses         []*Pause `protobuf:"bytes,7,rep,name=pauses,proto3" json:"pauses,omitempty"`
+	AdmitRate      int64    `protobuf:"varint,8,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	TicketTtlMs    int64    `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
+	MaxLiveTickets int64    `protobuf:"varint,10,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Sale) Reset() {
@@ -242,6 +273,27 @@ func (x *Sale) GetPauses() []*Pause {
 		return x.Pauses
 	}
 	return nil
+}
+
+func (x *Sale) GetAdmitRate() int64 {
+	if x != nil {
+		return x.AdmitRate
+	}
+	return 0
+}
+
+func (x *Sale) GetTicketTtlMs() int64 {
+	if x != nil {
+		return x.TicketTtlMs
+	}
+	return 0
+}
+
+func (x *Sale) GetMaxLiveTickets() int64 {
+	if x != nil {
+		return x.MaxLiveTickets
+	}
+	return 0
 }
 
 // Pause is one sale's (sku empty) or SKU's pause as the ledger records it.
@@ -2411,13 +2463,17 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x1aquota/v1/coordinator.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"2\n" +
 	"\bSkuTotal\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\x03R\x05total\"\xd1\x01\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\"\xbe\x02\n" +
 	"\x11CreateSaleRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12&\n" +
 	"\x04skus\x18\x02 \x03(\v2\x12.quota.v1.SkuTotalR\x04skus\x12$\n" +
 	"\x0eper_user_limit\x18\x03 \x01(\x03R\fperUserLimit\x12\x1e\n" +
 	"\vhold_ttl_ms\x18\x04 \x01(\x03R\tholdTtlMs\x125\n" +
-	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\"\xa9\x02\n" +
+	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\x12\x1d\n" +
+	"\n" +
+	"admit_rate\x18\x06 \x01(\x03R\tadmitRate\x12\"\n" +
+	"\rticket_ttl_ms\x18\a \x01(\x03R\vticketTtlMs\x12(\n" +
+	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\"\x96\x03\n" +
 	"\x04Sale\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12$\n" +
 	"\x0eper_user_limit\x18\x02 \x01(\x03R\fperUserLimit\x12\x1e\n" +
@@ -2426,7 +2482,12 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x04skus\x18\x05 \x03(\v2\x13.quota.v1.SkuLedgerR\x04skus\x129\n" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12'\n" +
-	"\x06pauses\x18\a \x03(\v2\x0f.quota.v1.PauseR\x06pauses\"\xd9\x01\n" +
+	"\x06pauses\x18\a \x03(\v2\x0f.quota.v1.PauseR\x06pauses\x12\x1d\n" +
+	"\n" +
+	"admit_rate\x18\b \x01(\x03R\tadmitRate\x12\"\n" +
+	"\rticket_ttl_ms\x18\t \x01(\x03R\vticketTtlMs\x12(\n" +
+	"\x10max_live_tickets\x18\n" +
+	" \x01(\x03R\x0emaxLiveTickets\"\xd9\x01\n" +
 	"\x05Pause\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +

@@ -23,14 +23,21 @@ const (
 )
 
 type SaleTerms struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
-	Skus          []string               `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
-	PerUserLimit  int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
-	HoldTtlMs     int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
-	OpensAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Skus         []string               `protobuf:"bytes,2,rep,name=skus,proto3" json:"skus,omitempty"`
+	PerUserLimit int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
+	HoldTtlMs    int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
+	OpensAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	// admit_rate is the waiting room's rate at each region, buyers per second; 0: no waiting
+	// room, and a reservation needs no ticket.
+	AdmitRate int64 `protobuf:"varint,6,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	// ticket_ttl_ms is how long an admission ticket lasts.
+	TicketTtlMs int64 `protobuf:"varint,7,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
+	// max_live_tickets is the most tickets a region has issued and not yet seen used or expire.
+	MaxLiveTickets int64 `protobuf:"varint,8,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SaleTerms) Reset() {
@@ -96,6 +103,27 @@ func (x *SaleTerms) GetOpensAt() *timestamppb.Timestamp {
 		return x.OpensAt
 	}
 	return nil
+}
+
+func (x *SaleTerms) GetAdmitRate() int64 {
+	if x != nil {
+		return x.AdmitRate
+	}
+	return 0
+}
+
+func (x *SaleTerms) GetTicketTtlMs() int64 {
+	if x != nil {
+		return x.TicketTtlMs
+	}
+	return 0
+}
+
+func (x *SaleTerms) GetMaxLiveTickets() int64 {
+	if x != nil {
+		return x.MaxLiveTickets
+	}
+	return 0
 }
 
 type PutSaleRequest struct {
@@ -1140,13 +1168,17 @@ var File_quota_v1_participant_proto protoreflect.FileDescriptor
 
 const file_quota_v1_participant_proto_rawDesc = "" +
 	"\n" +
-	"\x1aquota/v1/participant.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n" +
+	"\x1aquota/v1/participant.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x02\n" +
 	"\tSaleTerms\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x12\n" +
 	"\x04skus\x18\x02 \x03(\tR\x04skus\x12$\n" +
 	"\x0eper_user_limit\x18\x03 \x01(\x03R\fperUserLimit\x12\x1e\n" +
 	"\vhold_ttl_ms\x18\x04 \x01(\x03R\tholdTtlMs\x125\n" +
-	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\"Y\n" +
+	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\x12\x1d\n" +
+	"\n" +
+	"admit_rate\x18\x06 \x01(\x03R\tadmitRate\x12\"\n" +
+	"\rticket_ttl_ms\x18\a \x01(\x03R\vticketTtlMs\x12(\n" +
+	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\"Y\n" +
 	"\x0ePutSaleRequest\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +

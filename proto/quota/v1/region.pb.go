@@ -130,18 +130,84 @@ func (ConfirmOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_quota_v1_region_proto_rawDescGZIP(), []int{1}
 }
 
+// AdmissionState is where a buyer is in the waiting room or on a waitlist.
+type AdmissionState int32
+
+const (
+	AdmissionState_ADMISSION_STATE_UNSPECIFIED AdmissionState = 0
+	// ADMISSION_STATE_QUEUED: waiting; position and estimated_wait_ms say how long.
+	AdmissionState_ADMISSION_STATE_QUEUED AdmissionState = 1
+	// ADMISSION_STATE_ADMITTED: ticket is set until expires_at.
+	AdmissionState_ADMISSION_STATE_ADMITTED AdmissionState = 2
+	// ADMISSION_STATE_USED: the ticket backs a reservation.
+	AdmissionState_ADMISSION_STATE_USED AdmissionState = 3
+	// ADMISSION_STATE_EXPIRED: the ticket expired unused; entering again queues anew.
+	AdmissionState_ADMISSION_STATE_EXPIRED AdmissionState = 4
+	// ADMISSION_STATE_CLOSED: the sale sold out or was paused; reason says which.
+	AdmissionState_ADMISSION_STATE_CLOSED AdmissionState = 5
+)
+
+// Enum value maps for AdmissionState.
+var (
+	AdmissionState_name = map[int32]string{
+		0: "ADMISSION_STATE_UNSPECIFIED",
+		1: "ADMISSION_STATE_QUEUED",
+		2: "ADMISSION_STATE_ADMITTED",
+		3: "ADMISSION_STATE_USED",
+		4: "ADMISSION_STATE_EXPIRED",
+		5: "ADMISSION_STATE_CLOSED",
+	}
+	AdmissionState_value = map[string]int32{
+		"ADMISSION_STATE_UNSPECIFIED": 0,
+		"ADMISSION_STATE_QUEUED":      1,
+		"ADMISSION_STATE_ADMITTED":    2,
+		"ADMISSION_STATE_USED":        3,
+		"ADMISSION_STATE_EXPIRED":     4,
+		"ADMISSION_STATE_CLOSED":      5,
+	}
+)
+
+func (x AdmissionState) Enum() *AdmissionState {
+	p := new(AdmissionState)
+	*p = x
+	return p
+}
+
+func (x AdmissionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AdmissionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_quota_v1_region_proto_enumTypes[2].Descriptor()
+}
+
+func (AdmissionState) Type() protoreflect.EnumType {
+	return &file_quota_v1_region_proto_enumTypes[2]
+}
+
+func (x AdmissionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AdmissionState.Descriptor instead.
+func (AdmissionState) EnumDescriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{2}
+}
+
 type Reservation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HoldId        string                 `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
-	SaleId        string                 `protobuf:"bytes,2,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
-	Sku           string                 `protobuf:"bytes,3,opt,name=sku,proto3" json:"sku,omitempty"`
-	UserId        string                 `protobuf:"bytes,4,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
-	Quantity      int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
-	RequestKey    string                 `protobuf:"bytes,6,opt,name=request_key,json=requestKey,proto3" json:"request_key,omitempty"`
-	State         HoldState              `protobuf:"varint,7,opt,name=state,proto3,enum=quota.v1.HoldState" json:"state,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	PaymentId     string                 `protobuf:"bytes,9,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
-	Region        string                 `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	HoldId     string                 `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	SaleId     string                 `protobuf:"bytes,2,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku        string                 `protobuf:"bytes,3,opt,name=sku,proto3" json:"sku,omitempty"`
+	UserId     string                 `protobuf:"bytes,4,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Quantity   int64                  `protobuf:"varint,5,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	RequestKey string                 `protobuf:"bytes,6,opt,name=request_key,json=requestKey,proto3" json:"request_key,omitempty"`
+	State      HoldState              `protobuf:"varint,7,opt,name=state,proto3,enum=quota.v1.HoldState" json:"state,omitempty"`
+	ExpiresAt  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	PaymentId  string                 `protobuf:"bytes,9,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
+	Region     string                 `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
+	// admission_id is the admission whose ticket made the hold, in a sale with a waiting room.
+	AdmissionId   string `protobuf:"bytes,11,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -246,6 +312,13 @@ func (x *Reservation) GetRegion() string {
 	return ""
 }
 
+func (x *Reservation) GetAdmissionId() string {
+	if x != nil {
+		return x.AdmissionId
+	}
+	return ""
+}
+
 type ReserveRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	SaleId   string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -253,7 +326,10 @@ type ReserveRequest struct {
 	UserId   string                 `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
 	Quantity int64                  `protobuf:"varint,4,opt,name=quantity,proto3" json:"quantity,omitempty"`
 	// request_key makes the call idempotent per (sale_id, user_id).
-	RequestKey    string `protobuf:"bytes,5,opt,name=request_key,json=requestKey,proto3" json:"request_key,omitempty"`
+	RequestKey string `protobuf:"bytes,5,opt,name=request_key,json=requestKey,proto3" json:"request_key,omitempty"`
+	// ticket is the admission ticket; required when the sale has a waiting room. It backs at
+	// most one request_key.
+	Ticket        string `protobuf:"bytes,6,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +395,13 @@ func (x *ReserveRequest) GetQuantity() int64 {
 func (x *ReserveRequest) GetRequestKey() string {
 	if x != nil {
 		return x.RequestKey
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetTicket() string {
+	if x != nil {
+		return x.Ticket
 	}
 	return ""
 }
@@ -852,11 +935,679 @@ func (x *GetStockResponse) GetPools() []*Pool {
 	return nil
 }
 
+type DescribeSaleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeSaleRequest) Reset() {
+	*x = DescribeSaleRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeSaleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeSaleRequest) ProtoMessage() {}
+
+func (x *DescribeSaleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeSaleRequest.ProtoReflect.Descriptor instead.
+func (*DescribeSaleRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DescribeSaleRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+type SkuView struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sku     string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	SoldOut bool                   `protobuf:"varint,2,opt,name=sold_out,json=soldOut,proto3" json:"sold_out,omitempty"`
+	// available is this region's count for display, as of the last commit; it decides nothing.
+	Available     int64 `protobuf:"varint,3,opt,name=available,proto3" json:"available,omitempty"`
+	Paused        bool  `protobuf:"varint,4,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkuView) Reset() {
+	*x = SkuView{}
+	mi := &file_quota_v1_region_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkuView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkuView) ProtoMessage() {}
+
+func (x *SkuView) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkuView.ProtoReflect.Descriptor instead.
+func (*SkuView) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SkuView) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *SkuView) GetSoldOut() bool {
+	if x != nil {
+		return x.SoldOut
+	}
+	return false
+}
+
+func (x *SkuView) GetAvailable() int64 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
+func (x *SkuView) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+type DescribeSaleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	PerUserLimit  int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
+	HoldTtlMs     int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
+	OpensAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	Paused        bool                   `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
+	AdmitRate     int64                  `protobuf:"varint,8,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	TicketTtlMs   int64                  `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
+	Skus          []*SkuView             `protobuf:"bytes,10,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeSaleResponse) Reset() {
+	*x = DescribeSaleResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeSaleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeSaleResponse) ProtoMessage() {}
+
+func (x *DescribeSaleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeSaleResponse.ProtoReflect.Descriptor instead.
+func (*DescribeSaleResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DescribeSaleResponse) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *DescribeSaleResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *DescribeSaleResponse) GetPerUserLimit() int64 {
+	if x != nil {
+		return x.PerUserLimit
+	}
+	return 0
+}
+
+func (x *DescribeSaleResponse) GetHoldTtlMs() int64 {
+	if x != nil {
+		return x.HoldTtlMs
+	}
+	return 0
+}
+
+func (x *DescribeSaleResponse) GetOpensAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpensAt
+	}
+	return nil
+}
+
+func (x *DescribeSaleResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *DescribeSaleResponse) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *DescribeSaleResponse) GetAdmitRate() int64 {
+	if x != nil {
+		return x.AdmitRate
+	}
+	return 0
+}
+
+func (x *DescribeSaleResponse) GetTicketTtlMs() int64 {
+	if x != nil {
+		return x.TicketTtlMs
+	}
+	return 0
+}
+
+func (x *DescribeSaleResponse) GetSkus() []*SkuView {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+type Admission struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	AdmissionId     string                 `protobuf:"bytes,1,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	SaleId          string                 `protobuf:"bytes,2,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	UserId          string                 `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	State           AdmissionState         `protobuf:"varint,4,opt,name=state,proto3,enum=quota.v1.AdmissionState" json:"state,omitempty"`
+	Position        int64                  `protobuf:"varint,5,opt,name=position,proto3" json:"position,omitempty"`
+	EstimatedWaitMs int64                  `protobuf:"varint,6,opt,name=estimated_wait_ms,json=estimatedWaitMs,proto3" json:"estimated_wait_ms,omitempty"`
+	RetryAfterMs    int64                  `protobuf:"varint,7,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	Ticket          string                 `protobuf:"bytes,8,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Region          string                 `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
+	Reason          string                 `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// sku is set on a waitlist's admission: its ticket takes units of that SKU only.
+	Sku           string `protobuf:"bytes,12,opt,name=sku,proto3" json:"sku,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Admission) Reset() {
+	*x = Admission{}
+	mi := &file_quota_v1_region_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Admission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Admission) ProtoMessage() {}
+
+func (x *Admission) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Admission.ProtoReflect.Descriptor instead.
+func (*Admission) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Admission) GetAdmissionId() string {
+	if x != nil {
+		return x.AdmissionId
+	}
+	return ""
+}
+
+func (x *Admission) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *Admission) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *Admission) GetState() AdmissionState {
+	if x != nil {
+		return x.State
+	}
+	return AdmissionState_ADMISSION_STATE_UNSPECIFIED
+}
+
+func (x *Admission) GetPosition() int64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *Admission) GetEstimatedWaitMs() int64 {
+	if x != nil {
+		return x.EstimatedWaitMs
+	}
+	return 0
+}
+
+func (x *Admission) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *Admission) GetTicket() string {
+	if x != nil {
+		return x.Ticket
+	}
+	return ""
+}
+
+func (x *Admission) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Admission) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Admission) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Admission) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+type EnterRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	UserId string                 `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	// client_address is the buyer's address as the storefront saw it, for the per-address
+	// rate limit; only the storefront role may set it.
+	ClientAddress string `protobuf:"bytes,3,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnterRequest) Reset() {
+	*x = EnterRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnterRequest) ProtoMessage() {}
+
+func (x *EnterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnterRequest.ProtoReflect.Descriptor instead.
+func (*EnterRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EnterRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *EnterRequest) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *EnterRequest) GetClientAddress() string {
+	if x != nil {
+		return x.ClientAddress
+	}
+	return ""
+}
+
+type EnterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Admission     *Admission             `protobuf:"bytes,1,opt,name=admission,proto3" json:"admission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnterResponse) Reset() {
+	*x = EnterResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnterResponse) ProtoMessage() {}
+
+func (x *EnterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnterResponse.ProtoReflect.Descriptor instead.
+func (*EnterResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EnterResponse) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
+type GetAdmissionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	AdmissionId   string                 `protobuf:"bytes,2,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAdmissionRequest) Reset() {
+	*x = GetAdmissionRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAdmissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAdmissionRequest) ProtoMessage() {}
+
+func (x *GetAdmissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAdmissionRequest.ProtoReflect.Descriptor instead.
+func (*GetAdmissionRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetAdmissionRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *GetAdmissionRequest) GetAdmissionId() string {
+	if x != nil {
+		return x.AdmissionId
+	}
+	return ""
+}
+
+type GetAdmissionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Admission     *Admission             `protobuf:"bytes,1,opt,name=admission,proto3" json:"admission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAdmissionResponse) Reset() {
+	*x = GetAdmissionResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAdmissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAdmissionResponse) ProtoMessage() {}
+
+func (x *GetAdmissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAdmissionResponse.ProtoReflect.Descriptor instead.
+func (*GetAdmissionResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetAdmissionResponse) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
+type JoinWaitlistRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	UserId        string                 `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,3,opt,name=sku,proto3" json:"sku,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinWaitlistRequest) Reset() {
+	*x = JoinWaitlistRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinWaitlistRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinWaitlistRequest) ProtoMessage() {}
+
+func (x *JoinWaitlistRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinWaitlistRequest.ProtoReflect.Descriptor instead.
+func (*JoinWaitlistRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *JoinWaitlistRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *JoinWaitlistRequest) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *JoinWaitlistRequest) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+type JoinWaitlistResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Admission     *Admission             `protobuf:"bytes,1,opt,name=admission,proto3" json:"admission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinWaitlistResponse) Reset() {
+	*x = JoinWaitlistResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinWaitlistResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinWaitlistResponse) ProtoMessage() {}
+
+func (x *JoinWaitlistResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinWaitlistResponse.ProtoReflect.Descriptor instead.
+func (*JoinWaitlistResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *JoinWaitlistResponse) GetAdmission() *Admission {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
 var File_quota_v1_region_proto protoreflect.FileDescriptor
 
 const file_quota_v1_region_proto_rawDesc = "" +
 	"\n" +
-	"\x15quota/v1/region.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x02\n" +
+	"\x15quota/v1/region.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
 	"\vReservation\x12\x17\n" +
 	"\ahold_id\x18\x01 \x01(\tR\x06holdId\x12\x17\n" +
 	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x10\n" +
@@ -871,14 +1622,16 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\n" +
 	"payment_id\x18\t \x01(\tR\tpaymentId\x12\x16\n" +
 	"\x06region\x18\n" +
-	" \x01(\tR\x06region\"\x91\x01\n" +
+	" \x01(\tR\x06region\x12!\n" +
+	"\fadmission_id\x18\v \x01(\tR\vadmissionId\"\xa9\x01\n" +
 	"\x0eReserveRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x17\n" +
 	"\auser_id\x18\x03 \x01(\tR\x06userId\x12\x1a\n" +
 	"\bquantity\x18\x04 \x01(\x03R\bquantity\x12\x1f\n" +
 	"\vrequest_key\x18\x05 \x01(\tR\n" +
-	"requestKey\"f\n" +
+	"requestKey\x12\x16\n" +
+	"\x06ticket\x18\x06 \x01(\tR\x06ticket\"f\n" +
 	"\x0fReserveResponse\x127\n" +
 	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\x12\x1a\n" +
 	"\breplayed\x18\x02 \x01(\bR\breplayed\"H\n" +
@@ -912,7 +1665,60 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"debitedOut\"Q\n" +
 	"\x10GetStockResponse\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12$\n" +
-	"\x05pools\x18\x02 \x03(\v2\x0e.quota.v1.PoolR\x05pools*\x82\x01\n" +
+	"\x05pools\x18\x02 \x03(\v2\x0e.quota.v1.PoolR\x05pools\".\n" +
+	"\x13DescribeSaleRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\"l\n" +
+	"\aSkuView\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x19\n" +
+	"\bsold_out\x18\x02 \x01(\bR\asoldOut\x12\x1c\n" +
+	"\tavailable\x18\x03 \x01(\x03R\tavailable\x12\x16\n" +
+	"\x06paused\x18\x04 \x01(\bR\x06paused\"\x83\x03\n" +
+	"\x14DescribeSaleResponse\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12$\n" +
+	"\x0eper_user_limit\x18\x03 \x01(\x03R\fperUserLimit\x12\x1e\n" +
+	"\vhold_ttl_ms\x18\x04 \x01(\x03R\tholdTtlMs\x125\n" +
+	"\bopens_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\x12;\n" +
+	"\vserver_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x12\x16\n" +
+	"\x06paused\x18\a \x01(\bR\x06paused\x12\x1d\n" +
+	"\n" +
+	"admit_rate\x18\b \x01(\x03R\tadmitRate\x12\"\n" +
+	"\rticket_ttl_ms\x18\t \x01(\x03R\vticketTtlMs\x12%\n" +
+	"\x04skus\x18\n" +
+	" \x03(\v2\x11.quota.v1.SkuViewR\x04skus\"\x93\x03\n" +
+	"\tAdmission\x12!\n" +
+	"\fadmission_id\x18\x01 \x01(\tR\vadmissionId\x12\x17\n" +
+	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x17\n" +
+	"\auser_id\x18\x03 \x01(\tR\x06userId\x12.\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x18.quota.v1.AdmissionStateR\x05state\x12\x1a\n" +
+	"\bposition\x18\x05 \x01(\x03R\bposition\x12*\n" +
+	"\x11estimated_wait_ms\x18\x06 \x01(\x03R\x0festimatedWaitMs\x12$\n" +
+	"\x0eretry_after_ms\x18\a \x01(\x03R\fretryAfterMs\x12\x16\n" +
+	"\x06ticket\x18\b \x01(\tR\x06ticket\x129\n" +
+	"\n" +
+	"expires_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x16\n" +
+	"\x06region\x18\n" +
+	" \x01(\tR\x06region\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x10\n" +
+	"\x03sku\x18\f \x01(\tR\x03sku\"g\n" +
+	"\fEnterRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\x12%\n" +
+	"\x0eclient_address\x18\x03 \x01(\tR\rclientAddress\"B\n" +
+	"\rEnterResponse\x121\n" +
+	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"Q\n" +
+	"\x13GetAdmissionRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12!\n" +
+	"\fadmission_id\x18\x02 \x01(\tR\vadmissionId\"I\n" +
+	"\x14GetAdmissionResponse\x121\n" +
+	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"Y\n" +
+	"\x13JoinWaitlistRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x10\n" +
+	"\x03sku\x18\x03 \x01(\tR\x03sku\"I\n" +
+	"\x14JoinWaitlistResponse\x121\n" +
+	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission*\x82\x01\n" +
 	"\tHoldState\x12\x1a\n" +
 	"\x16HOLD_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fHOLD_STATE_HELD\x10\x01\x12\x13\n" +
@@ -922,13 +1728,24 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x0eConfirmOutcome\x12\x1f\n" +
 	"\x1bCONFIRM_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CONFIRM_OUTCOME_SOLD\x10\x01\x12\x1a\n" +
-	"\x16CONFIRM_OUTCOME_REFUND\x10\x022\xe7\x02\n" +
+	"\x16CONFIRM_OUTCOME_REFUND\x10\x02*\xbe\x01\n" +
+	"\x0eAdmissionState\x12\x1f\n" +
+	"\x1bADMISSION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16ADMISSION_STATE_QUEUED\x10\x01\x12\x1c\n" +
+	"\x18ADMISSION_STATE_ADMITTED\x10\x02\x12\x18\n" +
+	"\x14ADMISSION_STATE_USED\x10\x03\x12\x1b\n" +
+	"\x17ADMISSION_STATE_EXPIRED\x10\x04\x12\x1a\n" +
+	"\x16ADMISSION_STATE_CLOSED\x10\x052\x8e\x05\n" +
 	"\rRegionService\x12>\n" +
 	"\aReserve\x12\x18.quota.v1.ReserveRequest\x1a\x19.quota.v1.ReserveResponse\x12>\n" +
 	"\aConfirm\x12\x18.quota.v1.ConfirmRequest\x1a\x19.quota.v1.ConfirmResponse\x12>\n" +
 	"\aRelease\x12\x18.quota.v1.ReleaseRequest\x1a\x19.quota.v1.ReleaseResponse\x12S\n" +
 	"\x0eGetReservation\x12\x1f.quota.v1.GetReservationRequest\x1a .quota.v1.GetReservationResponse\x12A\n" +
-	"\bGetStock\x12\x19.quota.v1.GetStockRequest\x1a\x1a.quota.v1.GetStockResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\bGetStock\x12\x19.quota.v1.GetStockRequest\x1a\x1a.quota.v1.GetStockResponse\x12M\n" +
+	"\fDescribeSale\x12\x1d.quota.v1.DescribeSaleRequest\x1a\x1e.quota.v1.DescribeSaleResponse\x128\n" +
+	"\x05Enter\x12\x16.quota.v1.EnterRequest\x1a\x17.quota.v1.EnterResponse\x12M\n" +
+	"\fGetAdmission\x12\x1d.quota.v1.GetAdmissionRequest\x1a\x1e.quota.v1.GetAdmissionResponse\x12M\n" +
+	"\fJoinWaitlist\x12\x1d.quota.v1.JoinWaitlistRequest\x1a\x1e.quota.v1.JoinWaitlistResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_region_proto_rawDescOnce sync.Once
@@ -942,49 +1759,76 @@ func file_quota_v1_region_proto_rawDescGZIP() []byte {
 	return file_quota_v1_region_proto_rawDescData
 }
 
-var file_quota_v1_region_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_quota_v1_region_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_quota_v1_region_proto_goTypes = []any{
 	(HoldState)(0),                 // 0: quota.v1.HoldState
 	(ConfirmOutcome)(0),            // 1: quota.v1.ConfirmOutcome
-	(*Reservation)(nil),            // 2: quota.v1.Reservation
-	(*ReserveRequest)(nil),         // 3: quota.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 4: quota.v1.ReserveResponse
-	(*ConfirmRequest)(nil),         // 5: quota.v1.ConfirmRequest
-	(*ConfirmResponse)(nil),        // 6: quota.v1.ConfirmResponse
-	(*ReleaseRequest)(nil),         // 7: quota.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 8: quota.v1.ReleaseResponse
-	(*GetReservationRequest)(nil),  // 9: quota.v1.GetReservationRequest
-	(*GetReservationResponse)(nil), // 10: quota.v1.GetReservationResponse
-	(*GetStockRequest)(nil),        // 11: quota.v1.GetStockRequest
-	(*Pool)(nil),                   // 12: quota.v1.Pool
-	(*GetStockResponse)(nil),       // 13: quota.v1.GetStockResponse
-	(*timestamppb.Timestamp)(nil),  // 14: google.protobuf.Timestamp
+	(AdmissionState)(0),            // 2: quota.v1.AdmissionState
+	(*Reservation)(nil),            // 3: quota.v1.Reservation
+	(*ReserveRequest)(nil),         // 4: quota.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 5: quota.v1.ReserveResponse
+	(*ConfirmRequest)(nil),         // 6: quota.v1.ConfirmRequest
+	(*ConfirmResponse)(nil),        // 7: quota.v1.ConfirmResponse
+	(*ReleaseRequest)(nil),         // 8: quota.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 9: quota.v1.ReleaseResponse
+	(*GetReservationRequest)(nil),  // 10: quota.v1.GetReservationRequest
+	(*GetReservationResponse)(nil), // 11: quota.v1.GetReservationResponse
+	(*GetStockRequest)(nil),        // 12: quota.v1.GetStockRequest
+	(*Pool)(nil),                   // 13: quota.v1.Pool
+	(*GetStockResponse)(nil),       // 14: quota.v1.GetStockResponse
+	(*DescribeSaleRequest)(nil),    // 15: quota.v1.DescribeSaleRequest
+	(*SkuView)(nil),                // 16: quota.v1.SkuView
+	(*DescribeSaleResponse)(nil),   // 17: quota.v1.DescribeSaleResponse
+	(*Admission)(nil),              // 18: quota.v1.Admission
+	(*EnterRequest)(nil),           // 19: quota.v1.EnterRequest
+	(*EnterResponse)(nil),          // 20: quota.v1.EnterResponse
+	(*GetAdmissionRequest)(nil),    // 21: quota.v1.GetAdmissionRequest
+	(*GetAdmissionResponse)(nil),   // 22: quota.v1.GetAdmissionResponse
+	(*JoinWaitlistRequest)(nil),    // 23: quota.v1.JoinWaitlistRequest
+	(*JoinWaitlistResponse)(nil),   // 24: quota.v1.JoinWaitlistResponse
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
 }
 var file_quota_v1_region_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.Reservation.state:type_name -> quota.v1.HoldState
-	14, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 2: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
+	25, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 2: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
 	1,  // 3: quota.v1.ConfirmResponse.outcome:type_name -> quota.v1.ConfirmOutcome
-	2,  // 4: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
-	2,  // 5: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
-	2,  // 6: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
-	12, // 7: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
-	3,  // 8: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
-	5,  // 9: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
-	7,  // 10: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
-	9,  // 11: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
-	11, // 12: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
-	4,  // 13: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
-	6,  // 14: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
-	8,  // 15: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
-	10, // 16: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
-	13, // 17: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 4: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 5: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 6: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
+	13, // 7: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
+	25, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
+	25, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
+	16, // 10: quota.v1.DescribeSaleResponse.skus:type_name -> quota.v1.SkuView
+	2,  // 11: quota.v1.Admission.state:type_name -> quota.v1.AdmissionState
+	25, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 13: quota.v1.EnterResponse.admission:type_name -> quota.v1.Admission
+	18, // 14: quota.v1.GetAdmissionResponse.admission:type_name -> quota.v1.Admission
+	18, // 15: quota.v1.JoinWaitlistResponse.admission:type_name -> quota.v1.Admission
+	4,  // 16: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
+	6,  // 17: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
+	8,  // 18: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
+	10, // 19: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
+	12, // 20: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
+	15, // 21: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
+	19, // 22: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
+	21, // 23: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
+	23, // 24: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
+	5,  // 25: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
+	7,  // 26: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
+	9,  // 27: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
+	11, // 28: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
+	14, // 29: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
+	17, // 30: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
+	20, // 31: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
+	22, // 32: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
+	24, // 33: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_region_proto_init() }
@@ -997,8 +1841,8 @@ func file_quota_v1_region_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_region_proto_rawDesc), len(file_quota_v1_region_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   12,
+			NumEnums:      3,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,10 @@ const (
 	RegionService_Release_FullMethodName        = "/quota.v1.RegionService/Release"
 	RegionService_GetReservation_FullMethodName = "/quota.v1.RegionService/GetReservation"
 	RegionService_GetStock_FullMethodName       = "/quota.v1.RegionService/GetStock"
+	RegionService_DescribeSale_FullMethodName   = "/quota.v1.RegionService/DescribeSale"
+	RegionService_Enter_FullMethodName          = "/quota.v1.RegionService/Enter"
+	RegionService_GetAdmission_FullMethodName   = "/quota.v1.RegionService/GetAdmission"
+	RegionService_JoinWaitlist_FullMethodName   = "/quota.v1.RegionService/JoinWaitlist"
 )
 
 // RegionServiceClient is the client API for RegionService service.
@@ -42,6 +46,17 @@ type RegionServiceClient interface {
 	GetReservation(ctx context.Context, in *GetReservationRequest, opts ...grpc.CallOption) (*GetReservationResponse, error)
 	// GetStock reads this region's pools for a sale.
 	GetStock(ctx context.Context, in *GetStockRequest, opts ...grpc.CallOption) (*GetStockResponse, error)
+	// DescribeSale is a sale as a storefront shows it: terms, opening, pause and per SKU
+	// sold-out flags and approximate counts. It decides nothing.
+	DescribeSale(ctx context.Context, in *DescribeSaleRequest, opts ...grpc.CallOption) (*DescribeSaleResponse, error)
+	// Enter puts a buyer in the sale's waiting room at this region, or returns the place they
+	// have; once admitted, the admission carries a ticket for one reservation.
+	Enter(ctx context.Context, in *EnterRequest, opts ...grpc.CallOption) (*EnterResponse, error)
+	// GetAdmission polls an admission; it reads memory only.
+	GetAdmission(ctx context.Context, in *GetAdmissionRequest, opts ...grpc.CallOption) (*GetAdmissionResponse, error)
+	// JoinWaitlist puts a buyer on a sold-out SKU's waitlist: units that come back are
+	// offered to it in order, each offer an admission with a ticket.
+	JoinWaitlist(ctx context.Context, in *JoinWaitlistRequest, opts ...grpc.CallOption) (*JoinWaitlistResponse, error)
 }
 
 type regionServiceClient struct {
@@ -102,6 +117,46 @@ func (c *regionServiceClient) GetStock(ctx context.Context, in *GetStockRequest,
 	return out, nil
 }
 
+func (c *regionServiceClient) DescribeSale(ctx context.Context, in *DescribeSaleRequest, opts ...grpc.CallOption) (*DescribeSaleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeSaleResponse)
+	err := c.cc.Invoke(ctx, RegionService_DescribeSale_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionServiceClient) Enter(ctx context.Context, in *EnterRequest, opts ...grpc.CallOption) (*EnterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnterResponse)
+	err := c.cc.Invoke(ctx, RegionService_Enter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionServiceClient) GetAdmission(ctx context.Context, in *GetAdmissionRequest, opts ...grpc.CallOption) (*GetAdmissionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetAdmissionResponse)
+	err := c.cc.Invoke(ctx, RegionService_GetAdmission_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *regionServiceClient) JoinWaitlist(ctx context.Context, in *JoinWaitlistRequest, opts ...grpc.CallOption) (*JoinWaitlistResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinWaitlistResponse)
+	err := c.cc.Invoke(ctx, RegionService_JoinWaitlist_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionServiceServer is the server API for RegionService service.
 // All implementations must embed UnimplementedRegionServiceServer
 // for forward compatibility.
@@ -118,6 +173,17 @@ type RegionServiceServer interface {
 	GetReservation(context.Context, *GetReservationRequest) (*GetReservationResponse, error)
 	// GetStock reads this region's pools for a sale.
 	GetStock(context.Context, *GetStockRequest) (*GetStockResponse, error)
+	// DescribeSale is a sale as a storefront shows it: terms, opening, pause and per SKU
+	// sold-out flags and approximate counts. It decides nothing.
+	DescribeSale(context.Context, *DescribeSaleRequest) (*DescribeSaleResponse, error)
+	// Enter puts a buyer in the sale's waiting room at this region, or returns the place they
+	// have; once admitted, the admission carries a ticket for one reservation.
+	Enter(context.Context, *EnterRequest) (*EnterResponse, error)
+	// GetAdmission polls an admission; it reads memory only.
+	GetAdmission(context.Context, *GetAdmissionRequest) (*GetAdmissionResponse, error)
+	// JoinWaitlist puts a buyer on a sold-out SKU's waitlist: units that come back are
+	// offered to it in order, each offer an admission with a ticket.
+	JoinWaitlist(context.Context, *JoinWaitlistRequest) (*JoinWaitlistResponse, error)
 	mustEmbedUnimplementedRegionServiceServer()
 }
 
@@ -142,6 +208,18 @@ func (UnimplementedRegionServiceServer) GetReservation(context.Context, *GetRese
 }
 func (UnimplementedRegionServiceServer) GetStock(context.Context, *GetStockRequest) (*GetStockResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStock not implemented")
+}
+func (UnimplementedRegionServiceServer) DescribeSale(context.Context, *DescribeSaleRequest) (*DescribeSaleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DescribeSale not implemented")
+}
+func (UnimplementedRegionServiceServer) Enter(context.Context, *EnterRequest) (*EnterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Enter not implemented")
+}
+func (UnimplementedRegionServiceServer) GetAdmission(context.Context, *GetAdmissionRequest) (*GetAdmissionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetAdmission not implemented")
+}
+func (UnimplementedRegionServiceServer) JoinWaitlist(context.Context, *JoinWaitlistRequest) (*JoinWaitlistResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinWaitlist not implemented")
 }
 func (UnimplementedRegionServiceServer) mustEmbedUnimplementedRegionServiceServer() {}
 func (UnimplementedRegionServiceServer) testEmbeddedByValue()                       {}
@@ -254,6 +332,78 @@ func _RegionService_GetStock_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionService_DescribeSale_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeSaleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).DescribeSale(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_DescribeSale_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).DescribeSale(ctx, req.(*DescribeSaleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionService_Enter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).Enter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_Enter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).Enter(ctx, req.(*EnterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionService_GetAdmission_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetAdmissionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).GetAdmission(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_GetAdmission_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).GetAdmission(ctx, req.(*GetAdmissionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegionService_JoinWaitlist_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinWaitlistRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).JoinWaitlist(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_JoinWaitlist_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).JoinWaitlist(ctx, req.(*JoinWaitlistRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionService_ServiceDesc is the grpc.ServiceDesc for RegionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -280,6 +430,22 @@ var RegionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStock",
 			Handler:    _RegionService_GetStock_Handler,
+		},
+		{
+			MethodName: "DescribeSale",
+			Handler:    _RegionService_DescribeSale_Handler,
+		},
+		{
+			MethodName: "Enter",
+			Handler:    _RegionService_Enter_Handler,
+		},
+		{
+			MethodName: "GetAdmission",
+			Handler:    _RegionService_GetAdmission_Handler,
+		},
+		{
+			MethodName: "JoinWaitlist",
+			Handler:    _RegionService_JoinWaitlist_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

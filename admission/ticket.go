@@ -1,0 +1,231 @@
+package admission
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+)
+
+// A token is "v1." + base64url(payload) + "." + base64url(HMAC-SHA256(secret, payload)), both
+// unpadded. The payload is the version byte 1 and then, each as a 2-byte big-endian length
+// and its bytes: Sale, User, Region, Admission, SKU, Expires (8 bytes: big-endian unix
+// milliseconds) and KeyID. Every ticket has exactly one payload, and every payload one token.
+const (
+	tokenPrefix    = "v1."
+	payloadVersion = 1
+	// MaxTokenLen bounds a token; Verify refuses a longer one before decoding it. The largest
+	// ticket Sign accepts makes a token of under 1,000 bytes.
+	MaxTokenLen = 2048
+	// MaxTicketFieldLen bounds each of a ticket's Sale, User, Region, Admission and SKU, in
+	// bytes.
+	MaxTicketFieldLen = 128
+	// payloadFields is how many length-prefixed fields follow the version byte.
+	payloadFields = 7
+	// maxExpiresMilli is 9999-12-31T23:59:59.999Z, the latest expiry a ticket may carry.
+	maxExpiresMilli = 253402300799999
+)
+
+// tokenEncoding is unpadded base64url that refuses non-zero padding bits, so no two texts
+// decode to the same bytes (Verify refuses the CR and LF it would skip before decoding).
+var tokenEncoding = base64.RawURLEncoding.Strict()
+
+// Sign makes the token for t: it sets t.KeyID to the signing key's id and MACs the canonical
+// encoding of t (Expires is kept to the millisecond, so a verified ticket's Expires is t's
+// truncated). Sale, User, Region and Admission must be set, each field at most
+// MaxTicketFieldLen bytes, and Expires set (between 1970 and 9999); otherwise the error is an
+// *apierr.InvalidError naming the field.
+func (k *Keyring) Sign(t Ticket) (string, error) {
+	if k == nil || len(k.keys) == 0 {
+		return "", errors.New("sign ticket: the keyring has no key")
+	}
+	key := k.keys[0]
+	t.KeyID = key.id
+	if field, reason := checkTicket(t); field != "" {
+		return "", apierr.Invalid("ticket "+field, "%s", reason)
+	}
+	payload := encodePayload(t)
+	return tokenPrefix + tokenEncoding.EncodeToString(payload) + "." +
+		tokenEncoding.EncodeToString(ticketMAC(key, payload)), nil
+}
+
+// Verify checks token and returns its ticket: well formed, at most MaxTokenLen bytes, signed
+// by the keyring's key its KeyID names, and not expired at now (now >= Expires is expired).
+// Every failure wraps ErrTicketInvalid with what is wrong ("malformed: ...", "unknown key
+// k1", "bad signature", "expired at ..."); no error shows a secret. Verify does not check
+// what the ticket is for (Check does) nor whether it was used.
+func (k *Keyring) Verify(token string, now time.Time) (Ticket, error) {
+	t, payload, sig, err := parseToken(token)
+	if err != nil {
+		return Ticket{}, err
+	}
+	key, ok := k.lookup(t.KeyID)
+	if !ok {
+		return Ticket{}, ticketInvalid("unknown key %s", t.KeyID)
+	}
+	if !hmac.Equal(sig, ticketMAC(key, payload)) {
+		return Ticket{}, ticketInvalid("bad signature")
+	}
+	if !now.Before(t.Expires) {
+		return Ticket{}, ticketInvalid("expired at %s", t.Expires.Format("2006-01-02T15:04:05.000Z07:00"))
+	}
+	return t, nil
+}
+
+// Check reports whether t is for this sale, user and region: nil if so, else an error
+// wrapping ErrTicketInvalid that names the first field that differs.
+func (t Ticket) Check(sale, user, region string) error {
+	switch {
+	case t.Sale != sale:
+		return ticketInvalid("ticket is for sale %q, not %q", t.Sale, sale)
+	case t.User != user:
+		return ticketInvalid("ticket is for user %q, not %q", t.User, user)
+	case t.Region != region:
+		return ticketInvalid("ticket is for region %q, not %q", t.Region, region)
+	}
+	return nil
+}
+
+// ticketInvalid wraps ErrTicketInvalid with a reason.
+func ticketInvalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrTicketInvalid, fmt.Sprintf(format, args...))
+}
+
+// ticketMAC is HMAC-SHA256 of payload under key.
+func ticketMAC(key ringKey, payload []byte) []byte {
+	m := hmac.New(sha256.New, key.secret[:])
+	m.Write(payload)
+	return m.Sum(nil)
+}
+
+// checkTicket names the first field of t that Sign would refuse and why; "" if none.
+func checkTicket(t Ticket) (field, reason string) {
+	required := []struct{ name, value string }{
+		{"sale", t.Sale}, {"user", t.User}, {"region", t.Region}, {"admission", t.Admission}, {"sku", t.SKU},
+	}
+	for _, f := range required {
+		switch {
+		case f.value == "" && f.name != "sku":
+			return f.name, "is empty"
+		case len(f.value) > MaxTicketFieldLen:
+			return f.name, fmt.Sprintf("is %d bytes, over %d", len(f.value), MaxTicketFieldLen)
+		}
+	}
+	if !validKeyID(t.KeyID) {
+		return "key id", fmt.Sprintf("is not 1 to %d characters of A-Z a-z 0-9 _ -", maxKeyIDLen)
+	}
+	if t.Expires.IsZero() {
+		return "expires", "is not set"
+	}
+	if ms := t.Expires.UnixMilli(); ms <= 0 || ms > maxExpiresMilli {
+		return "expires", "is not between 1970 and 9999"
+	}
+	return "", ""
+}
+
+// encodePayload is the canonical encoding of t that the MAC covers.
+func encodePayload(t Ticket) []byte {
+	b := make([]byte, 0, 1+2*payloadFields+len(t.Sale)+len(t.User)+len(t.Region)+
+		len(t.Admission)+len(t.SKU)+8+len(t.KeyID))
+	b = append(b, payloadVersion)
+	for _, s := range []string{t.Sale, t.User, t.Region, t.Admission, t.SKU} {
+		b = appendField(b, s)
+	}
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(t.Expires.UnixMilli()))
+	b = appendField(b, string(ms[:]))
+	return appendField(b, t.KeyID)
+}
+
+// appendField appends s with its 2-byte big-endian length.
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// parseToken splits and decodes token, returning its ticket, payload and MAC. It checks the
+// form only, not the MAC.
+func parseToken(token string) (Ticket, []byte, []byte, error) {
+	switch {
+	case token == "":
+		return Ticket{}, nil, nil, ticketInvalid("malformed: empty token")
+	case len(token) > MaxTokenLen:
+		return Ticket{}, nil, nil, ticketInvalid("malformed: token is %d bytes, over %d", len(token), MaxTokenLen)
+	case !strings.HasPrefix(token, tokenPrefix):
+		return Ticket{}, nil, nil, ticketInvalid("malformed: not a v1 token")
+	}
+	for i := 0; i < len(token); i++ {
+		if !isTokenByte(token[i]) {
+			return Ticket{}, nil, nil, ticketInvalid("malformed: byte %d is not base64url or '.'", i)
+		}
+	}
+	body, sigText, ok := strings.Cut(token[len(tokenPrefix):], ".")
+	if !ok || strings.Contains(sigText, ".") {
+		return Ticket{}, nil, nil, ticketInvalid("malformed: want 3 parts separated by '.'")
+	}
+	payload, err := tokenEncoding.DecodeString(body)
+	if err != nil {
+		return Ticket{}, nil, nil, ticketInvalid("malformed: payload is not base64url")
+	}
+	sig, err := tokenEncoding.DecodeString(sigText)
+	if err != nil {
+		return Ticket{}, nil, nil, ticketInvalid("malformed: signature is not base64url")
+	}
+	if len(sig) != sha256.Size {
+		return Ticket{}, nil, nil, ticketInvalid("malformed: signature is %d bytes, want %d", len(sig), sha256.Size)
+	}
+	t, err := decodePayload(payload)
+	if err != nil {
+		return Ticket{}, nil, nil, err
+	}
+	return t, payload, sig, nil
+}
+
+// isTokenByte reports whether c may appear in a token: base64url or the '.' separator.
+func isTokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
+}
+
+// decodePayload reads a payload encodePayload wrote, and refuses one Sign would not make.
+func decodePayload(p []byte) (Ticket, error) {
+	if len(p) == 0 || p[0] != payloadVersion {
+		return Ticket{}, ticketInvalid("malformed: unknown payload version")
+	}
+	p = p[1:]
+	var fields [payloadFields]string
+	for i := range fields {
+		if len(p) < 2 {
+			return Ticket{}, ticketInvalid("malformed: payload ends inside field %d", i+1)
+		}
+		n := int(binary.BigEndian.Uint16(p))
+		p = p[2:]
+		if len(p) < n {
+			return Ticket{}, ticketInvalid("malformed: payload ends inside field %d", i+1)
+		}
+		fields[i], p = string(p[:n]), p[n:]
+	}
+	if len(p) != 0 {
+		return Ticket{}, ticketInvalid("malformed: %d bytes after the last field", len(p))
+	}
+	if len(fields[5]) != 8 {
+		return Ticket{}, ticketInvalid("malformed: expiry is %d bytes, want 8", len(fields[5]))
+	}
+	ms := int64(binary.BigEndian.Uint64([]byte(fields[5])))
+	if ms <= 0 || ms > maxExpiresMilli {
+		return Ticket{}, ticketInvalid("malformed: expiry is not between 1970 and 9999")
+	}
+	t := Ticket{
+		Sale: fields[0], User: fields[1], Region: fields[2], Admission: fields[3], SKU: fields[4],
+		Expires: time.UnixMilli(ms).UTC(), KeyID: fields[6],
+	}
+	if field, reason := checkTicket(t); field != "" {
+		return Ticket{}, ticketInvalid("malformed: %s %s", field, reason)
+	}
+	return t, nil
+}

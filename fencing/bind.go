@@ -1,0 +1,260 @@
+package fencing
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// The bind record is what makes a buyer's per-user limit hold across regions: a buyer is
+// admitted to a sale at the one region recorded for them, and every other region refuses
+// them naming it. The record is written once and never changed; it goes only when the lease
+// it carries expires, after the sale's retention.
+const bindPrefix = "/quota/bind/"
+
+// DefaultBindRetention is how long bind records last when NewBinder is given no retention.
+const DefaultBindRetention = 7 * 24 * time.Hour
+
+// MaxBindLeases is how many sales' leases a Binder remembers at most. A sale it forgot gets a
+// new lease on its next bind; records already written keep the lease they carry.
+const MaxBindLeases = 1024
+
+// LeaseID names an etcd lease a bind record is attached to; NoLease attaches none.
+type LeaseID int64
+
+// NoLease attaches a bind record to no lease: it lasts until deleted by hand.
+const NoLease LeaseID = 0
+
+// ErrBinderClosed is returned by a Binder's methods after Close.
+var ErrBinderClosed = errors.New("binder closed")
+
+// bindKey is the record's key. '|' is in no valid id (transfer.CheckID), so no two (sale,
+// user) pairs share a key.
+func bindKey(sale, user string) string { return bindPrefix + sale + "|" + user }
+
+// checkBind says why sale, user or (when withRegion) region cannot be bound, naming the
+// field.
+func checkBind(sale, user, region string, withRegion bool) error {
+	if why := transfer.CheckID(sale); why != "" {
+		return apierr.Invalid("sale", "%s", why)
+	}
+	if why := transfer.CheckID(user); why != "" {
+		return apierr.Invalid("user", "%s", why)
+	}
+	if !withRegion {
+		return nil
+	}
+	if why := transfer.CheckRegion(region); why != "" {
+		return apierr.Invalid("region", "%s", why)
+	}
+	return nil
+}
+
+// Bind records that user is bound to region for sale, if no region is recorded yet, and
+// returns the region recorded: this one, or the one that came first. The record is written
+// once, in one etcd transaction (if the key was never created, put it; else read it), so
+// regions binding the same buyer at once all get the same answer. The record carries lease
+// unless it is NoLease; a lease that no longer exists fails the bind (rpctypes'
+// ErrLeaseNotFound).
+func Bind(ctx context.Context, c *Client, sale, user, region string, lease LeaseID) (bound string, err error) {
+	if err := checkBind(sale, user, region, true); err != nil {
+		return "", err
+	}
+	key := bindKey(sale, user)
+	var opts []clientv3.OpOption
+	if lease != NoLease {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	}
+	resp, err := c.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, region, opts...)).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		return "", fmt.Errorf("bind %s/%s to %s: %w", sale, user, region, err)
+	}
+	if resp.Succeeded {
+		return region, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 || len(kvs[0].Value) == 0 {
+		return "", fmt.Errorf("bind %s/%s: record exists but reads empty", sale, user)
+	}
+	return string(kvs[0].Value), nil
+}
+
+// Bound returns the region user is bound to for sale, and false when none is recorded.
+func Bound(ctx context.Context, c *Client, sale, user string) (string, bool, error) {
+	if err := checkBind(sale, user, "", false); err != nil {
+		return "", false, err
+	}
+	resp, err := c.c.Get(ctx, bindKey(sale, user))
+	if err != nil {
+		return "", false, fmt.Errorf("read binding of %s/%s: %w", sale, user, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", false, nil
+	}
+	return string(resp.Kvs[0].Value), true, nil
+}
+
+// Binder binds buyers to regions (Bind) with each sale's records on one lease, so they vanish
+// after the retention. It grants a sale's lease on the sale's first bind and remembers it, for
+// at most MaxBindLeases sales (the least recently used is forgotten first). It never revokes a
+// lease: that would drop every binding of the sale. Safe for concurrent use.
+type Binder struct {
+	c         *Client
+	retention time.Duration
+
+	mu     sync.Mutex
+	closed bool
+	leases map[string]*list.Element // sale -> element of lru holding a *saleLease
+	lru    *list.List               // front: most recently used
+}
+
+// saleLease is a sale's lease, or the grant of it in flight (ready not yet closed).
+type saleLease struct {
+	sale    string
+	ready   chan struct{}
+	id      LeaseID
+	expires time.Time // no earlier than etcd's expiry of the lease
+	err     error
+}
+
+// NewBinder returns a Binder writing through c whose records last at least retention after
+// their bind (DefaultBindRetention when retention <= 0) and at most about 1.5 × retention.
+// Closing the Binder does not close c.
+func NewBinder(c *Client, retention time.Duration) *Binder {
+	if retention <= 0 {
+		retention = DefaultBindRetention
+	}
+	if retention < 2*time.Second {
+		retention = 2 * time.Second
+	}
+	return &Binder{c: c, retention: retention, leases: make(map[string]*list.Element), lru: list.New()}
+}
+
+// Bind binds user to region for sale if no region is recorded yet and returns the region
+// recorded (see Bind), with the record on the sale's lease.
+func (b *Binder) Bind(ctx context.Context, sale, user, region string) (string, error) {
+	if err := checkBind(sale, user, region, true); err != nil {
+		return "", err
+	}
+	for attempt := 0; ; attempt++ {
+		sl, err := b.lease(ctx, sale)
+		if err != nil {
+			return "", err
+		}
+		bound, err := Bind(ctx, b.c, sale, user, region, sl.id)
+		if err == nil || attempt > 0 || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return bound, err
+		}
+		b.forget(sl) // revoked or expired behind our back: grant a new one, once
+	}
+}
+
+// Bound returns the region user is bound to for sale, and false when none is recorded. It
+// only reads.
+func (b *Binder) Bound(ctx context.Context, sale, user string) (string, bool, error) {
+	if b.isClosed() {
+		return "", false, ErrBinderClosed
+	}
+	return Bound(ctx, b.c, sale, user)
+}
+
+// Close makes the Binder refuse further calls and forgets its leases without revoking them:
+// the records keep them until they expire. Idempotent; always nil.
+func (b *Binder) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	b.leases = make(map[string]*list.Element)
+	b.lru.Init()
+	return nil
+}
+
+func (b *Binder) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// lease returns sale's lease, granting it when the Binder has none, or only one that expires
+// within the retention. One caller grants; the others wait for its answer.
+func (b *Binder) lease(ctx context.Context, sale string) (*saleLease, error) {
+	for {
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return nil, ErrBinderClosed
+		}
+		if el, ok := b.leases[sale]; ok {
+			sl := el.Value.(*saleLease)
+			b.lru.MoveToFront(el)
+			b.mu.Unlock()
+			select {
+			case <-sl.ready:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("lease for sale %s: %w", sale, ctx.Err())
+			}
+			if sl.err == nil && sl.expires.Sub(time.Now()) >= b.retention {
+				return sl, nil
+			}
+			b.forget(sl) // too old, or its grant failed (with the granter's ctx): grant anew
+			continue
+		}
+		sl := &saleLease{sale: sale, ready: make(chan struct{})}
+		b.remember(sl)
+		b.mu.Unlock()
+		b.grant(ctx, sl)
+		if sl.err != nil {
+			b.forget(sl)
+			return nil, sl.err
+		}
+		return sl, nil
+	}
+}
+
+// grant asks etcd for sl's lease, with a TTL of 1.5 × retention, and closes sl.ready.
+func (b *Binder) grant(ctx context.Context, sl *saleLease) {
+	defer close(sl.ready)
+	ttl := b.retention + b.retention/2
+	start := time.Now()
+	resp, err := b.c.c.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		sl.err = fmt.Errorf("grant bind lease for sale %s: %w", sl.sale, err)
+		return
+	}
+	sl.id = LeaseID(resp.ID)
+	sl.expires = start.Add(time.Duration(resp.TTL) * time.Second)
+}
+
+// remember adds sl as the most recently used, forgetting the least recently used beyond
+// MaxBindLeases. b.mu is held.
+func (b *Binder) remember(sl *saleLease) {
+	b.leases[sl.sale] = b.lru.PushFront(sl)
+	for b.lru.Len() > MaxBindLeases {
+		old := b.lru.Back()
+		b.lru.Remove(old)
+		delete(b.leases, old.Value.(*saleLease).sale)
+	}
+}
+
+// forget drops sl if it is still the sale's lease.
+func (b *Binder) forget(sl *saleLease) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if el, ok := b.leases[sl.sale]; ok && el.Value.(*saleLease) == sl {
+		b.lru.Remove(el)
+		delete(b.leases, sl.sale)
+	}
+}

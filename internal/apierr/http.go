@@ -1,0 +1,80 @@
+package apierr
+
+import (
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrorBody is the one JSON shape of every error the HTTP edge answers:
+// {"error": {"code": "SOLD_OUT", "message": "...", "field": "...", "retry_after_ms": ...}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is an error answer's content: Code is the reason of the gRPC answer
+// (SOLD_OUT, TICKET_USED, ...), the same word on both APIs.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Field names the bad field of an INVALID_ARGUMENT answer.
+	Field string `json:"field,omitempty"`
+	// RetryAfterMs is when to ask again, on OVERLOADED answers (also in Retry-After).
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+	// Region is the region that serves the buyer, on BOUND_ELSEWHERE answers.
+	Region string `json:"region,omitempty"`
+	// Leader is where the region's leader answers, on NOT_LEADER answers, when known.
+	Leader string `json:"leader,omitempty"`
+}
+
+// codeHTTP is the HTTP status for a gRPC code whose answer carries no reason of this
+// project: the mapping grpc-gateway and connect-go share.
+var codeHTTP = map[codes.Code]int{
+	codes.OK: 200, codes.Canceled: 499, codes.Unknown: 500, codes.InvalidArgument: 400,
+	codes.DeadlineExceeded: 504, codes.NotFound: 404, codes.AlreadyExists: 409,
+	codes.PermissionDenied: 403, codes.ResourceExhausted: 429, codes.FailedPrecondition: 400,
+	codes.Aborted: 409, codes.OutOfRange: 400, codes.Unimplemented: 501, codes.Internal: 500,
+	codes.Unavailable: 503, codes.DataLoss: 500, codes.Unauthenticated: 401,
+}
+
+// HTTP turns an error (a domain error or a gRPC status error, as the region's gRPC server
+// returns it) into the HTTP edge's status and body, through the same table as ToStatus, so
+// the two APIs never disagree.
+func HTTP(err error) (int, ErrorBody) {
+	st, _ := status.FromError(ToStatus(err))
+	d := ErrorDetail{Code: "INTERNAL", Message: st.Message()}
+	code, ok := codeHTTP[st.Code()]
+	if !ok {
+		code = 500
+	}
+	for _, det := range st.Details() {
+		switch v := det.(type) {
+		case *errdetails.ErrorInfo:
+			if v.GetDomain() != Domain {
+				continue
+			}
+			d.Code = v.GetReason()
+			d.Region, d.Leader = v.GetMetadata()["region"], v.GetMetadata()["leader"]
+			code = httpOfReason(d.Code, code)
+		case *errdetails.RetryInfo:
+			d.RetryAfterMs = v.GetRetryDelay().AsDuration().Milliseconds()
+		case *errdetails.BadRequest:
+			if fv := v.GetFieldViolations(); len(fv) > 0 {
+				d.Field = fv[0].GetField()
+			}
+		}
+	}
+	if d.Code == "INTERNAL" && st.Code() != codes.Internal && st.Code() != codes.Unknown {
+		d.Code = st.Code().String()
+	}
+	return code, ErrorBody{Error: d}
+}
+
+func httpOfReason(reason string, dflt int) int {
+	for _, m := range table {
+		if m.reason == reason {
+			return m.http
+		}
+	}
+	return dflt
+}

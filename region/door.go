@@ -1,0 +1,431 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// DoorConfig configures a region's front door: the waiting rooms of its sales with a
+// waiting room, the tickets they issue, and the binding of each admitted buyer to this
+// region.
+type DoorConfig struct {
+	// Keys returns the cluster's ticket keys as last read; required.
+	Keys func() *admission.Keyring
+	// Bind records, once per (sale, user) across the cluster, the region a buyer is bound to,
+	// and returns the region recorded (this one, or the one that came first). It is what makes
+	// the per-user limit hold across regions. Nil: no binding (a cluster of one region).
+	Bind func(ctx context.Context, sale, user, region string) (string, error)
+	// PerUserRate and PerUserBurst bound how often one buyer may enter (token bucket); the
+	// defaults are 2 per second, 5 at once.
+	PerUserRate  float64
+	PerUserBurst int
+	// PerAddressRate and PerAddressBurst bound how often one client address may enter; the
+	// defaults are 50 per second, 200 at once.
+	PerAddressRate  float64
+	PerAddressBurst int
+	// MaxBuckets bounds each limiter's buckets (admission.Limiter); default 200,000.
+	MaxBuckets int
+	// MaxQueue bounds each room's entries; default admission.DefaultMaxQueue.
+	MaxQueue int
+	// Tick is how often the rooms admit the buyers due; default 10ms.
+	Tick time.Duration
+	// BindsInFlight bounds the binding writes under way at once; default 64.
+	BindsInFlight int
+	// Logger receives operational messages; default the region's.
+	Logger *slog.Logger
+}
+
+func (c *DoorConfig) validate(r *Region) error {
+	if c.Keys == nil {
+		return errors.New("door: Keys is required")
+	}
+	setDefault(&c.PerUserRate, 2)
+	setDefault(&c.PerUserBurst, 5)
+	setDefault(&c.PerAddressRate, 50)
+	setDefault(&c.PerAddressBurst, 200)
+	setDefault(&c.MaxBuckets, 200_000)
+	setDefault(&c.MaxQueue, admission.DefaultMaxQueue)
+	setDefault(&c.Tick, 10*time.Millisecond)
+	setDefault(&c.BindsInFlight, 64)
+	if c.Logger == nil {
+		c.Logger = r.cfg.Logger
+	}
+	return nil
+}
+
+func setDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
+
+// Door is a region's front door for storefronts: the waiting room of each sale it leads,
+// admission tickets, and reservations made with them. It owns one goroutine, which admits
+// the buyers due in every room; Close stops it.
+type Door struct {
+	r        *Region
+	cfg      DoorConfig
+	users    *admission.Limiter
+	addrs    *admission.Limiter
+	binds    chan struct{} // a slot per binding write in flight
+	mu       sync.Mutex
+	rooms    map[string]*saleRoom
+	cancel   context.CancelFunc
+	done     chan struct{}
+	closeOne sync.Once
+}
+
+// NewDoor opens r's front door and starts its admitting goroutine.
+func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
+	if err := cfg.validate(r); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, cancel: cancel, done: make(chan struct{}),
+		users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
+		addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets),
+		binds: make(chan struct{}, cfg.BindsInFlight)}
+	go d.run(ctx)
+	return d, nil
+}
+
+// Close stops admitting and waits for the bindings under way; idempotent.
+func (d *Door) Close() {
+	d.closeOne.Do(func() {
+		d.cancel()
+		<-d.done
+	})
+}
+
+// Admission is one buyer's place in a sale's waiting room at this region, as the buyer is
+// told it: while queued, the position and an estimate; once admitted, the ticket.
+type Admission struct {
+	admission.Entry
+	Sale   string
+	Ticket string
+}
+
+// Enter puts user in sale's waiting room, or returns the place they have (never a second
+// one). Addr is the client's address for the per-address limit ("" for none). Refused: a
+// sale without a waiting room (CONFLICT), a sale sold out everywhere (SOLD_OUT) or paused
+// (PAUSED), a buyer bound to another region (BOUND_ELSEWHERE, naming it), or a buyer or
+// address knocking too often (OVERLOADED with a retry-after).
+func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, error) {
+	if err := checkIDs("sale_id", sale, "user_id", user); err != nil {
+		return Admission{}, err
+	}
+	now := d.r.cfg.Clock.Now()
+	if err := d.limit(user, addr, now); err != nil {
+		return Admission{}, err
+	}
+	room, t, err := d.room(ctx, sale)
+	if err != nil {
+		return Admission{}, err
+	}
+	if err := d.closed(room, t); err != nil {
+		return Admission{}, err
+	}
+	e, err := room.Enter(user, now)
+	if err != nil {
+		return Admission{}, err
+	}
+	return d.answer(sale, e)
+}
+
+// GetAdmission polls an admission: memory only, no SQL.
+func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, error) {
+	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
+		return Admission{}, err
+	}
+	room, t, err := d.room(ctx, sale)
+	if err != nil {
+		return Admission{}, err
+	}
+	if e, ok := room.Get(id, d.r.cfg.Clock.Now()); ok && !e.State.Final() {
+		if err := d.closed(room, t); err != nil && e.State != admission.Admitted {
+			return Admission{}, err
+		}
+	}
+	e, ok := room.Get(id, d.r.cfg.Clock.Now())
+	if !ok {
+		return Admission{}, apierr.NotFound("admission_id", id)
+	}
+	return d.answer(sale, e)
+}
+
+// Reserve makes a reservation (Region.Reserve) and, when a ticket made it, ends the
+// ticket's admission: its live place is freed for the next buyer.
+func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	res, err := d.r.Reserve(ctx, req)
+	if err == nil && res.Hold.Admission != "" {
+		d.mu.Lock()
+		sr := d.rooms[req.Sale]
+		d.mu.Unlock()
+		if sr != nil {
+			sr.room.Used(res.Hold.Admission)
+		}
+	}
+	return res, err
+}
+
+// answer turns a room's entry into what the buyer is told: a final entry that admits no one
+// is an error (BOUND_ELSEWHERE, SOLD_OUT or PAUSED as the room closed); an admitted one
+// carries its ticket, signed now (a ticket is a pure function of the entry and the keys).
+func (d *Door) answer(sale string, e admission.Entry) (Admission, error) {
+	a := Admission{Entry: e, Sale: sale}
+	switch e.State {
+	case admission.Elsewhere:
+		return a, &apierr.BoundError{Sale: sale, Region: e.Region}
+	case admission.Closed:
+		return a, closedError(sale, e.Reason)
+	case admission.Admitted:
+		tk, err := d.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: e.User, Region: d.r.cfg.Name, Admission: e.ID, Expires: e.ExpiresAt})
+		if err != nil {
+			return a, fmt.Errorf("sign the ticket of admission %s: %w", e.ID, err)
+		}
+		a.Ticket = tk
+	}
+	return a, nil
+}
+
+// Reasons a room closes with; the first word is the answer's reason.
+const (
+	closedSoldOut = "SOLD_OUT"
+	closedPaused  = "PAUSED"
+)
+
+func closedError(sale, reason string) error {
+	if reason == closedPaused {
+		return fmt.Errorf("sale %s is paused: its waiting room admits no one: %w", sale, ErrPaused)
+	}
+	return fmt.Errorf("sale %s is sold out in every region: %w", sale, ErrSoldOut)
+}
+
+// closed closes a room whose sale is sold out everywhere (every SKU flagged by the
+// coordinator) or paused, and says so; queued buyers hear it at their next poll.
+func (d *Door) closed(room *admission.Room, t SaleTerms) error {
+	reason := ""
+	if s := d.r.paused.Load(); s != nil {
+		if _, ok := s.reasons[poolKey{t.Sale, ""}]; ok {
+			reason = closedPaused
+		}
+	}
+	if reason == "" && d.soldOutEverywhere(t) {
+		reason = closedSoldOut
+	}
+	if reason == "" {
+		return nil
+	}
+	room.Close(reason)
+	return closedError(t.Sale, reason)
+}
+
+func (d *Door) soldOutEverywhere(t SaleTerms) bool {
+	if d.r.cfg.SoldOut == nil {
+		return false
+	}
+	for _, sku := range t.SKUs {
+		if !d.r.cfg.SoldOut(t.Sale, sku) {
+			return false
+		}
+	}
+	return true
+}
+
+// limit applies the per-buyer and per-address token buckets.
+func (d *Door) limit(user, addr string, now time.Time) error {
+	if ok, after := d.users.Allow(user, now); !ok {
+		return &apierr.OverloadedError{What: "admissions of buyer " + user, RetryAfter: after}
+	}
+	if addr == "" {
+		return nil
+	}
+	if ok, after := d.addrs.Allow(addr, now); !ok {
+		return &apierr.OverloadedError{What: "admissions from address " + addr, RetryAfter: after}
+	}
+	return nil
+}
+
+// room returns sale's waiting room at this region, made on first use from the sale's terms.
+// Only the leader has rooms: a standby answers NOT_LEADER.
+func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerms, error) {
+	if _, err := d.r.writer(); err != nil {
+		return nil, SaleTerms{}, err
+	}
+	t, err := d.r.terms(ctx, sale)
+	if err != nil {
+		return nil, t, err
+	}
+	if !t.Admission.Waiting() {
+		return nil, t, fmt.Errorf("sale %s has no waiting room: reserve without a ticket: %w", sale, ErrConflict)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sr := d.rooms[sale]; sr != nil {
+		return sr.room, t, nil
+	}
+	room, err := admission.NewRoom(admission.RoomConfig{Sale: sale, Region: d.r.cfg.Name, OpensAt: t.OpensAt,
+		Rate: float64(t.Admission.Rate), MaxLive: int(t.Admission.MaxLive), TicketTTL: t.Admission.TicketTTL,
+		MaxQueue: d.cfg.MaxQueue, Seed: LotterySeed(sale)})
+	if err != nil {
+		return nil, t, fmt.Errorf("sale %s: waiting room: %w", sale, err)
+	}
+	d.rooms[sale] = &saleRoom{room: room, sale: sale, ticketTTL: t.Admission.TicketTTL}
+	return room, t, nil
+}
+
+// saleRoom is one sale's waiting room at this region, with what its admitting needs.
+type saleRoom struct {
+	room      *admission.Room
+	sale      string
+	ticketTTL time.Duration
+}
+
+// LotterySeed is the published seed of a sale's pre-queue shuffle: the FNV-1a hash of its id,
+// so anyone can recompute the order the pre-queue was drawn in.
+func LotterySeed(sale string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(sale))
+	return h.Sum64()
+}
+
+// run admits the buyers due in every room, every Tick, until Close. When this process no
+// longer leads, its rooms are dropped: the next leader starts its own (docs/storefront.md
+// says what a failover keeps).
+func (d *Door) run(ctx context.Context) {
+	defer close(d.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	tick := time.NewTicker(d.cfg.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !d.r.Leading() {
+			d.mu.Lock()
+			clear(d.rooms)
+			d.mu.Unlock()
+			continue
+		}
+		d.mu.Lock()
+		rooms := make([]*saleRoom, 0, len(d.rooms))
+		for _, sr := range d.rooms {
+			rooms = append(rooms, sr)
+		}
+		d.mu.Unlock()
+		for _, sr := range rooms {
+			d.admitDue(ctx, sr, &wg)
+		}
+	}
+}
+
+// admitDue binds each buyer the room has due to this region and admits them, or tells them
+// where they are bound; a binding write that fails puts the buyer back at the front.
+func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
+	room, now := sr.room, d.r.cfg.Clock.Now()
+	for _, e := range room.Due(now, cap(d.binds)) {
+		select {
+		case d.binds <- struct{}{}:
+		case <-ctx.Done():
+			if err := room.Requeue(e.ID); err != nil {
+				d.cfg.Logger.Error("requeue at close", "admission", e.ID, "err", err)
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-d.binds }()
+			d.bind(ctx, sr, e)
+		}()
+	}
+}
+
+// bindTimeout bounds one binding write.
+const bindTimeout = 2 * time.Second
+
+func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
+	room, sale, ttl := sr.room, sr.sale, sr.ticketTTL
+	bound := d.r.cfg.Name
+	if d.cfg.Bind != nil {
+		bctx, cancel := context.WithTimeout(ctx, bindTimeout)
+		var err error
+		bound, err = d.cfg.Bind(bctx, sale, e.User, d.r.cfg.Name)
+		cancel()
+		if err != nil {
+			d.cfg.Logger.Warn("binding a buyer failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
+			if err := room.Requeue(e.ID); err != nil {
+				d.cfg.Logger.Error("requeue after a failed binding", "admission", e.ID, "err", err)
+			}
+			return
+		}
+	}
+	var err error
+	if bound == d.r.cfg.Name {
+		_, err = room.Admit(e.ID, d.r.cfg.Clock.Now().Add(ttl))
+	} else {
+		_, err = room.Elsewhere(e.ID, bound)
+	}
+	if err != nil {
+		d.cfg.Logger.Error("admission changed under its binding", "admission", e.ID, "err", err)
+	}
+}
+
+// SaleView is a sale as a storefront shows it: for display only; it decides nothing.
+type SaleView struct {
+	Terms      SaleTerms
+	Region     string
+	ServerTime time.Time
+	Paused     bool
+	SKUs       []SKUView
+}
+
+// SKUView is one SKU of a SaleView: sold out everywhere, paused, and this region's
+// available count as of its last commit.
+type SKUView struct {
+	SKU       string
+	SoldOut   bool
+	Paused    bool
+	Available transfer.Units
+}
+
+// Describe returns sale as a storefront shows it, from memory: the terms, whether it or each
+// SKU is paused or sold out, and this region's counts as last committed.
+func (d *Door) Describe(ctx context.Context, sale string) (SaleView, error) {
+	if err := checkIDs("sale_id", sale); err != nil {
+		return SaleView{}, err
+	}
+	t, err := d.r.terms(ctx, sale)
+	if err != nil {
+		return SaleView{}, err
+	}
+	v := SaleView{Terms: t, Region: d.r.cfg.Name, ServerTime: d.r.cfg.Clock.Now()}
+	ps := d.r.paused.Load()
+	paused := func(sku string) bool {
+		if ps == nil {
+			return false
+		}
+		_, ok := ps.reasons[poolKey{sale, sku}]
+		return ok
+	}
+	v.Paused = paused("")
+	for _, sku := range t.SKUs {
+		avail, _ := d.r.cachedAvailable(poolKey{sale, sku})
+		v.SKUs = append(v.SKUs, SKUView{SKU: sku, SoldOut: d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku),
+			Paused: paused(sku), Available: avail})
+	}
+	return v, nil
+}
