@@ -97,7 +97,7 @@ func contains(s string, subs ...string) bool {
 // change this test and the docs with it.
 func TestMatrix(t *testing.T) {
 	want := map[trust.Role][]string{
-		trust.Storefront:  {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions",
+		trust.Storefront: {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions",
 			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist"},
 		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
