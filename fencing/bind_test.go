@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,7 +356,9 @@ func benchBind(b *testing.B, endpoints []string) {
 	var next, done atomic.Int64
 	lat := make([][]time.Duration, len(regions)*callers)
 	var wg sync.WaitGroup
+	fsync0 := walFsync(b, endpoints[0])
 	b.ResetTimer()
+	cpu0 := cpuSeconds()
 	start := time.Now()
 	for w := range len(regions) * callers {
 		r := w % len(regions)
@@ -374,6 +380,7 @@ func benchBind(b *testing.B, endpoints []string) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu1 := cpuSeconds()
 	b.StopTimer()
 	all := slices.Concat(lat...)
 	slices.Sort(all)
@@ -383,6 +390,62 @@ func benchBind(b *testing.B, endpoints []string) {
 	b.ReportMetric(float64(done.Load())/elapsed.Seconds(), "binds/s")
 	b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
+	if fsync1 := walFsync(b, endpoints[0]); fsync1.count > fsync0.count {
+		b.ReportMetric(1000*(fsync1.sum-fsync0.sum)/(fsync1.count-fsync0.count), "wal-fsync-ms")
+		b.ReportMetric(float64(done.Load())/(fsync1.count-fsync0.count), "binds/fsync")
+	}
+	if cpu0 >= 0 && cpu1 >= 0 {
+		b.ReportMetric((cpu1-cpu0)/elapsed.Seconds(), "cpu-cores") // of runtime.NumCPU()
+	}
+}
+
+// cpuSeconds is the CPU time (user and system) this process has used so far, from
+// /proc/self/stat in clock ticks of 1/100 s, or -1 where there is no /proc. The etcd members
+// run in this process, so it counts theirs and the callers'.
+func cpuSeconds() float64 {
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return -1
+	}
+	_, rest, _ := strings.Cut(string(stat), ") ") // the command may contain spaces
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return -1
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return (utime + stime) / 100
+}
+
+// fsyncs is etcd's WAL fsync histogram: how many, and their total seconds.
+type fsyncs struct{ count, sum float64 }
+
+// walFsync reads the WAL fsync histogram from the member's /metrics (in this process every
+// member counts into one registry, so with three members it sums theirs).
+func walFsync(b *testing.B, url string) fsyncs {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var f fsyncs
+	for _, line := range strings.Split(string(body), "\n") {
+		name, val, _ := strings.Cut(line, " ")
+		switch name {
+		case "etcd_disk_wal_fsync_duration_seconds_count":
+			f.count, _ = strconv.ParseFloat(val, 64)
+		case "etcd_disk_wal_fsync_duration_seconds_sum":
+			f.sum, _ = strconv.ParseFloat(val, 64)
+		}
+	}
+	return f
 }
 
 // startBindCluster starts a three-member etcd cluster in this process and returns its

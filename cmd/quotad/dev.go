@@ -20,8 +20,10 @@ func devCmd() *cobra.Command {
 		Long: `Run the whole system in one process for development and demos.
 
 The coordinator listens on 127.0.0.1:<base-port> (7400) and the regions on the next ports
-in the order given (us 7401, eu 7402, ap 7403). The embedded etcd serves clients on
-base-port+90. Each role has its own database on the PostgreSQL server of --pg-url,
+in the order given (us 7401, eu 7402, ap 7403); each region's storefront HTTP/JSON edge
+(docs/storefront.md) on base-port+1001 on (us 8401, eu 8402, ap 8403). The embedded etcd
+serves clients on base-port+90. Waiting-room tickets are signed with the keys in
+<data-dir>/tickets.keys, created when missing. Each role has its own database on the PostgreSQL server of --pg-url,
 created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
 
 Every server serves TLS and requires a client certificate whose role may make the call.
@@ -89,6 +91,19 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		fmt.Printf(", region %s %s", r.R.Name(), r.Addr())
 	}
 	fmt.Printf(", etcd %s\n", d.Etcd.ClientURL)
+	scheme := "https"
+	if d.TLS == nil {
+		scheme = "http"
+	}
+	fmt.Printf("quotad dev: storefront HTTP")
+	for _, r := range d.Regions {
+		fmt.Printf(", region %s %s://%s", r.R.Name(), scheme, r.HTTPAddr())
+	}
+	made := ""
+	if d.TicketKeysMade {
+		made = " (created)"
+	}
+	fmt.Printf("; ticket keys %s%s\n", d.TicketKeys, made)
 	if d.TLS != nil {
 		fmt.Printf("quotad dev: mutual TLS with certificates in %s", d.TLS.Dir())
 		if len(d.CertsMade) > 0 {

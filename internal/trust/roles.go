@@ -2,6 +2,7 @@ package trust
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"slices"
 	"strings"
@@ -93,10 +94,19 @@ func CallerOf(ctx context.Context) Caller {
 		return Caller{}
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+	if !ok {
 		return Caller{}
 	}
-	leaf := info.State.VerifiedChains[0][0]
+	return CallerOfState(&info.State)
+}
+
+// CallerOfState reads the caller from a TLS connection's verified certificate (an HTTP
+// request's r.TLS); nil is a plaintext connection.
+func CallerOfState(state *tls.ConnectionState) Caller {
+	if state == nil || len(state.VerifiedChains) == 0 || len(state.VerifiedChains[0]) == 0 {
+		return Caller{}
+	}
+	leaf := state.VerifiedChains[0][0]
 	return Caller{Role: RoleOf(leaf), Name: leaf.Subject.CommonName, Certified: true}
 }
 
@@ -104,10 +114,15 @@ func CallerOf(ctx context.Context) Caller {
 // verified client certificate is Unauthenticated; a role the table does not allow is
 // PermissionDenied, naming the role and the method.
 func Authorize(ctx context.Context, method string) error {
+	return AuthorizeCaller(CallerOf(ctx), method)
+}
+
+// AuthorizeCaller is Authorize for a caller already read (the HTTP edge reads it from the
+// request's TLS state): the same table decides both APIs.
+func AuthorizeCaller(c Caller, method string) error {
 	if method == openMethod {
 		return nil
 	}
-	c := CallerOf(ctx)
 	if !c.Certified {
 		return fmt.Errorf("%s needs a client certificate signed by the cluster's CA (see quotactl cert): %w", method, apierr.ErrUnauthenticated)
 	}

@@ -32,8 +32,9 @@ type DevConfig struct {
 	DataDir string
 	// Host is the address every server binds.
 	Host string
-	// BasePort is the coordinator's port; regions take the next ports in order, the
-	// embedded etcd BasePort+90 (clients) and BasePort+91 (peers). 0 picks free ports.
+	// BasePort is the coordinator's port; regions take the next ports in order, their HTTP
+	// edges BasePort+1001 on, the embedded etcd BasePort+90 (clients) and BasePort+91
+	// (peers). 0 picks free ports.
 	BasePort int
 	// LeaseTTL is every election's lease.
 	LeaseTTL time.Duration
@@ -47,6 +48,9 @@ type DevConfig struct {
 	CertsDir string
 	// Insecure runs every server plaintext with no roles, for people who ask for it.
 	Insecure bool
+	// TicketKeys is the cluster's ticket key file, created at start when missing (default
+	// <DataDir>/tickets.keys).
+	TicketKeys string
 	Logger   *slog.Logger
 }
 
@@ -86,6 +90,9 @@ func (c *DevConfig) Validate() error {
 	if c.AuditInterval < 0 {
 		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.AuditInterval)
 	}
+	if c.TicketKeys == "" {
+		c.TicketKeys = filepath.Join(c.DataDir, TicketKeysFile)
+	}
 	if c.CertsDir == "" && !c.Insecure {
 		c.CertsDir = filepath.Join(c.DataDir, "certs")
 	}
@@ -123,6 +130,9 @@ type Dev struct {
 	// start created.
 	TLS       *trust.Material
 	CertsMade []string
+	// TicketKeys is the ticket key file; TicketKeysMade says this start created it.
+	TicketKeys     string
+	TicketKeysMade bool
 }
 
 // DBName is the database a dev cluster uses for role ("coordinator" or a region name).
@@ -206,6 +216,10 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	if d.TLS, d.CertsMade, err = cfg.certs(); err != nil {
 		return err
 	}
+	d.TicketKeys = cfg.TicketKeys
+	if d.TicketKeysMade, err = EnsureTicketKeys(cfg.TicketKeys); err != nil {
+		return err
+	}
 	clientURL, err := d.startEtcd(cfg)
 	if err != nil {
 		return err
@@ -226,7 +240,8 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	for i, name := range cfg.Regions {
 		rc := cfg.Region
 		rc.Name = name
-		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), DBURL: d.DBURLs[name], LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, Logger: cfg.Logger}, d.EtcdClient)
+		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
+			LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger}, d.EtcdClient)
 		if err != nil {
 			return err
 		}

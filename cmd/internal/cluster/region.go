@@ -18,6 +18,7 @@ import (
 	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/region/regionhttp"
 	"github.com/quotaworks/quota/region/regionrpc"
 )
 
@@ -33,13 +34,25 @@ type RegionConfig struct {
 	// Region.CoordinatorGeneration defaults to the coordinator leader's generation in etcd.
 	// TLS is the certificates directory (node.crt); nil runs insecure (plaintext, no roles).
 	TLS    *trust.Material
-	Logger *slog.Logger
+	// HTTPListen is the storefront HTTP/JSON edge's address; "" serves none.
+	HTTPListen string
+	// TicketKeys is the cluster's ticket key file; "" opens no front door (no waiting
+	// rooms: a sale with one cannot be reserved here).
+	TicketKeys string
+	// BindRetention is how long the buyer-to-region bindings of a sale live in etcd; default
+	// 7 days.
+	BindRetention time.Duration
+	Logger        *slog.Logger
 }
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
 type RegionNode struct {
 	R       *region.Region
 	Server  *rpcserve.Server
+	// HTTP is the storefront edge (nil when not served); Door the front door behind both APIs.
+	HTTP    *rpcserve.HTTPServer
+	Door    *region.Door
+	binder  *fencing.Binder
 	DB      *pgxpool.Pool
 	etcd    *fencing.Client
 	cfg     RegionConfig
@@ -111,11 +124,27 @@ func (n *RegionNode) Crash() {
 	n.crashed.Store(true)
 	n.once.Do(func() {
 		n.Server.GRPC.Stop()
+		n.stopEdge()
 		n.cancel()
 		n.wg.Wait()
 		n.R.Close()
 		n.DB.Close()
 	})
+}
+
+// stopEdge stops the HTTP edge and the front door; each part once.
+func (n *RegionNode) stopEdge() {
+	if n.HTTP != nil {
+		n.HTTP.Stop()
+	}
+	if n.Door != nil {
+		n.Door.Close()
+	}
+	if n.binder != nil {
+		if err := n.binder.Close(); err != nil {
+			n.cfg.Logger.Warn("closing the buyer bindings", "region", n.cfg.Region.Name, "err", err)
+		}
+	}
 }
 
 // StartRegion opens and migrates the region's database, starts its gRPC server (answering
@@ -133,6 +162,14 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 			_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
 			return gen, err
 		}
+	}
+	var keys *ticketKeys
+	if cfg.TicketKeys != "" {
+		var err error
+		if keys, err = loadTicketKeys(cfg.TicketKeys, cfg.Logger); err != nil {
+			return nil, err
+		}
+		cfg.Region.Tickets = keys.get
 	}
 	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
 	if err != nil {
@@ -152,13 +189,29 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		db.Close()
 		return nil, err
 	}
+	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
 	rs := &regionrpc.Server{R: r}
+	if err := n.openEdge(rs, keys); err != nil {
+		srv.Stop()
+		n.stopEdge()
+		db.Close()
+		return nil, err
+	}
 	quotav1.RegisterRegionServiceServer(srv.GRPC, rs)
 	quotav1.RegisterParticipantServiceServer(srv.GRPC, rs)
 	srv.Start()
-	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
+	if n.HTTP != nil {
+		n.HTTP.Start()
+	}
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	if keys != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			keys.watch(cctx)
+		}()
+	}
 	n.wg.Add(3)
 	go n.campaign(cctx)
 	go n.watchSoldOut(cctx, flags)
@@ -167,6 +220,41 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		r.KeepWarm(cctx)
 	}()
 	return n, nil
+}
+
+// openEdge opens the front door (with ticket keys) and the HTTP edge (with an address).
+func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
+	cfg := n.cfg
+	if keys != nil {
+		retention := cfg.BindRetention
+		if retention == 0 {
+			retention = 7 * 24 * time.Hour
+		}
+		n.binder = fencing.NewBinder(n.etcd, retention)
+		door, err := region.NewDoor(n.R, region.DoorConfig{Keys: keys.get, Bind: n.binder.Bind, Logger: cfg.Logger})
+		if err != nil {
+			return err
+		}
+		n.Door, rs.D = door, door
+	}
+	if cfg.HTTPListen == "" {
+		return nil
+	}
+	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, regionhttp.Handler(rs, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger}),
+		rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
+	if err != nil {
+		return err
+	}
+	n.HTTP = hs
+	return nil
+}
+
+// HTTPAddr is the storefront edge's address, or "" when it serves none.
+func (n *RegionNode) HTTPAddr() string {
+	if n.HTTP == nil {
+		return ""
+	}
+	return n.HTTP.Addr()
 }
 
 // soldOutSet is the region's copy of the coordinator's sold-out flags.
@@ -220,6 +308,7 @@ func (n *RegionNode) WaitLeading(ctx context.Context) error {
 func (n *RegionNode) Close() {
 	n.once.Do(func() {
 		n.Server.Stop()
+		n.stopEdge()
 		n.cancel()
 		n.wg.Wait()
 		n.R.Close()

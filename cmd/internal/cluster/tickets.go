@@ -1,0 +1,106 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaworks/quota/admission"
+)
+
+// TicketKeysFile is the ticket key file's name in a certificates or data directory.
+const TicketKeysFile = "tickets.keys"
+
+// EnsureTicketKeys creates the ticket key file at path with one fresh key when it is
+// missing (mode 0600: it is a secret), and reports whether it did.
+func EnsureTicketKeys(path string) (bool, error) {
+	if _, err := os.Stat(path); err == nil {
+		return false, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("ticket keys: %w", err)
+	}
+	data, err := admission.NewKeyFile(rand.Reader)
+	if err != nil {
+		return false, fmt.Errorf("ticket keys: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return false, fmt.Errorf("ticket keys: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return false, errors.Join(fmt.Errorf("ticket keys %s: %w", path, err), f.Close())
+	}
+	return true, f.Close()
+}
+
+// ticketKeys is the cluster's ticket key file as last read. watch reads it again when it
+// changes, so keys rotate under a running region (the file's two keys both verify); a file
+// that no longer parses is reported and the keys read before stay in use.
+type ticketKeys struct {
+	path  string
+	keys  atomic.Pointer[admission.Keyring]
+	stamp fileStamp
+	log   *slog.Logger
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func loadTicketKeys(path string, log *slog.Logger) (*ticketKeys, error) {
+	k := &ticketKeys{path: path, log: log}
+	if err := k.read(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func (k *ticketKeys) read() error {
+	st, err := os.Stat(k.path)
+	if err != nil {
+		return fmt.Errorf("ticket keys: %w (make the file with quotactl ticket-keys create)", err)
+	}
+	data, err := os.ReadFile(k.path)
+	if err != nil {
+		return fmt.Errorf("ticket keys: %w", err)
+	}
+	ring, err := admission.ParseKeyring(data)
+	if err != nil {
+		return fmt.Errorf("ticket keys %s: %w", k.path, err)
+	}
+	k.keys.Store(ring)
+	k.stamp = fileStamp{st.ModTime(), st.Size()}
+	return nil
+}
+
+// get returns the keys as last read.
+func (k *ticketKeys) get() *admission.Keyring { return k.keys.Load() }
+
+// ticketKeysPoll is how often the key file is looked at for a change.
+const ticketKeysPoll = 2 * time.Second
+
+// watch reads the key file again whenever it changes, until ctx ends.
+func (k *ticketKeys) watch(ctx context.Context) {
+	for sleep(ctx, ticketKeysPoll) == nil {
+		st, err := os.Stat(k.path)
+		if err != nil {
+			k.log.Error("ticket keys: the file is gone; the keys read before stay in use", "path", k.path, "err", err)
+			continue
+		}
+		if (fileStamp{st.ModTime(), st.Size()}) == k.stamp {
+			continue
+		}
+		if err := k.read(); err != nil {
+			k.log.Error("ticket keys: the changed file is refused; the keys read before stay in use", "err", err)
+			continue
+		}
+		k.log.Info("ticket keys read again", "path", k.path, "keys", k.get().String())
+	}
+}

@@ -1,0 +1,93 @@
+package rpcserve
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// HTTPServer is an HTTP/1.1 and HTTP/2 server (the storefront's JSON edge) with the TLS of
+// every quotad listener and the same limits: connections, handshake time, idle time, header
+// and body sizes (the handler bounds bodies).
+type HTTPServer struct {
+	srv      *http.Server
+	listener net.Listener
+	done     chan error
+	stopOnce sync.Once
+	log      *slog.Logger
+}
+
+// maxHeaderBytes bounds a request's headers.
+const maxHeaderBytes = 16 << 10
+
+// ListenHTTP listens on addr for h: TLS 1.3 with client certificates checked against the
+// cluster's CA when opts.TLS is set (the handler authorizes each route), plaintext HTTP/1.1
+// and h2c under --insecure.
+func ListenHTTP(addr string, h http.Handler, opts Options) (*HTTPServer, error) {
+	lim := opts.Limits.withDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	var tlsCfg *tls.Config
+	if opts.TLS.Insecure() {
+		protos.SetUnencryptedHTTP2(true)
+	} else {
+		cfg, err := opts.TLS.ServerConfig()
+		if err != nil {
+			return nil, err
+		}
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+		tlsCfg = cfg
+		protos.SetHTTP2(true)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	l := limitListener(lis, lim, false, opts.Logger)
+	if tlsCfg != nil {
+		l = tls.NewListener(l, tlsCfg)
+	}
+	srv := &http.Server{Handler: h, Protocols: &protos, ReadHeaderTimeout: lim.HandshakeTimeout,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: lim.MaxConnectionIdle,
+		MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(lim.MaxConcurrentStreams)}}
+	return &HTTPServer{srv: srv, listener: l, log: opts.Logger}, nil
+}
+
+// Addr is the address the server listens on.
+func (s *HTTPServer) Addr() string { return s.listener.Addr().String() }
+
+// Start serves in the background.
+func (s *HTTPServer) Start() {
+	s.done = make(chan error, 1)
+	go func() { s.done <- s.srv.Serve(s.listener) }()
+}
+
+// httpDrain bounds how long Stop lets requests in flight finish.
+const httpDrain = 5 * time.Second
+
+// Stop stops the server, letting requests in flight finish for a few seconds, then closing
+// what remains. Idempotent.
+func (s *HTTPServer) Stop() {
+	s.stopOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), httpDrain)
+		defer cancel()
+		if err := s.srv.Shutdown(ctx); err != nil {
+			s.log.Warn("http requests still running after the drain; closing them", "err", err, "close", s.srv.Close())
+		}
+		if s.done != nil {
+			if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Warn("http server ended", "err", err)
+			}
+		}
+	})
+}

@@ -1,0 +1,161 @@
+// Package regionhttp is a region's HTTP/JSON edge for storefronts (docs/storefront.md,
+// docs/openapi.yaml): every route calls the region's gRPC server in process, so the two APIs
+// run the same code, answer the same outcomes and are authorized by the same role table
+// (trust.Methods); errors are one JSON shape with the status of the one error table
+// (apierr.HTTP).
+package regionhttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/region/regionrpc"
+)
+
+// MaxBody is the most bytes a request body may have.
+const MaxBody = 64 << 10
+
+// ClientAddressHeader carries the buyer's address as the storefront saw it, for the
+// per-address admission limit. Only a caller with the storefront role's certificate may set
+// it; from anyone else (and on a plaintext server) it is ignored and the connection's
+// address is used.
+const ClientAddressHeader = "X-Client-Address"
+
+// Options configure the handler.
+type Options struct {
+	// Insecure serves without authorization (a plaintext server under --insecure); otherwise
+	// every route needs a client certificate whose role the table allows.
+	Insecure bool
+	Logger   *slog.Logger
+}
+
+// Handler serves the storefront API of one region from its gRPC server s.
+func Handler(s *regionrpc.Server, opts Options) http.Handler {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	h := &handler{s: s, opts: opts, views: newViewCache()}
+	mux := http.NewServeMux()
+	route := func(pattern, method string, fn func(http.ResponseWriter, *http.Request) error) {
+		mux.Handle(pattern, h.wrap(method, fn))
+	}
+	const svc = "/quota.v1.RegionService/"
+	route("GET /v1/ping", svc+"DescribeSale", h.ping)
+	route("GET /v1/sales/{sale}", svc+"DescribeSale", h.describe)
+	route("POST /v1/sales/{sale}/admissions", svc+"Enter", h.enter)
+	route("GET /v1/sales/{sale}/admissions/{admission}", svc+"GetAdmission", h.getAdmission)
+	route("POST /v1/sales/{sale}/reservations", svc+"Reserve", h.reserve)
+	route("POST /v1/sales/{sale}/waitlist", svc+"JoinWaitlist", h.joinWaitlist)
+	route("GET /v1/holds/{hold}", svc+"GetReservation", h.getHold)
+	route("POST /v1/holds/{hold}/confirm", svc+"Confirm", h.confirm)
+	route("POST /v1/holds/{hold}/release", svc+"Release", h.release)
+	mux.Handle("/", h.wrap("", func(http.ResponseWriter, *http.Request) error {
+		return apierr.NotFound("route", "")
+	}))
+	return mux
+}
+
+type handler struct {
+	s     *regionrpc.Server
+	opts  Options
+	views *viewCache
+}
+
+type callerKey struct{}
+
+// wrap authorizes a route as the gRPC method it stands for, bounds its body and writes its
+// error, if any, in the one JSON shape.
+func (h *handler) wrap(method string, fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := trust.CallerOfState(r.TLS)
+		if !h.opts.Insecure && method != "" {
+			if err := trust.AuthorizeCaller(c, method); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+		r = r.WithContext(context.WithValue(r.Context(), callerKey{}, c))
+		if err := fn(w, r); err != nil {
+			if method == "" {
+				err = fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, apierr.ErrNotFound)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+// writeError answers err in the one JSON shape, with Retry-After on answers that ask to try
+// again later.
+func writeError(w http.ResponseWriter, err error) {
+	code, body := apierr.HTTP(err)
+	if body.Error.RetryAfterMs > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt((body.Error.RetryAfterMs+999)/1000, 10))
+	}
+	writeJSON(w, code, body)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // only the types of this package are written: a programmer error
+		panic(fmt.Sprintf("regionhttp: marshal %T: %v", v, err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return // the client went away; nothing to tell it
+	}
+}
+
+// decode reads a JSON body into v: unknown fields and trailing data are refused, naming the
+// field, so a typo is an error rather than a silent default.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &mbe):
+			return apierr.Invalid("body", "over %d bytes", MaxBody)
+		case errors.As(err, &ute):
+			return apierr.Invalid(ute.Field, "want a JSON %s, got %s", ute.Type, ute.Value)
+		case errors.Is(err, io.EOF):
+			return apierr.Invalid("body", "empty; want a JSON object")
+		}
+		return apierr.Invalid("body", "%v", err)
+	}
+	if dec.More() {
+		return apierr.Invalid("body", "more than one JSON value")
+	}
+	return nil
+}
+
+// clientAddress is the buyer's address for the per-address limit: the header, from the
+// storefront role only; else the connection's address.
+func clientAddress(r *http.Request) string {
+	c, _ := r.Context().Value(callerKey{}).(trust.Caller)
+	if a := r.Header.Get(ClientAddressHeader); a != "" && c.Certified && c.Role == trust.Storefront {
+		return a
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (h *handler) ping(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
