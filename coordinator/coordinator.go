@@ -113,9 +113,10 @@ type Config struct {
 	// CallTimeout bounds one call to a region; default 5s.
 	CallTimeout time.Duration
 	Logger      *slog.Logger
-	// PublishSoldOut, when set, receives the sold-out flag of each SKU whenever it changes
-	// (see soldOutLoop); SoldOutInterval is how often they are recomputed (default 1s).
-	PublishSoldOut  func(ctx context.Context, sale, sku string, soldOut bool) error
+	// PublishFlag, when set, receives the sold-out and drained flags of each SKU whenever
+	// they change (see soldOutLoop); SoldOutInterval is how often they are recomputed
+	// (default 500ms).
+	PublishFlag     func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error
 	SoldOutInterval time.Duration
 	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
 	// conservation (I1) is broken (auditLoop); 0 (the zero value, unlike the other
@@ -152,7 +153,7 @@ func (c *Config) Validate() error {
 		c.CallTimeout = 5 * time.Second
 	}
 	if c.SoldOutInterval == 0 {
-		c.SoldOutInterval = time.Second
+		c.SoldOutInterval = 500 * time.Millisecond
 	}
 	if c.RetryInterval < 0 || c.StrandAfter < 0 || c.CallTimeout < 0 {
 		return errors.New("retry interval, strand-after and call timeout must be positive")

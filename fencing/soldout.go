@@ -8,54 +8,73 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-const soldOutPrefix = "/quota/soldout/"
+// Flag names one of the coordinator's stock flags per SKU. They are advice for answers and
+// admission only; no decision to grant or refuse stock depends on them.
+type Flag string
 
-// SetSoldOut publishes (or lifts) the flag saying a SKU has no unit available anywhere: no
-// region's pool, the unallocated pool, or a transfer in flight. Regions answer SOLD_OUT
-// instead of REGION_EXHAUSTED while it is set. It is advice for the answer only; no decision
-// to grant or refuse stock depends on it.
-func SetSoldOut(ctx context.Context, c *Client, sale, sku string, soldOut bool) error {
-	key := soldOutPrefix + sale + "|" + sku // '|' is in no valid id (transfer.CheckID)
+// The stock flags.
+const (
+	// SoldOut: no unit of the SKU is left to sell anywhere: no region has one available or
+	// held (a hold may expire back into stock), the unallocated pool is empty and no
+	// transfer is unfinished. Regions answer SOLD_OUT instead of REGION_EXHAUSTED.
+	SoldOut Flag = "soldout"
+	// Drained: no unit of the SKU is available anywhere, though some may be held. Waiting
+	// rooms tell their buyers the sale is sold out, and buyers may join the SKU's waitlist
+	// for the units that come back.
+	Drained Flag = "drained"
+)
+
+const flagPrefix = "/quota/flags/"
+
+func flagKey(f Flag, sale, sku string) string {
+	return flagPrefix + string(f) + "/" + sale + "|" + sku // '|' and '/' are in no valid id (transfer.CheckID)
+}
+
+// SetFlag raises (or lowers) flag f of a SKU.
+func SetFlag(ctx context.Context, c *Client, f Flag, sale, sku string, on bool) error {
+	key := flagKey(f, sale, sku)
 	var err error
-	if soldOut {
+	if on {
 		_, err = c.c.Put(ctx, key, "1")
 	} else {
 		_, err = c.c.Delete(ctx, key)
 	}
 	if err != nil {
-		return fmt.Errorf("sold-out flag %s/%s: %w", sale, sku, err)
+		return fmt.Errorf("%s flag %s/%s: %w", f, sale, sku, err)
 	}
 	return nil
 }
 
-// WatchSoldOut calls fn with the current sold-out flags and then with every change, until
-// ctx ends.
-func WatchSoldOut(ctx context.Context, c *Client, fn func(sale, sku string, soldOut bool)) error {
-	resp, err := c.c.Get(ctx, soldOutPrefix, clientv3.WithPrefix())
+// WatchFlags calls fn with every flag raised now and then with every change, until ctx ends.
+func WatchFlags(ctx context.Context, c *Client, fn func(f Flag, sale, sku string, on bool)) error {
+	resp, err := c.c.Get(ctx, flagPrefix, clientv3.WithPrefix())
 	if err != nil {
-		return fmt.Errorf("read sold-out flags: %w", err)
+		return fmt.Errorf("read stock flags: %w", err)
 	}
 	for _, kv := range resp.Kvs {
-		if sale, sku, ok := splitFlag(string(kv.Key)); ok {
-			fn(sale, sku, true)
+		if f, sale, sku, ok := splitFlag(string(kv.Key)); ok {
+			fn(f, sale, sku, true)
 		}
 	}
-	wch := c.c.Watch(ctx, soldOutPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	wch := c.c.Watch(ctx, flagPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {
 		for _, ev := range wr.Events {
-			if sale, sku, ok := splitFlag(string(ev.Kv.Key)); ok {
-				fn(sale, sku, ev.Type == clientv3.EventTypePut)
+			if f, sale, sku, ok := splitFlag(string(ev.Kv.Key)); ok {
+				fn(f, sale, sku, ev.Type == clientv3.EventTypePut)
 			}
 		}
 	}
 	return ctx.Err()
 }
 
-func splitFlag(key string) (sale, sku string, ok bool) {
-	rest := strings.TrimPrefix(key, soldOutPrefix)
+func splitFlag(key string) (f Flag, sale, sku string, ok bool) {
+	kind, rest, ok := strings.Cut(strings.TrimPrefix(key, flagPrefix), "/")
+	if !ok {
+		return "", "", "", false
+	}
 	i := strings.Index(rest, "|")
 	if i <= 0 || i == len(rest)-1 {
-		return "", "", false
+		return "", "", "", false
 	}
-	return rest[:i], rest[i+1:], true
+	return Flag(kind), rest[:i], rest[i+1:], true
 }

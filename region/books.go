@@ -115,20 +115,20 @@ func RecentDemand(ctx context.Context, db *pgxpool.Pool, sale string, since time
 // ReadUnsold reads, per SKU of a sale, the units at this region that may still be sold:
 // available, plus held (a hold can expire back into stock). A cheap read, straight from the
 // region's database, for the coordinator's sold-out flags.
-func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]transfer.Units, error) {
-	rows, err := db.Query(ctx, `SELECT sku, available + held FROM pools WHERE sale_id = $1`, sale)
+func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]transfer.Stock, error) {
+	rows, err := db.Query(ctx, `SELECT sku, available, held FROM pools WHERE sale_id = $1`, sale)
 	if err != nil {
 		return nil, fmt.Errorf("read unsold: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]transfer.Units{}
+	out := map[string]transfer.Stock{}
 	for rows.Next() {
 		var sku string
-		var a int64
-		if err := rows.Scan(&sku, &a); err != nil {
+		var a, h int64
+		if err := rows.Scan(&sku, &a, &h); err != nil {
 			return nil, err
 		}
-		out[sku] = transfer.Units(a)
+		out[sku] = transfer.Stock{Available: transfer.Units(a), Held: transfer.Units(h)}
 	}
 	return out, rows.Err()
 }

@@ -83,7 +83,7 @@ func (c *Core) Restarted() *Core {
 // committed batch does.
 func (c *Core) run(now time.Time, o op) (any, error) {
 	b := &batch{now: now.Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
-		m: c.m, w: newWrites(), overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
+		m: c.m, w: newWrites(), overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}, asideDelta: map[poolKey]transfer.Units{}}
 	res, outcome, fatal := o.apply(context.Background(), b)
 	if fatal != nil {
 		panic(fmt.Sprintf("region core: in-memory op failed: %v", fatal)) // memory ops have no fatal errors

@@ -80,6 +80,8 @@ type Door struct {
 	binds    chan struct{} // a slot per binding write in flight
 	mu       sync.Mutex
 	rooms    map[string]*saleRoom
+	// waitlists are the sold-out SKUs' waitlists (waitlist.go).
+	waitlists map[poolKey]*saleWaitlist
 	cancel   context.CancelFunc
 	done     chan struct{}
 	closeOne sync.Once
@@ -91,7 +93,7 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, cancel: cancel, done: make(chan struct{}),
+	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, waitlists: map[poolKey]*saleWaitlist{}, cancel: cancel, done: make(chan struct{}),
 		users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
 		addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets),
 		binds: make(chan struct{}, cfg.BindsInFlight)}
@@ -113,6 +115,8 @@ type Admission struct {
 	admission.Entry
 	Sale   string
 	Ticket string
+	// SKU is set on a waitlist's admission: its ticket takes units of that SKU only.
+	SKU string
 }
 
 // Enter puts user in sale's waiting room, or returns the place they have (never a second
@@ -156,17 +160,30 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 			return Admission{}, err
 		}
 	}
-	e, ok := room.Get(id, d.r.cfg.Clock.Now())
-	if !ok {
-		return Admission{}, apierr.NotFound("admission_id", id)
+	now := d.r.cfg.Clock.Now()
+	if e, ok := room.Get(id, now); ok {
+		return d.answer(sale, e)
 	}
-	return d.answer(sale, e)
+	if wl, e, ok := d.findOffer(sale, id, now); ok {
+		return d.answerWaitlist(sale, wl.pk.sku, e)
+	}
+	return Admission{}, apierr.NotFound("admission_id", id)
 }
 
 // Reserve makes a reservation (Region.Reserve) and, when a ticket made it, ends the
 // ticket's admission: its live place is freed for the next buyer.
 func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	var offer *saleWaitlist
+	if tk, err := admission.Peek(req.Ticket); err == nil && tk.SKU != "" { // the region verifies it
+		if offer, err = d.reserveOffer(&req, tk); err != nil {
+			return ReserveResult{}, err
+		}
+	}
 	res, err := d.r.Reserve(ctx, req)
+	if err == nil && offer != nil {
+		offer.list.Claimed(res.Hold.Admission, int(res.Hold.Quantity))
+		return res, nil
+	}
 	if err == nil && res.Hold.Admission != "" {
 		d.mu.Lock()
 		sr := d.rooms[req.Sale]
@@ -231,15 +248,20 @@ func (d *Door) closed(room *admission.Room, t SaleTerms) error {
 }
 
 func (d *Door) soldOutEverywhere(t SaleTerms) bool {
-	if d.r.cfg.SoldOut == nil {
-		return false
-	}
 	for _, sku := range t.SKUs {
-		if !d.r.cfg.SoldOut(t.Sale, sku) {
+		if !d.drained(t.Sale, sku) {
 			return false
 		}
 	}
 	return true
+}
+
+// drained reports whether no unit of sku is available anywhere (the coordinator's flag).
+func (d *Door) drained(sale, sku string) bool {
+	if f := d.r.cfg.Drained; f != nil {
+		return f(sale, sku)
+	}
+	return d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku)
 }
 
 // limit applies the per-buyer and per-address token buckets.
@@ -317,9 +339,11 @@ func (d *Door) run(ctx context.Context) {
 		if !d.r.Leading() {
 			d.mu.Lock()
 			clear(d.rooms)
+			clear(d.waitlists)
 			d.mu.Unlock()
 			continue
 		}
+		d.offerReturned(d.r.cfg.Clock.Now())
 		d.mu.Lock()
 		rooms := make([]*saleRoom, 0, len(d.rooms))
 		for _, sr := range d.rooms {

@@ -148,6 +148,7 @@ func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
 	} else {
 		p.available += q
 		d.available += q
+		b.setAsideReturned(pk, q)
 	}
 	nh := &memHold{Hold: h.Hold, hash: h.hash}
 	nh.State = to

@@ -68,6 +68,10 @@ type Config struct {
 	// SoldOut, when set, tells whether the coordinator has flagged a SKU as gone everywhere;
 	// an empty pool then answers SOLD_OUT instead of REGION_EXHAUSTED.
 	SoldOut func(sale, sku string) bool
+	// Drained, when set, tells whether the coordinator has flagged a SKU as having no unit
+	// available anywhere (some may be held): waiting rooms close with SOLD_OUT and buyers
+	// may join its waitlist. Unset: SoldOut stands in for it.
+	Drained func(sale, sku string) bool
 	// CoordinatorGeneration, when set, reads the coordinator leader's generation from etcd.
 	// A coordinator request whose generation is above it is refused and raises no fence
 	// (I4: a fence rises only to a real leader's generation). Unset (tests, the
@@ -201,6 +205,8 @@ type Region struct {
 	fullTakeovers, warmTakeovers atomic.Int64
 	// batchFailures counts the writer's batches that failed (each forces a reload).
 	batchFailures atomic.Int64
+	// aside is what the pools set aside for their waitlists (aside.go).
+	aside *asideBook
 	// coordGen is the highest coordinator leader generation read from etcd so far.
 	coordGen atomic.Int64
 	// paused is the leader's committed pauses (pause.go), for the answers given without the
@@ -213,7 +219,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, inWriterKeys: map[keyKey]int{}, warmSem: make(chan struct{}, 1)}, nil
+	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, inWriterKeys: map[keyKey]int{}, warmSem: make(chan struct{}, 1),
+		aside: newAsideBook()}, nil
 }
 
 // Name is the region's name.
@@ -243,9 +250,10 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	} else {
 		r.fullTakeovers.Add(1)
 	}
+	r.aside.reset() // the waitlists were the last leader's memory (aside.go)
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
-		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m,
+		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m, aside: r.aside,
 	}
 	w.onFail = func(err error) (*memState, error) { return r.onBatchFailure(w, err) }
 	w.start()
@@ -523,6 +531,9 @@ func (r *Region) applyCommitted(b *batch) {
 	}
 	r.availMu.Unlock()
 	r.paused.Store(b.m.paused) // the pauses this batch committed, if it changed them
+	for k, d := range b.asideDelta {
+		r.aside.add(k, d)
+	}
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
 	}

@@ -38,8 +38,13 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		return ReserveResult{}, err
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
-	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && avail < req.Quantity && !r.inWriter(k) {
-		return r.reserveWhenEmpty(ctx, req, k, avail)
+	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {
+		if req.fromAside == 0 {
+			avail -= min(r.aside.of(poolKey{req.Sale, req.SKU}), avail) // an open buyer may not take the waitlist's units
+		}
+		if avail < req.Quantity {
+			return r.reserveWhenEmpty(ctx, req, k, avail)
+		}
 	}
 	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
 		ticket: admitted}
@@ -234,9 +239,17 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	if p == nil {
 		return nil, o.exhausted(req, 0), nil
 	}
-	if p.available < req.Quantity {
+	aside := b.asideNow(pk, p.available)
+	free := p.available - aside // an open buyer may not take the units set aside for the waitlist
+	if req.fromAside > 0 {
+		if req.Quantity > req.fromAside {
+			return nil, apierr.Invalid("quantity", "%d is over the %d units the waitlist offered", req.Quantity, req.fromAside), nil
+		}
+		free = p.available
+	}
+	if free < req.Quantity {
 		b.touched[pk] = p.available
-		return nil, o.exhausted(req, p.available), nil
+		return nil, o.exhausted(req, free), nil
 	}
 	var used transfer.Units
 	if u := b.m.users[userKey{req.Sale, req.SKU, req.User}]; u != nil {
@@ -252,6 +265,9 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL), Admission: o.ticket.Admission},
 		hash: hash}
 	b.take(h)
+	if req.fromAside > 0 {
+		b.asideDelta[pk] -= min(req.Quantity, aside) // the offer's units leave the waitlist's book
+	}
 	return ReserveResult{Hold: h.Hold}, nil, nil
 }
 

@@ -69,6 +69,9 @@ type ReserveRequest struct {
 	// Ticket is the admission ticket, required in a sale with a waiting room; it backs at
 	// most one RequestKey.
 	Ticket string
+	// fromAside is, for a waitlist offer's ticket, the units offered: the reservation may
+	// take that many of the units set aside for the waitlist (set by the front door).
+	fromAside transfer.Units
 }
 
 // ReserveResult is a granted reservation. Replayed is true when RequestKey matched an

@@ -43,6 +43,10 @@ type batch struct {
 	// pool counts it changed, applied to memory only once the savepoint is released.
 	sp      pgx.Tx
 	spAvail map[poolKey]transfer.Units
+	// aside is the region's waitlist book (nil in the simulation's core), and asideDelta
+	// this batch's changes to it, applied once the batch commits (aside.go).
+	aside      *asideBook
+	asideDelta map[poolKey]transfer.Units
 }
 
 // begin opens the batch's transaction on first use, first passing the epoch fence (I4): a
@@ -223,6 +227,7 @@ type writer struct {
 	// request of the batch is told (Region.onBatchFailure: the one place that decides it).
 	onFail func(err error) (m *memState, answer error)
 	m      *memState
+	aside  *asideBook
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -372,7 +377,8 @@ func (w *writer) commit(ps []*request) {
 	// is answered with is the hold a read or a replay returns, and a deadline compares the
 	// same before and after it was stored.
 	b := &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
-		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, stamp: w.m.changed + 1, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}}
+		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, stamp: w.m.changed + 1, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{},
+		aside: w.aside, asideDelta: map[poolKey]transfer.Units{}}
 	results := make([]result, len(ps))
 	err := func() error {
 		for i, p := range ps {

@@ -75,3 +75,10 @@ func (a AdmissionTerms) Check() (field, reason string) {
 
 // HasSKU reports whether sku is one of the sale's SKUs.
 func (t SaleTerms) HasSKU(sku string) bool { return slices.Contains(t.SKUs, sku) }
+
+// Stock is a pool's units that may still be sold: available to take, and held (a hold may
+// expire or be released back).
+type Stock struct {
+	Available Units
+	Held      Units
+}

@@ -31,7 +31,7 @@ func retryAfter(a region.Admission) int64 {
 func AdmissionToProto(a region.Admission) *quotav1.Admission {
 	out := &quotav1.Admission{AdmissionId: a.ID, SaleId: a.Sale, UserId: a.User, State: admissionStates[a.State],
 		Position: int64(a.Position), EstimatedWaitMs: a.EstimatedWait.Milliseconds(), RetryAfterMs: retryAfter(a),
-		Ticket: a.Ticket, Region: a.Region, Reason: a.Reason}
+		Ticket: a.Ticket, Region: a.Region, Reason: a.Reason, Sku: a.SKU}
 	if !a.ExpiresAt.IsZero() {
 		out.ExpiresAt = timestamppb.New(a.ExpiresAt)
 	}
@@ -89,4 +89,17 @@ func (s *Server) DescribeSale(ctx context.Context, req *quotav1.DescribeSaleRequ
 		out.Skus = append(out.Skus, &quotav1.SkuView{Sku: k.SKU, SoldOut: k.SoldOut, Available: int64(k.Available), Paused: k.Paused})
 	}
 	return out, nil
+}
+
+// JoinWaitlist implements RegionService.
+func (s *Server) JoinWaitlist(ctx context.Context, req *quotav1.JoinWaitlistRequest) (*quotav1.JoinWaitlistResponse, error) {
+	d, err := s.door()
+	if err != nil {
+		return nil, err
+	}
+	a, err := d.JoinWaitlist(ctx, req.GetSaleId(), req.GetUserId(), req.GetSku())
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.JoinWaitlistResponse{Admission: AdmissionToProto(a)}, nil
 }

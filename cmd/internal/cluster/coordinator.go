@@ -96,8 +96,8 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
 		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger,
-		PublishSoldOut: func(ctx context.Context, sale, sku string, soldOut bool) error {
-			return fencing.SetSoldOut(ctx, etcd, sale, sku, soldOut)
+		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
+			return fencing.SetFlag(ctx, etcd, f, sale, sku, on)
 		}}, n.DB)
 	if err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			Demand: func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error) {
 				return region.RecentDemand(ctx, db, sale, since)
 			},
-			Unsold: func(ctx context.Context, sale string) (map[string]transfer.Units, error) {
+			Unsold: func(ctx context.Context, sale string) (map[string]transfer.Stock, error) {
 				return region.ReadUnsold(ctx, db, sale)
 			}})
 	}

@@ -51,7 +51,7 @@ type DevConfig struct {
 	// TicketKeys is the cluster's ticket key file, created at start when missing (default
 	// <DataDir>/tickets.keys).
 	TicketKeys string
-	Logger   *slog.Logger
+	Logger     *slog.Logger
 }
 
 // Validate checks the configuration, naming the bad field.

@@ -33,7 +33,7 @@ type RegionConfig struct {
 	LeaseTTL time.Duration
 	// Region.CoordinatorGeneration defaults to the coordinator leader's generation in etcd.
 	// TLS is the certificates directory (node.crt); nil runs insecure (plaintext, no roles).
-	TLS    *trust.Material
+	TLS *trust.Material
 	// HTTPListen is the storefront HTTP/JSON edge's address; "" serves none.
 	HTTPListen string
 	// TicketKeys is the cluster's ticket key file; "" opens no front door (no waiting
@@ -47,8 +47,8 @@ type RegionConfig struct {
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
 type RegionNode struct {
-	R       *region.Region
-	Server  *rpcserve.Server
+	R      *region.Region
+	Server *rpcserve.Server
 	// HTTP is the storefront edge (nil when not served); Door the front door behind both APIs.
 	HTTP    *rpcserve.HTTPServer
 	Door    *region.Door
@@ -155,8 +155,9 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	cfg.Region.Logger = cfg.Logger
 	cfg.Region.LeaderHint = cachedHint(hintTTL, func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) })
-	flags := &soldOutSet{}
-	cfg.Region.SoldOut = flags.has
+	flags := &flagSet{}
+	cfg.Region.SoldOut = flags.has(fencing.SoldOut)
+	cfg.Region.Drained = flags.has(fencing.Drained)
 	if cfg.Region.CoordinatorGeneration == nil {
 		cfg.Region.CoordinatorGeneration = func(ctx context.Context) (int64, error) {
 			_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
@@ -257,29 +258,37 @@ func (n *RegionNode) HTTPAddr() string {
 	return n.HTTP.Addr()
 }
 
-// soldOutSet is the region's copy of the coordinator's sold-out flags.
-type soldOutSet struct{ m sync.Map }
+// flagSet is the region's copy of the coordinator's stock flags (fencing.Flag).
+type flagSet struct{ m sync.Map }
 
-func (s *soldOutSet) has(sale, sku string) bool {
-	_, ok := s.m.Load(sale + "|" + sku)
-	return ok
+type flagOf struct {
+	f         fencing.Flag
+	sale, sku string
 }
 
-// watchSoldOut follows the sold-out flags in etcd until ctx ends, starting again after an
-// error (the flags only pick the wording of a refusal, so a gap is harmless).
-func (n *RegionNode) watchSoldOut(ctx context.Context, flags *soldOutSet) {
+// has returns the test of one flag.
+func (s *flagSet) has(f fencing.Flag) func(sale, sku string) bool {
+	return func(sale, sku string) bool {
+		_, ok := s.m.Load(flagOf{f, sale, sku})
+		return ok
+	}
+}
+
+// watchSoldOut follows the stock flags in etcd until ctx ends, starting again after an
+// error (the flags only pick answers, so a gap is harmless).
+func (n *RegionNode) watchSoldOut(ctx context.Context, flags *flagSet) {
 	defer n.wg.Done()
 	for ctx.Err() == nil {
 		flags.m.Clear()
-		err := fencing.WatchSoldOut(ctx, n.etcd, func(sale, sku string, soldOut bool) {
-			if soldOut {
-				flags.m.Store(sale+"|"+sku, true)
+		err := fencing.WatchFlags(ctx, n.etcd, func(f fencing.Flag, sale, sku string, on bool) {
+			if on {
+				flags.m.Store(flagOf{f, sale, sku}, true)
 			} else {
-				flags.m.Delete(sale + "|" + sku)
+				flags.m.Delete(flagOf{f, sale, sku})
 			}
 		})
 		if err != nil && ctx.Err() == nil {
-			n.cfg.Logger.Warn("sold-out watch ended", "region", n.cfg.Region.Name, "err", err)
+			n.cfg.Logger.Warn("stock flag watch ended", "region", n.cfg.Region.Name, "err", err)
 		}
 		sleep(ctx, time.Second)
 	}

@@ -1,0 +1,157 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// saleWaitlist is one sold-out SKU's waitlist at this region.
+type saleWaitlist struct {
+	list  *admission.Waitlist
+	pk    poolKey
+	limit transfer.Units // the sale's per-user limit: the most one offer gives a buyer
+}
+
+// JoinWaitlist puts user on a sold-out SKU's waitlist (the same place if they are on it):
+// units that come back here (a release, an expiry) are set aside and offered to the line in
+// order, each offer an admission with a ticket for that SKU, before any open buyer may take
+// them. The buyer is bound to this region first, as an admission binds them (the per-user
+// limit across regions). Refused: a SKU not sold out everywhere (CONFLICT: enter the
+// waiting room instead), a buyer bound elsewhere (BOUND_ELSEWHERE).
+func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admission, error) {
+	if err := checkIDs("sale_id", sale, "user_id", user, "sku", sku); err != nil {
+		return Admission{}, err
+	}
+	now := d.r.cfg.Clock.Now()
+	if err := d.limit(user, "", now); err != nil {
+		return Admission{}, err
+	}
+	_, t, err := d.room(ctx, sale)
+	if err != nil {
+		return Admission{}, err
+	}
+	if !t.HasSKU(sku) {
+		return Admission{}, fmt.Errorf("sku %q is not in sale %s: %w", sku, sale, ErrNotFound)
+	}
+	if !d.drained(sale, sku) {
+		return Admission{}, fmt.Errorf("sku %s of sale %s is not sold out: enter the waiting room instead: %w", sku, sale, ErrConflict)
+	}
+	if err := d.bindNow(ctx, sale, user); err != nil {
+		return Admission{}, err
+	}
+	wl, err := d.waitlist(t, sku)
+	if err != nil {
+		return Admission{}, err
+	}
+	e, err := wl.list.Join(user, now)
+	if err != nil {
+		return Admission{}, err
+	}
+	d.r.aside.setWaiting(wl.pk, wl.list.Len())
+	return d.answerWaitlist(sale, sku, e)
+}
+
+// bindNow binds user to this region for sale, refusing a buyer bound elsewhere.
+func (d *Door) bindNow(ctx context.Context, sale, user string) error {
+	if d.cfg.Bind == nil {
+		return nil
+	}
+	bctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	defer cancel()
+	bound, err := d.cfg.Bind(bctx, sale, user, d.r.cfg.Name)
+	if err != nil {
+		return fmt.Errorf("binding buyer %s to region %s: %v: %w", user, d.r.cfg.Name, err, apierr.ErrAborted)
+	}
+	if bound != d.r.cfg.Name {
+		return &apierr.BoundError{Sale: sale, Region: bound}
+	}
+	return nil
+}
+
+// waitlist returns sku's waitlist in sale, made on first use.
+func (d *Door) waitlist(t SaleTerms, sku string) (*saleWaitlist, error) {
+	pk := poolKey{t.Sale, sku}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if wl := d.waitlists[pk]; wl != nil {
+		return wl, nil
+	}
+	list, err := admission.NewWaitlist(admission.WaitlistConfig{Sale: t.Sale, SKU: sku, Region: d.r.cfg.Name})
+	if err != nil {
+		return nil, fmt.Errorf("sale %s sku %s: waitlist: %w", t.Sale, sku, err)
+	}
+	wl := &saleWaitlist{list: list, pk: pk, limit: t.PerUserLimit}
+	d.waitlists[pk] = wl
+	return wl, nil
+}
+
+// answerWaitlist is answer for a waitlist's entry: an offer's ticket is for its SKU only.
+func (d *Door) answerWaitlist(sale, sku string, e admission.Entry) (Admission, error) {
+	a := Admission{Entry: e, Sale: sale, SKU: sku}
+	if e.State == admission.Admitted {
+		tk, err := d.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: e.User, Region: d.r.cfg.Name, Admission: e.ID, SKU: sku,
+			Expires: e.ExpiresAt})
+		if err != nil {
+			return a, fmt.Errorf("sign the ticket of waitlist offer %s: %w", e.ID, err)
+		}
+		a.Ticket = tk
+	}
+	return a, nil
+}
+
+// findOffer returns the waitlist entry id names in sale, if any.
+func (d *Door) findOffer(sale, id string, now time.Time) (*saleWaitlist, admission.Entry, bool) {
+	d.mu.Lock()
+	lists := make([]*saleWaitlist, 0, len(d.waitlists))
+	for pk, wl := range d.waitlists {
+		if pk.sale == sale {
+			lists = append(lists, wl)
+		}
+	}
+	d.mu.Unlock()
+	for _, wl := range lists {
+		if e, ok := wl.list.Get(id, now); ok {
+			return wl, e, true
+		}
+	}
+	return nil, admission.Entry{}, false
+}
+
+// offerReturned ends the offers that expired and offers the units set aside and not yet
+// offered to the next buyers in line; with no one left in line they go back to every buyer.
+func (d *Door) offerReturned(now time.Time) {
+	d.mu.Lock()
+	lists := make([]*saleWaitlist, 0, len(d.waitlists))
+	for _, wl := range d.waitlists {
+		lists = append(lists, wl)
+	}
+	d.mu.Unlock()
+	for _, wl := range lists {
+		wl.list.Expire(now)
+		unoffered := d.r.aside.of(wl.pk) - transfer.Units(wl.list.SetAside())
+		switch {
+		case unoffered > 0 && wl.list.Len() > 0:
+			wl.list.Offer(int(unoffered), int(wl.limit), now)
+		case unoffered > 0:
+			d.r.aside.add(wl.pk, -unoffered)
+		}
+		d.r.aside.setWaiting(wl.pk, wl.list.Len())
+	}
+}
+
+// reserveOffer prepares a reservation made with a waitlist offer's ticket: the offer must be
+// out (not claimed, not expired), and the reservation may take its units from those set
+// aside.
+func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) (*saleWaitlist, error) {
+	wl, e, ok := d.findOffer(req.Sale, tk.Admission, d.r.cfg.Clock.Now())
+	if !ok || e.State != admission.Admitted {
+		return nil, fmt.Errorf("waitlist offer %s is not out (claimed, expired or unknown here): %w", tk.Admission, ErrTicketInvalid)
+	}
+	req.fromAside = transfer.Units(e.Units)
+	return wl, nil
+}

@@ -1,0 +1,369 @@
+//go:build ignore
+
+// httpbench is the Go side of scripts/http-bench.sh (make http-bench): it prepares what wrk
+// needs against a plaintext `quotad dev --insecure` and drives the gRPC comparison.
+//
+//	go run scripts/httpbench/main.go enter   -grpc ADDR -sale S -users N -prefix P -want tickets|queued -out FILE
+//	go run scripts/httpbench/main.go reserve -grpc ADDR -sale S -sku K -tickets FILE -concurrency C -duration D [-max N]
+//	go run scripts/httpbench/main.go loadgen -grpc ADDR -sale S -sku K -concurrency C -duration D -buyers N -prefix P
+//
+// enter puts N buyers in a sale's waiting room over gRPC and writes, one a line, their
+// tickets once admitted (-want tickets) or their admission ids while still queued (-want
+// queued). Each buyer gets a client address of its own (gRPC's Enter takes the address from
+// the request), so the per-address limit does not pace the set-up.
+//
+// reserve is a closed loop of C callers on one gRPC connection, each taking the next unused
+// ticket and reserving one unit with it and a request key of its own (RegionService.Reserve,
+// durable before it answers), until D passes, the tickets run out or -max calls were made.
+//
+// loadgen runs the project's load generator (internal/loadgen) with C buyers in flight for D
+// against a sale without a waiting room, reserves only (no confirm, no release).
+//
+// Each prints one line starting "HB " with key=value fields the shell script reads.
+//
+// The file carries the ignore build tag: it is a script, run with `go run` or built by the
+// script, and stays out of ./... (the layout test puts every package of the tree in a layer).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/loadgen"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: httpbench enter|reserve|loadgen [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "enter":
+		err = runEnter(os.Args[2:])
+	case "reserve":
+		err = runReserve(os.Args[2:])
+	case "loadgen":
+		err = runLoadgen(os.Args[2:])
+	default:
+		fmt.Fprintf(os.Stderr, "httpbench: unknown command %q\n", os.Args[1])
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "httpbench %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func dial(addr string) (*grpc.ClientConn, quotav1.RegionServiceClient, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, quotav1.NewRegionServiceClient(conn), nil
+}
+
+// clientAddress is buyer i's own made-up address (in 10.0.0.0/8).
+func clientAddress(i int) string {
+	return fmt.Sprintf("10.%d.%d.%d", (i>>16)&0xff, (i>>8)&0xff, i&0xff)
+}
+
+func runEnter(args []string) error {
+	fs := flag.NewFlagSet("enter", flag.ExitOnError)
+	addr := fs.String("grpc", "", "the region's gRPC address")
+	sale := fs.String("sale", "", "sale id")
+	users := fs.Int("users", 1000, "buyers to enter (1..10,000,000)")
+	prefix := fs.String("prefix", "hb-", "prefix of the buyer ids")
+	want := fs.String("want", "tickets", "tickets (wait until admitted) or queued (admission ids, not waiting)")
+	out := fs.String("out", "", "file to write, one a line")
+	conc := fs.Int("concurrency", 64, "calls in flight")
+	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole command")
+	_ = fs.Parse(args)
+	if *addr == "" || *sale == "" || *out == "" || *users < 1 || *users > 10_000_000 || *conc < 1 || *conc > 10_000 ||
+		(*want != "tickets" && *want != "queued") {
+		return errors.New("need -grpc, -sale, -out, -users 1..10000000, -concurrency 1..10000, -want tickets|queued")
+	}
+	conn, rc, err := dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	start := time.Now()
+	lines := make([]string, *users)
+	var next, done, polls, overloaded atomic.Int64
+	var firstErr error
+	var mu sync.Mutex
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		cancel()
+	}
+	var wg sync.WaitGroup
+	for range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= *users {
+					return
+				}
+				line, err := enterOne(ctx, rc, *sale, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i), *want == "tickets", &polls, &overloaded)
+				if err != nil {
+					fail(fmt.Errorf("buyer %d: %w", i, err))
+					return
+				}
+				lines[i] = line
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("timed out after %s with %d of %d buyers done", *timeout, done.Load(), *users)
+	}
+	f, err := os.Create(*out)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+	if err := errors.Join(w.Flush(), f.Close()); err != nil {
+		return err
+	}
+	el := time.Since(start)
+	fmt.Printf("HB cmd=enter sale=%s want=%s users=%d seconds=%.2f per_sec=%.0f polls=%d overloaded=%d\n",
+		*sale, *want, *users, el.Seconds(), float64(*users)/el.Seconds(), polls.Load(), overloaded.Load())
+	return nil
+}
+
+// enterOne enters one buyer and returns its line: the ticket once admitted, or the admission
+// id of a queued buyer.
+func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, addr string, ticket bool, polls, overloaded *atomic.Int64) (string, error) {
+	var a *quotav1.Admission
+	for attempt := 0; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := rc.Enter(cctx, &quotav1.EnterRequest{SaleId: sale, UserId: user, ClientAddress: addr})
+		cancel()
+		if err == nil {
+			a = resp.GetAdmission()
+			break
+		}
+		if apierr.Reason(err) != "OVERLOADED" || attempt >= 50 {
+			return "", err
+		}
+		overloaded.Add(1)
+		if !sleep(ctx, max(apierr.RetryAfter(err), 10*time.Millisecond)) {
+			return "", ctx.Err()
+		}
+	}
+	if !ticket {
+		if a.GetState() != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
+			return "", fmt.Errorf("admission %s is %s, want queued", a.GetAdmissionId(), a.GetState())
+		}
+		return a.GetAdmissionId(), nil
+	}
+	for a.GetTicket() == "" {
+		if s := a.GetState(); s != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
+			return "", fmt.Errorf("admission %s is %s without a ticket", a.GetAdmissionId(), s)
+		}
+		if !sleep(ctx, 20*time.Millisecond) {
+			return "", ctx.Err()
+		}
+		polls.Add(1)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := rc.GetAdmission(cctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: a.GetAdmissionId()})
+		cancel()
+		if err != nil {
+			return "", err
+		}
+		a = resp.GetAdmission()
+	}
+	return a.GetTicket(), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func readLines(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+func runReserve(args []string) error {
+	fs := flag.NewFlagSet("reserve", flag.ExitOnError)
+	addr := fs.String("grpc", "", "the region's gRPC address")
+	sale := fs.String("sale", "", "sale id")
+	sku := fs.String("sku", "", "SKU")
+	tickets := fs.String("tickets", "", "file of tickets, one a line (each used once)")
+	conc := fs.Int("concurrency", 64, "callers in flight")
+	dur := fs.Duration("duration", 10*time.Second, "how long to run (at most 10m)")
+	maxOps := fs.Int("max", 0, "stop after this many calls (0: as many as tickets)")
+	keyPrefix := fs.String("key-prefix", "grpc-", "prefix of the request keys")
+	_ = fs.Parse(args)
+	if *addr == "" || *sale == "" || *sku == "" || *tickets == "" || *conc < 1 || *conc > 10_000 || *dur <= 0 || *dur > 10*time.Minute {
+		return errors.New("need -grpc, -sale, -sku, -tickets, -concurrency 1..10000, -duration (0, 10m]")
+	}
+	tks, err := readLines(*tickets)
+	if err != nil {
+		return err
+	}
+	users := make([]string, len(tks))
+	for i, t := range tks {
+		pt, err := admission.Peek(t)
+		if err != nil {
+			return fmt.Errorf("ticket %d: %w", i+1, err)
+		}
+		users[i] = pt.User
+	}
+	limit := len(tks)
+	if *maxOps > 0 && *maxOps < limit {
+		limit = *maxOps
+	}
+	conn, rc, err := dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.Connect() // connected before the clock starts, as wrk's connections are
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(wctx, s) {
+			wcancel()
+			return fmt.Errorf("no connection to %s", *addr)
+		}
+	}
+	wcancel()
+	ctx, cancel := context.WithTimeout(context.Background(), *dur)
+	defer cancel()
+	var next, created, replayed, calls atomic.Int64
+	var mu sync.Mutex
+	reasons := map[string]int64{}
+	firstErr := ""
+	start := time.Now()
+	var last atomic.Int64 // ns after start of the last completion
+	var wg sync.WaitGroup
+	for range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= limit {
+					return
+				}
+				resp, err := rc.Reserve(ctx, &quotav1.ReserveRequest{SaleId: *sale, Sku: *sku, UserId: users[i], Quantity: 1,
+					RequestKey: fmt.Sprintf("%s%d", *keyPrefix, i), Ticket: tks[i]})
+				if ctx.Err() != nil && err != nil {
+					return // cut off by the clock: not counted
+				}
+				calls.Add(1)
+				last.Store(int64(time.Since(start)))
+				switch {
+				case err == nil && resp.GetReplayed():
+					replayed.Add(1)
+				case err == nil:
+					created.Add(1)
+				default:
+					r := apierr.Reason(err)
+					if r == "" {
+						r = "OTHER"
+					}
+					mu.Lock()
+					reasons[r]++
+					if firstErr == "" {
+						firstErr = err.Error()
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	if d := time.Duration(last.Load()); next.Load() >= int64(limit) && d > 0 {
+		el = d // ran out of tickets before the clock: the rate over the time it ran
+	}
+	var rs []string
+	for r, n := range reasons {
+		rs = append(rs, fmt.Sprintf("%s:%d", r, n))
+	}
+	sort.Strings(rs)
+	fmt.Printf("HB cmd=reserve sale=%s concurrency=%d calls=%d created=%d replayed=%d refused=%s seconds=%.3f created_per_sec=%.0f calls_per_sec=%.0f exhausted_tickets=%t\n",
+		*sale, *conc, calls.Load(), created.Load(), replayed.Load(), strings.Join(append(rs, ""), ","), el.Seconds(),
+		float64(created.Load())/el.Seconds(), float64(calls.Load())/el.Seconds(), next.Load() >= int64(len(tks)))
+	if firstErr != "" {
+		fmt.Fprintf(os.Stderr, "httpbench reserve: first refusal: %s\n", firstErr)
+	}
+	return nil
+}
+
+func runLoadgen(args []string) error {
+	fs := flag.NewFlagSet("loadgen", flag.ExitOnError)
+	addr := fs.String("grpc", "", "the region's gRPC address")
+	sale := fs.String("sale", "", "sale id (without a waiting room)")
+	sku := fs.String("sku", "", "SKU")
+	conc := fs.Int("concurrency", 64, "buyers in flight")
+	dur := fs.Duration("duration", 10*time.Second, "how long to run (at most 10m)")
+	buyers := fs.Int("buyers", 1_000_000, "bound on the buyers")
+	prefix := fs.String("prefix", "lg-", "prefix of the buyer ids")
+	_ = fs.Parse(args)
+	if *addr == "" || *sale == "" || *sku == "" || *dur <= 0 || *dur > 10*time.Minute {
+		return errors.New("need -grpc, -sale, -sku, -duration (0, 10m]")
+	}
+	s, err := loadgen.Run(context.Background(), loadgen.Config{Sale: *sale, SKU: *sku,
+		Regions: []loadgen.Region{{Name: "us", Addr: *addr, Weight: 1}}, Creds: insecure.NewCredentials(),
+		Buyers: *buyers, Concurrency: *conc, MaxDuration: *dur, UserPrefix: *prefix})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("HB cmd=loadgen sale=%s concurrency=%d buyers=%d granted=%d exhausted=%d sold_out=%d failed=%d retries=%d seconds=%.3f created_per_sec=%.0f\n",
+		*sale, *conc, s.Buyers, s.Granted, s.Exhausted, s.SoldOut, s.Failed, s.Retries, s.Elapsed.Seconds(),
+		float64(s.Granted)/s.Elapsed.Seconds())
+	if s.FirstError != "" {
+		fmt.Fprintf(os.Stderr, "httpbench loadgen: first failure (buyers cut off by the clock fail too): %s\n", s.FirstError)
+	}
+	return nil
+}
