@@ -403,9 +403,13 @@ func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
 	} else {
 		_, err = room.Elsewhere(e.ID, bound)
 	}
-	if err != nil {
-		d.cfg.Logger.Error("admission changed under its binding", "admission", e.ID, "err", err)
+	if err == nil {
+		return
 	}
+	if now, ok := room.Get(e.ID, d.r.cfg.Clock.Now()); ok && now.State == admission.Closed {
+		return // the room closed (sold out, paused) while the binding was written: the buyer hears that
+	}
+	d.cfg.Logger.Error("admission changed under its binding", "admission", e.ID, "err", err)
 }
 
 // SaleView is a sale as a storefront shows it: for display only; it decides nothing.

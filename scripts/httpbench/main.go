@@ -3,18 +3,19 @@
 // httpbench is the Go side of scripts/http-bench.sh (make http-bench): it prepares what wrk
 // needs against a plaintext `quotad dev --insecure` and drives the gRPC comparison.
 //
-//	go run scripts/httpbench/main.go enter   -grpc ADDR -sale S -users N -prefix P -want tickets|queued -out FILE
+//	go run scripts/httpbench/main.go enter   -grpc ADDR -sale S -users N -prefix P -want tickets|admitted|queued -out FILE
 //	go run scripts/httpbench/main.go reserve -grpc ADDR -sale S -sku K -tickets FILE -concurrency C -duration D [-max N]
 //	go run scripts/httpbench/main.go loadgen -grpc ADDR -sale S -sku K -concurrency C -duration D -buyers N -prefix P
 //
 // enter puts N buyers in a sale's waiting room over gRPC and writes, one a line, their
-// tickets once admitted (-want tickets) or their admission ids while still queued (-want
-// queued). Each buyer gets a client address of its own (gRPC's Enter takes the address from
+// tickets once admitted (-want tickets), their admission ids once admitted (-want admitted)
+// or their admission ids while still queued (-want queued). Each buyer gets a client address of its own (gRPC's Enter takes the address from
 // the request), so the per-address limit does not pace the set-up.
 //
 // reserve is a closed loop of C callers on one gRPC connection, each taking the next unused
 // ticket and reserving one unit with it and a request key of its own (RegionService.Reserve,
-// durable before it answers), until D passes, the tickets run out or -max calls were made.
+// durable before it answers), until D passes, the tickets run out or -max calls were made;
+// with -confirm it pays for each hold too (to sell a SKU out).
 //
 // loadgen runs the project's load generator (internal/loadgen) with C buyers in flight for D
 // against a sale without a waiting room, reserves only (no confirm, no release).
@@ -89,14 +90,14 @@ func runEnter(args []string) error {
 	sale := fs.String("sale", "", "sale id")
 	users := fs.Int("users", 1000, "buyers to enter (1..10,000,000)")
 	prefix := fs.String("prefix", "hb-", "prefix of the buyer ids")
-	want := fs.String("want", "tickets", "tickets (wait until admitted) or queued (admission ids, not waiting)")
+	want := fs.String("want", "tickets", "tickets (wait until admitted), admitted (their admission ids, once admitted) or queued (admission ids, not waiting)")
 	out := fs.String("out", "", "file to write, one a line")
 	conc := fs.Int("concurrency", 64, "calls in flight")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole command")
 	_ = fs.Parse(args)
 	if *addr == "" || *sale == "" || *out == "" || *users < 1 || *users > 10_000_000 || *conc < 1 || *conc > 10_000 ||
-		(*want != "tickets" && *want != "queued") {
-		return errors.New("need -grpc, -sale, -out, -users 1..10000000, -concurrency 1..10000, -want tickets|queued")
+		(*want != "tickets" && *want != "admitted" && *want != "queued") {
+		return errors.New("need -grpc, -sale, -out, -users 1..10000000, -concurrency 1..10000, -want tickets|admitted|queued")
 	}
 	conn, rc, err := dial(*addr)
 	if err != nil {
@@ -128,7 +129,7 @@ func runEnter(args []string) error {
 				if i >= *users {
 					return
 				}
-				line, err := enterOne(ctx, rc, *sale, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i), *want == "tickets", &polls, &overloaded)
+				line, err := enterOne(ctx, rc, *sale, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i), *want, &polls, &overloaded)
 				if err != nil {
 					fail(fmt.Errorf("buyer %d: %w", i, err))
 					return
@@ -162,9 +163,9 @@ func runEnter(args []string) error {
 	return nil
 }
 
-// enterOne enters one buyer and returns its line: the ticket once admitted, or the admission
-// id of a queued buyer.
-func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, addr string, ticket bool, polls, overloaded *atomic.Int64) (string, error) {
+// enterOne enters one buyer and returns its line: the ticket or the admission id once
+// admitted, or the admission id of a queued buyer.
+func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, addr, want string, polls, overloaded *atomic.Int64) (string, error) {
 	var a *quotav1.Admission
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -182,7 +183,7 @@ func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, a
 			return "", ctx.Err()
 		}
 	}
-	if !ticket {
+	if want == "queued" {
 		if a.GetState() != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
 			return "", fmt.Errorf("admission %s is %s, want queued", a.GetAdmissionId(), a.GetState())
 		}
@@ -203,6 +204,9 @@ func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, a
 			return "", err
 		}
 		a = resp.GetAdmission()
+	}
+	if want == "admitted" {
+		return a.GetAdmissionId(), nil
 	}
 	return a.GetTicket(), nil
 }
@@ -242,6 +246,7 @@ func runReserve(args []string) error {
 	dur := fs.Duration("duration", 10*time.Second, "how long to run (at most 10m)")
 	maxOps := fs.Int("max", 0, "stop after this many calls (0: as many as tickets)")
 	keyPrefix := fs.String("key-prefix", "grpc-", "prefix of the request keys")
+	confirm := fs.Bool("confirm", false, "pay for every hold made (sells the units: for draining a SKU to sold out)")
 	_ = fs.Parse(args)
 	if *addr == "" || *sale == "" || *sku == "" || *tickets == "" || *conc < 1 || *conc > 10_000 || *dur <= 0 || *dur > 10*time.Minute {
 		return errors.New("need -grpc, -sale, -sku, -tickets, -concurrency 1..10000, -duration (0, 10m]")
@@ -278,7 +283,7 @@ func runReserve(args []string) error {
 	wcancel()
 	ctx, cancel := context.WithTimeout(context.Background(), *dur)
 	defer cancel()
-	var next, created, replayed, calls atomic.Int64
+	var next, created, replayed, calls, confirmed atomic.Int64
 	var mu sync.Mutex
 	reasons := map[string]int64{}
 	firstErr := ""
@@ -306,6 +311,17 @@ func runReserve(args []string) error {
 					replayed.Add(1)
 				case err == nil:
 					created.Add(1)
+					if *confirm {
+						h := resp.GetReservation().GetHoldId()
+						c, err := rc.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: h, PaymentId: "pay-" + h})
+						if err != nil || c.GetOutcome() != quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD {
+							mu.Lock()
+							reasons["CONFIRM_FAILED"]++
+							mu.Unlock()
+						} else {
+							confirmed.Add(1)
+						}
+					}
 				default:
 					r := apierr.Reason(err)
 					if r == "" {
@@ -331,8 +347,8 @@ func runReserve(args []string) error {
 		rs = append(rs, fmt.Sprintf("%s:%d", r, n))
 	}
 	sort.Strings(rs)
-	fmt.Printf("HB cmd=reserve sale=%s concurrency=%d calls=%d created=%d replayed=%d refused=%s seconds=%.3f created_per_sec=%.0f calls_per_sec=%.0f exhausted_tickets=%t\n",
-		*sale, *conc, calls.Load(), created.Load(), replayed.Load(), strings.Join(append(rs, ""), ","), el.Seconds(),
+	fmt.Printf("HB cmd=reserve sale=%s concurrency=%d calls=%d created=%d confirmed=%d replayed=%d refused=%s seconds=%.3f created_per_sec=%.0f calls_per_sec=%.0f exhausted_tickets=%t\n",
+		*sale, *conc, calls.Load(), created.Load(), confirmed.Load(), replayed.Load(), strings.Join(append(rs, ""), ","), el.Seconds(),
 		float64(created.Load())/el.Seconds(), float64(calls.Load())/el.Seconds(), next.Load() >= int64(len(tks)))
 	if firstErr != "" {
 		fmt.Fprintf(os.Stderr, "httpbench reserve: first refusal: %s\n", firstErr)
