@@ -56,6 +56,9 @@ func regionCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("name", "", "region name (required)")
 	f.String("listen", "127.0.0.1:7401", "gRPC address")
+	f.String("http-listen", "", "the storefront HTTP/JSON edge's address (docs/storefront.md), e.g. 127.0.0.1:8401; empty: none")
+	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
+		"waiting room: without it, their admissions and reservations are refused")
 	f.String("db-url", "", "the region's database URL (required; the database must exist: quotad dev creates its own)")
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
@@ -102,7 +105,8 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
-		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log}, Etcd: v.GetStringSlice("etcd")}
+		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log, HTTPListen: v.GetString("http-listen"),
+		TicketKeys: v.GetString("ticket-keys")}, Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}

@@ -239,3 +239,50 @@ func TestStorefrontHTTPRoles(t *testing.T) {
 	}
 
 }
+
+// TestAdmissionsAreRateLimited: one buyer knocking again and again, or one address sending
+// many buyers, is answered 429 OVERLOADED with Retry-After; others are not held up. The
+// X-Client-Address header counts only from the storefront role.
+func TestAdmissionsAreRateLimited(t *testing.T) {
+	d := startDev(t, "us")
+	createWaitingSale(t, d, "bots", 100, 1000, map[string]int64{"us": 1})
+	c := httpClient(t, trust.Storefront)
+	us := edgeURL(d, "us")
+	enter := func(user, addr string) answer {
+		req, _ := http.NewRequest("POST", us+"/v1/sales/bots/admissions", strings.NewReader(`{"user_id":"`+user+`"}`))
+		req.Header.Set("X-Client-Address", addr)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		a := answer{code: resp.StatusCode, header: resp.Header}
+		if err := json.NewDecoder(resp.Body).Decode(&a.body); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	var limited answer
+	for i := range 20 {
+		if a := enter("bot", "10.0.0."+itoa(i)); a.code == http.StatusTooManyRequests {
+			limited = a
+			break
+		}
+	}
+	if limited.code != http.StatusTooManyRequests || limited.errCode() != "OVERLOADED" || limited.header.Get("Retry-After") == "" {
+		t.Fatalf("one buyer entering 20 times at once was never limited: %d %v %v", limited.code, limited.header, limited.body)
+	}
+	if a := enter("human", "10.0.1.1"); a.code >= 400 {
+		t.Fatalf("another buyer was held up by the bot: %d %v", a.code, a.body)
+	}
+	limited = answer{}
+	for i := range 400 {
+		if a := enter("crowd"+itoa(i), "10.9.9.9"); a.code == http.StatusTooManyRequests {
+			limited = a
+			break
+		}
+	}
+	if limited.code != http.StatusTooManyRequests {
+		t.Fatal("400 buyers from one address at once were never limited")
+	}
+}
