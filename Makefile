@@ -16,7 +16,8 @@ FUZZTIME ?= 500000x
 # Each fuzz target and its package; seed corpora are in the test files (f.Add) and, for any
 # failure found, in the package's testdata/fuzz/ (commit those files).
 FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:./region FuzzParticipantRequests:./region \
-	FuzzParseRegions:./cmd/quotad FuzzParsePairs:./cmd/quotactl
+	FuzzParseRegions:./cmd/quotad FuzzParsePairs:./cmd/quotactl \
+	FuzzVerifyTicket:./admission FuzzParseKeyring:./admission
 
 ## pg: install/start local PostgreSQL, create role quota/quota, max_connections>=300
 pg:
