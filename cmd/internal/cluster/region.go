@@ -159,10 +159,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	cfg.Region.SoldOut = flags.has(fencing.SoldOut)
 	cfg.Region.Drained = flags.has(fencing.Drained)
 	if cfg.Region.CoordinatorGeneration == nil {
-		cfg.Region.CoordinatorGeneration = func(ctx context.Context) (int64, error) {
-			_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
-			return gen, err
-		}
+		cfg.Region.CoordinatorGeneration = coordinatorGeneration(etcd)
 	}
 	var keys *ticketKeys
 	if cfg.TicketKeys != "" {
@@ -221,6 +218,14 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		r.KeepWarm(cctx)
 	}()
 	return n, nil
+}
+
+// coordinatorGeneration reads the coordinator leader's generation from etcd.
+func coordinatorGeneration(etcd *fencing.Client) func(ctx context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) {
+		_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
+		return gen, err
+	}
 }
 
 // openEdge opens the front door (with ticket keys) and the HTTP edge (with an address).
