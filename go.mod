@@ -22,7 +22,13 @@ require (
 	pgregory.net/rapid v1.3.0
 )
 
-require github.com/getkin/kin-openapi v0.153.0 // indirect
+require (
+	github.com/getkin/kin-openapi v0.153.0
+	github.com/go-openapi/jsonpointer v0.22.5 // indirect
+	github.com/go-openapi/swag/jsonname v0.25.5 // indirect
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
+	go.yaml.in/yaml/v4 v4.0.0 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
