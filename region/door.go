@@ -229,22 +229,28 @@ func closedError(sale, reason string) error {
 }
 
 // closed closes a room whose sale is sold out everywhere (every SKU flagged by the
-// coordinator) or paused, and says so; queued buyers hear it at their next poll.
+// coordinator), for good, and says so; queued buyers hear it at their next poll. A paused
+// sale's room is refused, not closed: its buyers keep their places, no one is admitted
+// while it is paused (admitDue), and a resume opens it again.
 func (d *Door) closed(room *admission.Room, t SaleTerms) error {
-	reason := ""
-	if s := d.r.paused.Load(); s != nil {
-		if _, ok := s.reasons[poolKey{t.Sale, ""}]; ok {
-			reason = closedPaused
-		}
+	if d.salePaused(t.Sale) {
+		return closedError(t.Sale, closedPaused)
 	}
-	if reason == "" && d.soldOutEverywhere(t) {
-		reason = closedSoldOut
-	}
-	if reason == "" {
+	if !d.soldOutEverywhere(t) {
 		return nil
 	}
-	room.Close(reason)
-	return closedError(t.Sale, reason)
+	room.Close(closedSoldOut)
+	return closedError(t.Sale, closedSoldOut)
+}
+
+// salePaused reports whether the whole sale is paused (the kill switch).
+func (d *Door) salePaused(sale string) bool {
+	s := d.r.paused.Load()
+	if s == nil {
+		return false
+	}
+	_, ok := s.reasons[poolKey{sale, ""}]
+	return ok
 }
 
 func (d *Door) soldOutEverywhere(t SaleTerms) bool {
@@ -360,6 +366,9 @@ func (d *Door) run(ctx context.Context) {
 // where they are bound; a binding write that fails puts the buyer back at the front.
 func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
 	room, now := sr.room, d.r.cfg.Clock.Now()
+	if d.salePaused(sr.sale) {
+		return // no one is admitted while the sale is paused; the line keeps its order
+	}
 	for _, e := range room.Due(now, cap(d.binds)) {
 		select {
 		case d.binds <- struct{}{}:

@@ -29,15 +29,22 @@ func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if err := checkAgainstTerms(t, req, now); err != nil {
 		return ReserveResult{}, err
 	}
-	admitted, err := r.checkTicket(t, req, now)
-	if err != nil {
-		return ReserveResult{}, err
-	}
 	w, err := r.writer() // a standby answers NOT_LEADER, even for an empty pool
 	if err != nil {
 		return ReserveResult{}, err
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
+	admitted, err := r.checkTicket(t, req, now)
+	if err != nil {
+		// A retry of a granted request gets its hold back even once its ticket has expired
+		// (I6: the key decides), as long as the leader's memory has the key.
+		if m := r.state.Load(); m != nil && !r.inWriter(k) {
+			if prior, ok := m.committedKey(k); ok {
+				return replayOf(prior, req)
+			}
+		}
+		return ReserveResult{}, err
+	}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {
 		if req.fromAside == 0 {
 			avail -= min(r.aside.of(poolKey{req.Sale, req.SKU}), avail) // an open buyer may not take the waitlist's units

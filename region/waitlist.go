@@ -38,13 +38,19 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 	if !t.HasSKU(sku) {
 		return Admission{}, fmt.Errorf("sku %q is not in sale %s: %w", sku, sale, ErrNotFound)
 	}
-	if !d.drained(sale, sku) {
+	d.mu.Lock()
+	wl := d.waitlists[poolKey{sale, sku}]
+	d.mu.Unlock()
+	// A waitlist with buyers or units set aside stays open: units it set aside count as
+	// available, which can lower the drained flag while its buyers still wait.
+	active := wl != nil && (wl.list.Len() > 0 || wl.list.SetAside() > 0)
+	if !active && !d.drained(sale, sku) {
 		return Admission{}, fmt.Errorf("sku %s of sale %s is not sold out: enter the waiting room instead: %w", sku, sale, ErrConflict)
 	}
 	if err := d.bindNow(ctx, sale, user); err != nil {
 		return Admission{}, err
 	}
-	wl, err := d.waitlist(t, sku)
+	wl, err = d.waitlist(t, sku)
 	if err != nil {
 		return Admission{}, err
 	}

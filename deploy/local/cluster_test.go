@@ -31,8 +31,9 @@ import (
 var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap",
 	"region-us-2", "region-eu-2", "region-ap-2", "coordinator1", "coordinator2"}
 
-// portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT.
-var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 181, 182, 183, 191, 192, 193}
+// portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT: gRPC, the
+// regions' HTTP edges (their gRPC port + 1000), etcd's client and peer ports.
+var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1011, 1012, 1013, 181, 182, 183, 191, 192, 193}
 
 type localCluster struct {
 	t      *testing.T

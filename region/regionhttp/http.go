@@ -128,6 +128,8 @@ func decode(r *http.Request, v any) error {
 		switch {
 		case errors.As(err, &mbe):
 			return apierr.Invalid("body", "over %d bytes", MaxBody)
+		case errors.As(err, &ute) && ute.Field == "":
+			return apierr.Invalid("body", "want a JSON object, got %s", ute.Value)
 		case errors.As(err, &ute):
 			return apierr.Invalid(ute.Field, "want a JSON %s, got %s", ute.Type, ute.Value)
 		case errors.Is(err, io.EOF):

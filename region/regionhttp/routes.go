@@ -221,6 +221,7 @@ func toHoldJSON(h *quotav1.Reservation) holdJSON {
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 	var body struct {
 		Ticket     string `json:"ticket"`
+		User       string `json:"user_id"` // only in a sale without a waiting room; else the ticket's
 		SKU        string `json:"sku"`
 		Quantity   int64  `json:"quantity"`
 		RequestKey string `json:"request_key"`
@@ -228,14 +229,18 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	if body.Ticket == "" {
-		return apierr.Invalid("ticket", "required: the ticket an admission gave (POST /v1/sales/{sale}/admissions)")
+	user := body.User
+	if body.Ticket != "" {
+		if body.User != "" {
+			return apierr.Invalid("user_id", "a ticket names its buyer: send one or the other")
+		}
+		t, err := admission.Peek(body.Ticket) // whose ticket: the region verifies it
+		if err != nil {
+			return err
+		}
+		user = t.User
 	}
-	t, err := admission.Peek(body.Ticket) // whose ticket: the region verifies it
-	if err != nil {
-		return err
-	}
-	resp, err := h.s.Reserve(r.Context(), &quotav1.ReserveRequest{SaleId: r.PathValue("sale"), Sku: body.SKU, UserId: t.User,
+	resp, err := h.s.Reserve(r.Context(), &quotav1.ReserveRequest{SaleId: r.PathValue("sale"), Sku: body.SKU, UserId: user,
 		Quantity: body.Quantity, RequestKey: body.RequestKey, Ticket: body.Ticket})
 	if err != nil {
 		return err

@@ -636,10 +636,10 @@ func TestOpenAPIEdge(t *testing.T) {
 	post(shop, reserveDrop, map[string]any{"ticket": ticket, "sku": "tablet", "quantity": 1, "request_key": "k5"}, 404, "NOT_FOUND")
 	post(shop, reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": 3, "request_key": "k6"}, 400, "INVALID_ARGUMENT")
 	post(anon, reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": 1, "request_key": "k7"}, 401, "UNAUTHENTICATED")
-	bad(reserveDrop, map[string]any{"sku": "phone", "quantity": 1, "request_key": "k8"})
+	post(shop, reserveDrop, map[string]any{"user_id": "alice", "sku": "phone", "quantity": 1, "request_key": "k8"}, 401, "TICKET_INVALID")
 	bad(reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": "two", "request_key": "k9"})
 	bad(reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": 0, "request_key": "k10"})
-	bad(reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": 1, "request_key": "k11", "user_id": "mallory"})
+	post(shop, reserveDrop, map[string]any{"ticket": ticket, "sku": "phone", "quantity": 1, "request_key": "k11", "user_id": "mallory"}, 400, "INVALID_ARGUMENT")
 
 	// The buyer is bound to us: eu's waiting room sends them there, on the poll and after.
 	if b := s.admit(shop, eu, "drop", "alice"); b.code != 409 || b.errCode() != "BOUND_ELSEWHERE" || b.errField("region") != "us" {
