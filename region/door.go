@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -128,6 +129,13 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	if err := checkIDs("sale_id", sale, "user_id", user); err != nil {
 		return Admission{}, err
 	}
+	if addr != "" {
+		ip, err := netip.ParseAddr(addr)
+		if err != nil {
+			return Admission{}, apierr.Invalid("client_address", "not an IP address")
+		}
+		addr = ip.String() // one key per address, however it was written
+	}
 	now := d.r.cfg.Clock.Now()
 	if err := d.limit(user, addr, now); err != nil {
 		return Admission{}, err
@@ -175,9 +183,10 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
 	var offer *saleWaitlist
 	if tk, err := admission.Peek(req.Ticket); err == nil && tk.SKU != "" { // the region verifies it
-		if offer, err = d.reserveOffer(&req, tk); err != nil {
-			return ReserveResult{}, err
-		}
+		// An offer no longer out (claimed: this may be a retry) takes no set-aside units: the
+		// region replays a retry, and refuses another key (the ticket's one use) or finds
+		// only what is open to everyone.
+		offer = d.reserveOffer(&req, tk)
 	}
 	res, err := d.r.Reserve(ctx, req)
 	if err == nil && offer != nil {
@@ -228,19 +237,19 @@ func closedError(sale, reason string) error {
 	return fmt.Errorf("sale %s is sold out in every region: %w", sale, ErrSoldOut)
 }
 
-// closed closes a room whose sale is sold out everywhere (every SKU flagged by the
-// coordinator), for good, and says so; queued buyers hear it at their next poll. A paused
-// sale's room is refused, not closed: its buyers keep their places, no one is admitted
-// while it is paused (admitDue), and a resume opens it again.
-func (d *Door) closed(room *admission.Room, t SaleTerms) error {
+// closed says why a room admits no one now: its sale is paused, or sold out everywhere (every
+// SKU flagged drained by the coordinator); queued buyers hear it at their next poll and new
+// ones at once. Neither closes the room: its buyers keep their places, no one is admitted
+// meanwhile (admitDue), and once the sale is resumed or units come back (expired or released
+// holds beyond what the waitlists take) it admits again, in order.
+func (d *Door) closed(_ *admission.Room, t SaleTerms) error {
 	if d.salePaused(t.Sale) {
 		return closedError(t.Sale, closedPaused)
 	}
-	if !d.soldOutEverywhere(t) {
-		return nil
+	if d.soldOutEverywhere(t) {
+		return closedError(t.Sale, closedSoldOut)
 	}
-	room.Close(closedSoldOut)
-	return closedError(t.Sale, closedSoldOut)
+	return nil
 }
 
 // salePaused reports whether the whole sale is paused (the kill switch).
@@ -308,7 +317,7 @@ func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerm
 	if err != nil {
 		return nil, t, fmt.Errorf("sale %s: waiting room: %w", sale, err)
 	}
-	d.rooms[sale] = &saleRoom{room: room, sale: sale, ticketTTL: t.Admission.TicketTTL}
+	d.rooms[sale] = &saleRoom{room: room, sale: sale, ticketTTL: t.Admission.TicketTTL, terms: t}
 	return room, t, nil
 }
 
@@ -317,6 +326,7 @@ type saleRoom struct {
 	room      *admission.Room
 	sale      string
 	ticketTTL time.Duration
+	terms     SaleTerms
 }
 
 // LotterySeed is the published seed of a sale's pre-queue shuffle: the FNV-1a hash of its id,
@@ -366,8 +376,8 @@ func (d *Door) run(ctx context.Context) {
 // where they are bound; a binding write that fails puts the buyer back at the front.
 func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
 	room, now := sr.room, d.r.cfg.Clock.Now()
-	if d.salePaused(sr.sale) {
-		return // no one is admitted while the sale is paused; the line keeps its order
+	if d.salePaused(sr.sale) || d.soldOutEverywhere(sr.terms) {
+		return // no one is admitted while the sale is paused or gone; the line keeps its order
 	}
 	for _, e := range room.Due(now, cap(d.binds)) {
 		select {
@@ -414,9 +424,6 @@ func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
 	}
 	if err == nil {
 		return
-	}
-	if now, ok := room.Get(e.ID, d.r.cfg.Clock.Now()); ok && now.State == admission.Closed {
-		return // the room closed (sold out, paused) while the binding was written: the buyer hears that
 	}
 	d.cfg.Logger.Error("admission changed under its binding", "admission", e.ID, "err", err)
 }

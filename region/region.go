@@ -81,6 +81,9 @@ type Config struct {
 	// change under a running region: keys rotate). A sale with a waiting room needs them:
 	// without them every reservation of it is refused TICKET_INVALID.
 	Tickets func() *admission.Keyring
+	// Metrics receives the region's counts (reservations by outcome, batches, fences) for
+	// the process's Prometheus metrics; default: counted nowhere.
+	Metrics Metrics
 }
 
 // DefaultMaxKeysPerUser is Config.MaxKeysPerUser's default.
@@ -141,6 +144,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
 	}
 	return nil
 }
@@ -253,7 +259,7 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	r.aside.reset() // the waitlists were the last leader's memory (aside.go)
 	w := &writer{
 		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
-		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m, aside: r.aside,
+		in: make(chan *request, r.cfg.MaxQueue), onCommit: r.applyCommitted, m: m, aside: r.aside, metrics: r.cfg.Metrics,
 	}
 	w.onFail = func(err error) (*memState, error) { return r.onBatchFailure(w, err) }
 	w.start()
@@ -549,7 +555,11 @@ func (r *Region) applyCommitted(b *batch) {
 func (r *Region) onBatchFailure(w *writer, err error) (*memState, error) {
 	r.batchFailures.Add(1)
 	m, reloadErr := r.recoverFrom(w, err)
-	return m, r.batchAnswer(err, m == nil && errors.Is(reloadErr, ErrFenced))
+	fenced := m == nil && errors.Is(reloadErr, ErrFenced)
+	if fenced || errors.Is(err, ErrFenced) {
+		r.cfg.Metrics.Fenced(FenceEpoch)
+	}
+	return m, r.batchAnswer(err, fenced)
 }
 
 // batchAnswer is what every request of a failed batch is told (I6: none is told it

@@ -16,8 +16,16 @@ import (
 )
 
 // Reserve takes req.Quantity units from this region's pool for req.User and returns the
-// hold, durable before it returns (I6). Bad input changes nothing and names the field.
+// hold, durable before it returns (I6). Bad input changes nothing and names the field. Every
+// answer is counted (Config.Metrics).
 func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	res, err := r.reserve(ctx, req)
+	r.cfg.Metrics.Reserved(err)
+	return res, err
+}
+
+// reserve is Reserve, uncounted.
+func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
 	if err := CheckReserve(req); err != nil {
 		return ReserveResult{}, err
 	}

@@ -150,14 +150,14 @@ func (d *Door) offerReturned(now time.Time) {
 	}
 }
 
-// reserveOffer prepares a reservation made with a waitlist offer's ticket: the offer must be
-// out (not claimed, not expired), and the reservation may take its units from those set
-// aside.
-func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) (*saleWaitlist, error) {
+// reserveOffer prepares a reservation made with a waitlist offer's ticket: while the offer is
+// out, the reservation may take its units from those set aside. It returns the waitlist, or
+// nil when the offer is not out here (claimed, expired, or lost with a failover).
+func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitlist {
 	wl, e, ok := d.findOffer(req.Sale, tk.Admission, d.r.cfg.Clock.Now())
 	if !ok || e.State != admission.Admitted {
-		return nil, fmt.Errorf("waitlist offer %s is not out (claimed, expired or unknown here): %w", tk.Admission, ErrTicketInvalid)
+		return nil
 	}
 	req.fromAside = transfer.Units(e.Units)
-	return wl, nil
+	return wl
 }

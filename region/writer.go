@@ -228,6 +228,9 @@ type writer struct {
 	onFail func(err error) (m *memState, answer error)
 	m      *memState
 	aside  *asideBook
+	// metrics learns of each committed batch and each coordinator request the sale's fence
+	// refused (Config.Metrics).
+	metrics Metrics
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -237,6 +240,9 @@ type writer struct {
 }
 
 func (w *writer) start() {
+	if w.metrics == nil {
+		w.metrics = noMetrics{}
+	}
 	w.stop = make(chan struct{})
 	w.wg.Add(1)
 	go w.run()
@@ -373,6 +379,7 @@ func (w *writer) commit(ps []*request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	start := time.Now()
 	// The database keeps microseconds: decide at the stored precision, so the hold a request
 	// is answered with is the hold a read or a replay returns, and a deadline compares the
 	// same before and after it was stored.
@@ -386,6 +393,9 @@ func (w *writer) commit(ps []*request) {
 			outcome, fatal = b.endOp(ctx, outcome, fatal)
 			if fatal != nil {
 				return fatal
+			}
+			if outcome != nil && errors.Is(outcome, ErrFenced) {
+				w.metrics.Fenced(FenceGeneration)
 			}
 			results[i] = result{res, outcome}
 		}
@@ -413,6 +423,7 @@ func (w *writer) commit(ps []*request) {
 	w.m.changed = b.stamp
 	w.m.retireClosed(b.now.Add(-w.retain))
 	w.onCommit(b)
+	w.metrics.BatchCommitted(len(ps), time.Since(start))
 	for i, p := range ps {
 		p.res, p.err = results[i].res, results[i].err
 		close(p.done)

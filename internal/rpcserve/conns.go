@@ -95,6 +95,10 @@ type counted struct {
 	ip        string
 	handshake sync.Once
 	once      sync.Once
+	// release, when set, gives back a budget the connection counts against (an HTTP
+	// connection without a certificate, httpBudget); called once, at Close.
+	release  atomic.Pointer[func()]
+	budgeted atomic.Bool
 }
 
 // handshook gives back the connection's handshake slot; idempotent.
@@ -103,7 +107,12 @@ func (c *counted) handshook() { c.handshake.Do(func() { c.l.handshaken(c.ip) }) 
 // Close closes the connection and gives its slots back. Idempotent.
 func (c *counted) Close() error {
 	c.handshook()
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(func() {
+		c.l.open.Add(-1)
+		if f := c.release.Swap(nil); f != nil {
+			(*f)()
+		}
+	})
 	return c.Conn.Close()
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,10 @@ type Options struct {
 	Limits Limits
 	// Logger receives the connections refused by a limit (at debug level); default slog.Default().
 	Logger *slog.Logger
+	// Unary and Stream run around every call of a gRPC server, in order, outside the error
+	// table and the authorization, so they see each call's final code (the gRPC metrics).
+	Unary  []grpc.UnaryServerInterceptor
+	Stream []grpc.StreamServerInterceptor
 }
 
 // Server is a gRPC server listening on one address.
@@ -130,10 +135,10 @@ func Listen(addr string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	unary := []grpc.UnaryServerInterceptor{mapErrors}
-	var stream []grpc.StreamServerInterceptor
+	unary := append(slices.Clone(opts.Unary), mapErrors)
+	stream := slices.Clone(opts.Stream)
 	if !opts.TLS.Insecure() {
-		unary = []grpc.UnaryServerInterceptor{mapErrors, authorize} // mapErrors outermost: it maps authorize's refusals too
+		unary = append(unary, authorize) // after mapErrors: it maps authorize's refusals too
 		stream = append(stream, authorizeStream)
 	}
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),

@@ -30,12 +30,20 @@ const MaxBody = 64 << 10
 // address is used.
 const ClientAddressHeader = "X-Client-Address"
 
+// MetricsRoute is the operators' route of the edge: the process's Prometheus metrics
+// (Options.Metrics) at trust.MetricsPath, for the roles of trust.MetricsRoles. It is no
+// storefront call, so docs/openapi.yaml leaves it out (docs/running.md, "Metrics").
+const MetricsRoute = "GET /metrics"
+
 // Options configure the handler.
 type Options struct {
 	// Insecure serves without authorization (a plaintext server under --insecure); otherwise
 	// every route needs a client certificate whose role the table allows.
 	Insecure bool
 	Logger   *slog.Logger
+	// Metrics, when set, is served at GET /metrics (the process's Prometheus metrics), to
+	// the roles of trust.MetricsRoles only unless Insecure.
+	Metrics http.Handler
 }
 
 // Handler serves the storefront API of one region from its gRPC server s.
@@ -58,6 +66,12 @@ func Handler(s *regionrpc.Server, opts Options) http.Handler {
 	route("GET /v1/holds/{hold}", svc+"GetReservation", h.getHold)
 	route("POST /v1/holds/{hold}/confirm", svc+"Confirm", h.confirm)
 	route("POST /v1/holds/{hold}/release", svc+"Release", h.release)
+	if opts.Metrics != nil {
+		mux.Handle(MetricsRoute, h.guard(trust.AuthorizeMetrics, func(w http.ResponseWriter, r *http.Request) error {
+			opts.Metrics.ServeHTTP(w, r)
+			return nil
+		}))
+	}
 	mux.Handle("/", h.wrap("", func(http.ResponseWriter, *http.Request) error {
 		return apierr.NotFound("route", "")
 	}))
@@ -72,13 +86,27 @@ type handler struct {
 
 type callerKey struct{}
 
-// wrap authorizes a route as the gRPC method it stands for, bounds its body and writes its
-// error, if any, in the one JSON shape.
+// wrap authorizes a route as the gRPC method it stands for ("": the not-found route, open to
+// all), bounds its body and writes its error, if any, in the one JSON shape.
 func (h *handler) wrap(method string, fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	if method == "" {
+		return h.guard(nil, func(w http.ResponseWriter, r *http.Request) error {
+			if err := fn(w, r); err != nil {
+				return fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, apierr.ErrNotFound)
+			}
+			return nil
+		})
+	}
+	return h.guard(func(c trust.Caller) error { return trust.AuthorizeCaller(c, method) }, fn)
+}
+
+// guard serves fn to the callers authorize allows (nil: everyone; everyone too when
+// Insecure), bounds the body and writes fn's error, if any, in the one JSON shape.
+func (h *handler) guard(authorize func(trust.Caller) error, fn func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := trust.CallerOfState(r.TLS)
-		if !h.opts.Insecure && method != "" {
-			if err := trust.AuthorizeCaller(c, method); err != nil {
+		if !h.opts.Insecure && authorize != nil {
+			if err := authorize(c); err != nil {
 				writeError(w, err)
 				return
 			}
@@ -86,9 +114,6 @@ func (h *handler) wrap(method string, fn func(http.ResponseWriter, *http.Request
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
 		r = r.WithContext(context.WithValue(r.Context(), callerKey{}, c))
 		if err := fn(w, r); err != nil {
-			if method == "" {
-				err = fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, apierr.ErrNotFound)
-			}
 			writeError(w, err)
 		}
 	})

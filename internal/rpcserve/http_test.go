@@ -1,0 +1,94 @@
+package rpcserve_test
+
+import (
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/internal/rpcserve"
+	"github.com/quotaworks/quota/internal/testcerts"
+	"github.com/quotaworks/quota/internal/trust"
+)
+
+func startHTTP(t *testing.T, m *trust.Material, lim rpcserve.Limits) *rpcserve.HTTPServer {
+	t.Helper()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if trust.CallerOfState(r.TLS).Certified {
+			w.WriteHeader(http.StatusOK)
+		} else {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+	})
+	s, err := rpcserve.ListenHTTP("127.0.0.1:0", h, rpcserve.Options{TLS: m, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// get makes one request on a client of its own (its own connection, kept open after).
+func get(t *testing.T, m *trust.Material, addr string, role trust.Role) (int, error) {
+	t.Helper()
+	cfg, err := m.ClientConfig(trust.Auditor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if role == "" {
+		cfg.Certificates = nil
+	}
+	tr := &http.Transport{TLSClientConfig: cfg}
+	t.Cleanup(tr.CloseIdleConnections)
+	c := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	resp, err := c.Get("https://" + addr + "/")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, err
+}
+
+// TestHTTPAnonymousConnectionsHaveABudget: connections without a client certificate are
+// served (refused by the handler) up to their budget and closed past it, and a certified
+// client still gets in.
+func TestHTTPAnonymousConnectionsHaveABudget(t *testing.T) {
+	m := testcerts.New(t)
+	s := startHTTP(t, m, rpcserve.Limits{MaxAnonymousConnections: 2, MaxConnections: 16})
+	served := 0
+	for range 4 {
+		if code, err := get(t, m, s.Addr(), ""); err == nil && code == http.StatusUnauthorized {
+			served++
+		}
+	}
+	if served != 2 {
+		t.Errorf("%d of 4 connections without a certificate were served; want the budget of 2", served)
+	}
+	if code, err := get(t, m, s.Addr(), trust.Auditor); err != nil || code != http.StatusOK {
+		t.Errorf("a certified client with the anonymous budget spent: %d %v", code, err)
+	}
+}
+
+// TestHTTPHandshakesPerAddressAreBounded: connections from one address that never start TLS
+// take at most MaxHandshakesPerIP slots; past it they are closed at once.
+func TestHTTPHandshakesPerAddressAreBounded(t *testing.T) {
+	m := testcerts.New(t)
+	s := startHTTP(t, m, rpcserve.Limits{MaxHandshakesPerIP: 3, HandshakeTimeout: 3 * time.Second})
+	for range 3 {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	time.Sleep(100 * time.Millisecond) // the server has accepted them
+	c, err := tls.Dial("tcp", s.Addr(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the handshake must fail
+	if err == nil {
+		c.Close()
+		t.Fatal("a fourth connection from the address was let into its handshake")
+	}
+}
