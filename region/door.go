@@ -74,18 +74,18 @@ func setDefault[T comparable](v *T, d T) {
 // admission tickets, and reservations made with them. It owns one goroutine, which admits
 // the buyers due in every room; Close stops it.
 type Door struct {
-	r        *Region
-	cfg      DoorConfig
-	users    *admission.Limiter
-	addrs    *admission.Limiter
-	binds    chan struct{} // a slot per binding write in flight
-	mu       sync.Mutex
-	rooms    map[string]*saleRoom
+	r     *Region
+	cfg   DoorConfig
+	users *admission.Limiter
+	addrs *admission.Limiter
+	binds chan struct{} // a slot per binding write in flight
+	mu    sync.Mutex
+	rooms map[string]*saleRoom
 	// waitlists are the sold-out SKUs' waitlists (waitlist.go).
 	waitlists map[poolKey]*saleWaitlist
-	cancel   context.CancelFunc
-	done     chan struct{}
-	closeOne sync.Once
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOne  sync.Once
 }
 
 // NewDoor opens r's front door and starts its admitting goroutine.

@@ -175,15 +175,20 @@ func GrantRead(ctx context.Context, pool *pgxpool.Pool, role string) error {
 	if !exists {
 		return nil
 	}
-	for _, stmt := range []string{
-		`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role,
-		`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO ` + role,
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("grant %s read access: %w", role, err)
+	// Processes migrating the same database at once would grant at once, and concurrent
+	// GRANTs on one object fail ("tuple concurrently updated"): one at a time.
+	return Tx(ctx, pool, func(tx pgx.Tx) error {
+		for _, stmt := range []string{
+			`SELECT pg_advisory_xact_lock(hashtext('quota: grant read access'))`,
+			`GRANT SELECT ON ALL TABLES IN SCHEMA public TO ` + role,
+			`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO ` + role,
+		} {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("grant %s read access: %w", role, err)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 var validRole = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)

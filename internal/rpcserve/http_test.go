@@ -85,7 +85,7 @@ func TestHTTPHandshakesPerAddressAreBounded(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
-	time.Sleep(100 * time.Millisecond) // the server has accepted them
+	time.Sleep(100 * time.Millisecond)                                         // the server has accepted them
 	c, err := tls.Dial("tcp", s.Addr(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the handshake must fail
 	if err == nil {
 		c.Close()
