@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: start `quotad dev` (embedded etcd, a coordinator, regions us,
-# eu and ap, each with its own PostgreSQL database), create a sale of 10,000 phones split
-# 40/35/25, send 50,000 buyers at it (most nearest to us): the first 9,000 empty us while eu and
-# ap still have stock, a rebalance moves stock toward us, the other 41,000 sell the rest; then
-# abandoned holds expire, a last wave buys what they returned, and the audit ends it.
+# eu and ap, each with its own PostgreSQL database and storefront HTTP/JSON edge), create a
+# sale of 10,000 phones split 40/35/25 with a waiting room admitting 2,000 buyers a second at
+# each region, send 50,000 buyers at it through the edges (most nearest to us), each entering
+# its region's waiting room, polling until admitted and reserving with its ticket: the first
+# 9,000 empty us while eu and ap still have stock, a rebalance moves stock toward us, the
+# other 41,000 sell the rest (the rooms then answer SOLD_OUT); then abandoned holds expire,
+# the rooms admit again, a last wave buys what expiry returned, and the audit ends it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
@@ -12,7 +15,10 @@ DATA=${QUOTA_DEMO_DIR:-.dev}
 BUYERS=${BUYERS:-50000}
 CONCURRENCY=${CONCURRENCY:-1000}
 HOLD_TTL=${HOLD_TTL:-15s}
+ADMIT_RATE=${ADMIT_RATE:-2000}
 SALE="demo-$(date +%Y%m%d-%H%M%S)"
+# Every load goes through the regions' storefront HTTP/JSON edges (quotad dev's ports).
+EDGES=us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402,ap=https://127.0.0.1:8403
 mkdir -p "$DATA"
 # quotad dev makes the cluster's certificates there when missing; quotactl presents them.
 export QUOTA_CERTS_DIR="$DATA/certs"
@@ -38,16 +44,18 @@ done
 ./bin/quotactl regions
 
 echo
-echo "==> creating sale $SALE: 10,000 phones, limit 2 per buyer, holds for $HOLD_TTL, split us=40 eu=35 ap=25"
+echo "==> creating sale $SALE: 10,000 phones, limit 2 per buyer, holds for $HOLD_TTL, split us=40 eu=35 ap=25,"
+echo "    a waiting room at each region admitting $ADMIT_RATE buyers a second, each with a ticket for one reservation"
 ./bin/quotactl sale create --sale "$SALE" --sku phone=10000 --per-user-limit 2 --hold-ttl "$HOLD_TTL" \
-	--allocate us=40,eu=35,ap=25
+	--admit-rate "$ADMIT_RATE" --allocate us=40,eu=35,ap=25
 
 FIRST=$(( BUYERS * 9 / 50 ))
 echo
 echo "==> flash sale, first $FIRST of $BUYERS buyers, $CONCURRENCY at a time, nearest region us 60% / eu 25% / ap 15%"
-echo "    each pays (85%), cancels (5%) or abandons the hold (10%)"
+echo "    through the HTTP edges: each enters its region's waiting room, polls until admitted, reserves with"
+echo "    its ticket, then pays (85%), cancels (5%) or abandons the hold (10%)"
 ./bin/quotactl load --sale "$SALE" --sku phone --buyers "$FIRST" --concurrency "$CONCURRENCY" \
-	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 1
+	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 1 --http "$EDGES"
 
 echo
 echo "==> us is empty, eu and ap are not: every buyer nearest to us is told REGION_EXHAUSTED"
@@ -62,7 +70,7 @@ echo "==> rebalance: stock each region for 10 s at its rate of the last minute, 
 echo
 echo "==> the other $(( BUYERS - FIRST )) buyers"
 ./bin/quotactl load --sale "$SALE" --sku phone --buyers "$(( BUYERS - FIRST ))" --concurrency "$CONCURRENCY" \
-	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 3
+	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 3 --http "$EDGES"
 
 echo
 echo "==> stock right after the rush"
@@ -75,9 +83,9 @@ sleep "$(( ${HOLD_TTL%s} + 2 ))"
 ./bin/quotactl stock --sale "$SALE"
 
 echo
-echo "==> second wave: 5,000 late buyers take what expiry returned; all pay"
+echo "==> second wave: 5,000 late buyers, admitted again now that units came back, take what expiry returned; all pay"
 ./bin/quotactl load --sale "$SALE" --sku phone --buyers 5000 --concurrency 200 \
-	--skew us=34,eu=33,ap=33 --confirm 1 --release 0 --seed 2
+	--skew us=34,eu=33,ap=33 --confirm 1 --release 0 --seed 2 --http "$EDGES"
 
 echo
 echo "==> audit"

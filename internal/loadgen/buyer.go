@@ -30,6 +30,9 @@ func (b buyer) call(ctx context.Context, fn func(context.Context) error) error {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if attempt > 0 {
 			b.c.retries.Add(1)
+			if apierr.Reason(err) == "OVERLOADED" {
+				b.c.throttled.Add(1)
+			}
 			select {
 			case <-ctx.Done():
 				return err
@@ -63,7 +66,7 @@ func (b buyer) run(ctx context.Context) {
 		return err
 	})
 	if err != nil {
-		b.countRefusal(err)
+		b.c.refuse(apierr.Reason(err), err)
 		return
 	}
 	h := res.GetReservation()
@@ -73,56 +76,84 @@ func (b buyer) run(ctx context.Context) {
 		b.c.earlier.Add(1)
 		return
 	}
-	b.c.granted.Add(1)
-	b.c.units.Add(h.GetQuantity())
-	b.c.mu.Lock()
-	b.c.perRegion[b.region] += h.GetQuantity()
-	b.c.holds[h.GetHoldId()] = b.region
-	b.c.mu.Unlock()
-	switch x := b.rng.Float64(); {
-	case x < b.cfg.ConfirmRatio:
-		b.pay(ctx, h.GetHoldId(), "pay-"+user)
-	case x < b.cfg.ConfirmRatio+b.cfg.ReleaseRatio:
-		if err := b.call(ctx, func(ctx context.Context) error {
-			_, err := b.rc.get().Release(ctx, &quotav1.ReleaseRequest{HoldId: h.GetHoldId()})
-			return err
-		}); err != nil {
-			b.c.fail(err)
+	b.c.grant(b.region, h.GetHoldId(), h.GetQuantity())
+	settle(ctx, b.cfg, b.c, b.rng, h.GetHoldId(), "pay-"+user, b)
+}
+
+// holdCalls are the calls a buyer makes on its hold, over gRPC or the HTTP edge.
+type holdCalls interface {
+	// confirm pays for the hold: sold, or (false) refunded.
+	confirm(ctx context.Context, hold, payment string) (sold bool, err error)
+	release(ctx context.Context, hold string) error
+}
+
+// grant counts a hold granted at region.
+func (c *counters) grant(region, hold string, units int64) {
+	c.granted.Add(1)
+	c.units.Add(units)
+	c.mu.Lock()
+	c.perRegion[region] += units
+	c.holds[hold] = region
+	c.mu.Unlock()
+}
+
+// settle decides, by the buyer's own random source, what becomes of its hold: paid
+// (ConfirmRatio), released (ReleaseRatio) or abandoned to expire.
+func settle(ctx context.Context, cfg *Config, c *counters, rng *rand.Rand, hold, payment string, calls holdCalls) {
+	switch x := rng.Float64(); {
+	case x < cfg.ConfirmRatio:
+		sold, err := calls.confirm(ctx, hold, payment)
+		switch {
+		case err != nil:
+			c.fail(err)
+		case sold:
+			c.confirmed.Add(1)
+		default:
+			c.refunded.Add(1)
+		}
+	case x < cfg.ConfirmRatio+cfg.ReleaseRatio:
+		if err := calls.release(ctx, hold); err != nil {
+			c.fail(err)
 			return
 		}
-		b.c.released.Add(1)
+		c.released.Add(1)
 	default:
-		b.c.abandoned.Add(1)
+		c.abandoned.Add(1)
 	}
 }
 
-func (b buyer) pay(ctx context.Context, hold, payment string) {
+func (b buyer) confirm(ctx context.Context, hold, payment string) (bool, error) {
 	var res *quotav1.ConfirmResponse
 	err := b.call(ctx, func(ctx context.Context) (err error) {
 		res, err = b.rc.get().Confirm(ctx, &quotav1.ConfirmRequest{HoldId: hold, PaymentId: payment})
 		return err
 	})
-	switch {
-	case err != nil:
-		b.c.fail(err)
-	case res.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD:
-		b.c.confirmed.Add(1)
-	default:
-		b.c.refunded.Add(1)
-	}
+	return res.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD, err
 }
 
-func (b buyer) countRefusal(err error) {
-	switch apierr.Reason(err) {
+func (b buyer) release(ctx context.Context, hold string) error {
+	return b.call(ctx, func(ctx context.Context) error {
+		_, err := b.rc.get().Release(ctx, &quotav1.ReleaseRequest{HoldId: hold})
+		return err
+	})
+}
+
+// refuse counts a buyer turned away with reason (the answer's REASON), or a failure.
+func (c *counters) refuse(reason string, err error) {
+	switch reason {
 	case "REGION_EXHAUSTED":
-		b.c.exhausted.Add(1)
+		c.exhausted.Add(1)
 	case "SOLD_OUT":
-		b.c.soldOut.Add(1)
+		c.soldOut.Add(1)
 	case "LIMIT_EXCEEDED":
-		b.c.limited.Add(1)
+		c.limited.Add(1)
 	case "PAUSED":
-		b.c.paused.Add(1)
+		c.paused.Add(1)
+	case "BOUND_ELSEWHERE":
+		c.bound.Add(1)
+	case "OVERLOADED":
+		c.overloaded.Add(1)
 	default:
-		b.c.fail(err)
+		c.fail(err)
 	}
 }

@@ -1,5 +1,6 @@
-// Package loadgen drives simulated buyers against regions over gRPC, as storefronts would:
-// each buyer calls its nearest region (chosen by a skewed weight), retries with the same
+// Package loadgen drives simulated buyers against regions, as storefronts would: over gRPC,
+// or through the regions' storefront HTTP/JSON edges and their waiting rooms (Config.HTTP).
+// Each buyer calls its nearest region (chosen by a skewed weight), retries with the same
 // request key when the outcome is unknown, then pays, cancels or walks away. The demo, the
 // acceptance tests and benchmarks share it. Every run is bounded in buyers and time.
 package loadgen
@@ -35,8 +36,11 @@ type Config struct {
 	SKU     string
 	Regions []Region
 	// Creds are the buyers' transport credentials: TLS with a storefront certificate, or
-	// insecure.NewCredentials() for a plaintext cluster. Required.
+	// insecure.NewCredentials() for a plaintext cluster. Required unless HTTP is set.
 	Creds credentials.TransportCredentials
+	// HTTP, when set, sends the buyers through the regions' storefront HTTP/JSON edges (the
+	// waiting room, then a reservation with its ticket) instead of gRPC; nil: gRPC.
+	HTTP *HTTPEdge
 	// Buyers is how many distinct buyers arrive, each with one Reserve (retried as needed).
 	Buyers int
 	// Concurrency is how many buyers are in flight at once.
@@ -67,7 +71,20 @@ type Stats struct {
 	// buyer ids got: not granted by this run, and not paid or released again.
 	Earlier int64
 	// Paused counts buyers refused because the sale or SKU is paused (the kill switch).
-	Paused                                   int64
+	Paused int64
+	// Bound counts buyers refused because they are bound to another region for the sale
+	// (BOUND_ELSEWHERE: a waiting room admitted them there first).
+	Bound int64
+	// Overloaded counts buyers who gave up still told OVERLOADED after their bounded retries;
+	// Throttled counts the OVERLOADED (HTTP 429) answers waited out and retried.
+	Overloaded, Throttled int64
+	// Admitted counts buyers given a ticket (by a waiting room or a waitlist's offer), and
+	// Polls the polls of queued admissions (HTTP mode).
+	Admitted, Polls int64
+	// Waitlisted counts the buyers told SOLD_OUT who joined a waitlist (HTTPEdge.Waitlist),
+	// Offered those of them given a ticket (an offer, or the waiting room's once units came
+	// back), and WaitedOut those whose wait ended first.
+	Waitlisted, Offered, WaitedOut           int64
 	Confirmed, Refunded, Released, Abandoned int64
 	PerRegion                                map[string]int64 // units granted per region
 	Elapsed                                  time.Duration
@@ -80,7 +97,8 @@ type Stats struct {
 type counters struct {
 	buyers, granted, units, exhausted, soldOut, limited, failed, retries atomic.Int64
 	earlier                                                              atomic.Int64
-	paused                                                               atomic.Int64
+	paused, bound, overloaded, throttled, admitted, polls                atomic.Int64
+	waitlisted, offered, waitedOut                                       atomic.Int64
 	confirmed, refunded, released, abandoned                             atomic.Int64
 	mu                                                                   sync.Mutex
 	perRegion                                                            map[string]int64
@@ -111,7 +129,9 @@ func (c *counters) snapshot(start time.Time) Stats {
 	}
 	return Stats{Buyers: c.buyers.Load(), Granted: c.granted.Load(), UnitsGranted: c.units.Load(), Exhausted: c.exhausted.Load(),
 		SoldOut: c.soldOut.Load(), Limited: c.limited.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), Earlier: c.earlier.Load(),
-		Paused: c.paused.Load(), Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
+		Paused: c.paused.Load(), Bound: c.bound.Load(), Overloaded: c.overloaded.Load(), Throttled: c.throttled.Load(),
+		Admitted: c.admitted.Load(), Polls: c.polls.Load(), Waitlisted: c.waitlisted.Load(), Offered: c.offered.Load(),
+		WaitedOut: c.waitedOut.Load(), Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
 		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
 }
 
@@ -132,7 +152,11 @@ func (c *Config) Validate() error {
 	if len(c.Regions) == 0 {
 		return errors.New("loadgen: no regions")
 	}
-	if c.Creds == nil {
+	if c.HTTP != nil {
+		if err := c.HTTP.validate(c.Regions); err != nil {
+			return err
+		}
+	} else if c.Creds == nil {
 		return errors.New("loadgen: no transport credentials (a storefront certificate, or insecure)")
 	}
 	return c.CheckSettings()
@@ -165,31 +189,30 @@ func (c *Config) CheckSettings() error {
 }
 
 // Run drives the buyers and returns the totals. It stops early when ctx ends or MaxDuration
-// passes; buyers not started by then are not counted.
+// passes; buyers not started by then are not counted. In HTTP mode it first pings every
+// region's edge, and fails (ErrEdgeUnreachable) if one does not answer.
 func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if err := cfg.Validate(); err != nil {
 		return Stats{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
 	defer cancel()
-	clients := make([]*regionClient, len(cfg.Regions))
 	var total int64
-	for i, r := range cfg.Regions {
-		rc, err := newRegionClient(r.Addr, cfg.Creds)
-		if err != nil {
-			return Stats{}, fmt.Errorf("region %s: %w", r.Name, err)
-		}
-		defer rc.close()
-		clients[i] = rc
+	for _, r := range cfg.Regions {
 		total += r.Weight
 	}
 	if total <= 0 {
 		return Stats{}, errors.New("loadgen: region weights sum to zero")
 	}
+	start, err := startBuyers(ctx, &cfg)
+	if err != nil {
+		return Stats{}, err
+	}
 	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}}
-	start := time.Now()
-	stopProgress := startProgress(ctx, cfg, c, start)
+	began := time.Now()
+	stopProgress := startProgress(ctx, cfg, c, began)
 	defer stopProgress()
+	defer start.close()
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
 	for range cfg.Concurrency {
@@ -202,13 +225,51 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 					return
 				}
 				rng := buyerRNG(cfg.Seed, n)
-				i := pick(rng, cfg.Regions, total)
-				buyer{cfg: &cfg, c: c, region: cfg.Regions[i].Name, rc: clients[i], rng: rng, id: n}.run(ctx)
+				start.run(ctx, c, pick(rng, cfg.Regions, total), rng, n)
 			}
 		}()
 	}
 	wg.Wait()
-	return c.snapshot(start), nil
+	return c.snapshot(began), nil
+}
+
+// starter runs buyers in one mode: over gRPC (a client per region) or through the edges.
+type starter struct {
+	cfg     *Config
+	clients []*regionClient // gRPC mode
+}
+
+// startBuyers prepares the mode's connections: gRPC clients, or a ping of every edge.
+func startBuyers(ctx context.Context, cfg *Config) (*starter, error) {
+	s := &starter{cfg: cfg}
+	if cfg.HTTP != nil {
+		return s, cfg.HTTP.ping(ctx, cfg.Regions)
+	}
+	for _, r := range cfg.Regions {
+		rc, err := newRegionClient(r.Addr, cfg.Creds)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("region %s: %w", r.Name, err)
+		}
+		s.clients = append(s.clients, rc)
+	}
+	return s, nil
+}
+
+// run runs buyer n at region i.
+func (s *starter) run(ctx context.Context, c *counters, i int, rng *rand.Rand, n int64) {
+	name := s.cfg.Regions[i].Name
+	if s.cfg.HTTP != nil {
+		newHTTPBuyer(s.cfg, c, name, rng, n).run(ctx)
+		return
+	}
+	buyer{cfg: s.cfg, c: c, region: name, rc: s.clients[i], rng: rng, id: n}.run(ctx)
+}
+
+func (s *starter) close() {
+	for _, rc := range s.clients {
+		rc.close()
+	}
 }
 
 // buyerRNG is buyer n's own random source: its region and what it does with its hold depend

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,9 @@ func EnsureTicketKeys(path string) (bool, error) {
 	}
 	data, err := admission.NewKeyFile(rand.Reader)
 	if err != nil {
+		return false, fmt.Errorf("ticket keys: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return false, fmt.Errorf("ticket keys: %w", err)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
