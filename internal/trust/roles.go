@@ -123,15 +123,36 @@ func AuthorizeCaller(c Caller, method string) error {
 	if method == openMethod {
 		return nil
 	}
+	return decide(c, method, Allowed(c.Role, method))
+}
+
+// MetricsRoles may read a process's Prometheus metrics (GET /metrics on a region's HTTP edge
+// and on the coordinator's HTTP listener): operators, and auditors, who read everything and
+// change nothing. Prometheus scrapes with such a certificate (tls_config cert_file and
+// key_file). docs/security.md prints it under the role matrix; TestMetricsRoles pins it.
+var MetricsRoles = []Role{Operator, Auditor}
+
+// MetricsPath is where every quotad process serves its metrics.
+const MetricsPath = "/metrics"
+
+// AuthorizeMetrics decides one scrape of MetricsPath on a secure server, as AuthorizeCaller
+// decides a call: without a verified client certificate it is Unauthenticated; a role not in
+// MetricsRoles is PermissionDenied, naming the role.
+func AuthorizeMetrics(c Caller) error {
+	return decide(c, "GET "+MetricsPath, c.Role != "" && slices.Contains(MetricsRoles, c.Role))
+}
+
+// decide is the answer to c's call of what, which the rules allowed or not.
+func decide(c Caller, what string, allowed bool) error {
 	if !c.Certified {
-		return fmt.Errorf("%s needs a client certificate signed by the cluster's CA (see quotactl cert): %w", method, apierr.ErrUnauthenticated)
+		return fmt.Errorf("%s needs a client certificate signed by the cluster's CA (see quotactl cert): %w", what, apierr.ErrUnauthenticated)
 	}
-	if !Allowed(c.Role, method) {
+	if !allowed {
 		role := string(c.Role)
 		if role == "" {
 			role = "none"
 		}
-		return fmt.Errorf("role %s (certificate %q) may not call %s: %w", role, c.Name, method, apierr.ErrPermissionDenied)
+		return fmt.Errorf("role %s (certificate %q) may not call %s: %w", role, c.Name, what, apierr.ErrPermissionDenied)
 	}
 	return nil
 }

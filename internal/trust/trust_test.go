@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/trust"
 )
 
@@ -146,5 +147,30 @@ func TestEnsureDevRemakesANodeCertificateForNewHosts(t *testing.T) {
 	}
 	if !slices.Equal(made, []string{trust.NodeCert, trust.NodeKey}) {
 		t.Errorf("made %v; want only the node pair again", made)
+	}
+}
+
+// TestMetricsRoles pins who may read /metrics (docs/security.md): operators and auditors; any
+// other role, a certificate naming none, and no certificate are refused, each as the RPCs
+// refuse them.
+func TestMetricsRoles(t *testing.T) {
+	want := map[trust.Role]bool{trust.Operator: true, trust.Auditor: true}
+	for _, role := range trust.Roles {
+		err := trust.AuthorizeMetrics(trust.Caller{Role: role, Name: "x", Certified: true})
+		if want[role] != (err == nil) {
+			t.Errorf("role %s reading metrics: %v; allowed should be %v", role, err, want[role])
+		}
+		if err != nil && !errors.Is(err, apierr.ErrPermissionDenied) {
+			t.Errorf("role %s refused with %v; want PermissionDenied", role, err)
+		}
+	}
+	if err := trust.AuthorizeMetrics(trust.Caller{Name: "node", Certified: true}); !errors.Is(err, apierr.ErrPermissionDenied) {
+		t.Errorf("a certificate naming no role: %v; want PermissionDenied", err)
+	}
+	if err := trust.AuthorizeMetrics(trust.Caller{Role: trust.Operator}); !errors.Is(err, apierr.ErrUnauthenticated) {
+		t.Errorf("no certificate: %v; want Unauthenticated", err)
+	}
+	if len(trust.MetricsRoles) != len(want) {
+		t.Errorf("MetricsRoles %v; documented %v", trust.MetricsRoles, want)
 	}
 }
