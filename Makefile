@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim readme
+.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -45,7 +45,7 @@ proto-check:
 vet:
 	scripts/vet.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL, then proto-check and vet
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL, then proto-check, vet, fuzz and metrics-check
 test: pg
 	@declare -A res; fail=0; \
 	step() { local name=$$1; shift; echo "==> $$name"; \
@@ -58,7 +58,8 @@ test: pg
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
-	summary="go test: $${res[go-test]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}"; \
+	step metrics-check scripts/promtool.sh; \
+	summary="go test: $${res[go-test]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
@@ -81,9 +82,21 @@ sim:
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
 	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
 
+## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/benchmarks.md)
+http-bench: pg build
+	scripts/http-bench.sh
+
+## metrics-check: promtool checks of deploy/prometheus (config, alert rules, their unit tests) and of the Grafana dashboard's queries (scripts/promtool.sh; installs Debian's prometheus package when promtool is missing)
+metrics-check:
+	scripts/promtool.sh
+
 ## readme: run the README's manual session as written against a fresh quotad dev (scripts/readme-session.sh)
 readme: pg build
 	scripts/readme-session.sh
+
+## shoppers: the storefront acceptance at full size: 100,000 shoppers over three regions' HTTP waiting rooms for 10,000 units
+shoppers: pg
+	QUOTA_SHOPPERS=100000 QUOTA_SHOPPER_UNITS=10000 QUOTA_SHOPPERS_TIMING=1 $(GO) test -race -count=1 -v -run '^TestShoppersOverThreeRegions$$' -timeout 15m ./cmd/internal/cluster/
 
 ## demo: run the end-to-end demo (scripts/demo.sh)
 demo: pg build

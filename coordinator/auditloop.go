@@ -35,6 +35,8 @@ func (c *Coordinator) auditRound(ctx context.Context) {
 		}
 		return
 	}
+	c.auditViolations.Store(int64(len(rep.Violations)))
+	c.auditedAt.Store(time.Now().UnixNano())
 	for _, v := range rep.Violations {
 		if breach(v) {
 			c.pauseForBreach(ctx, v, rep)

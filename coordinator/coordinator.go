@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -178,6 +179,13 @@ type Coordinator struct {
 	gen    int64
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// fenceRejections counts the ledger writes the generation fence refused (I4);
+	// auditViolations is the continuous audit's last count of violations in this term, and
+	// auditedAt when that round ended (Unix nanoseconds; 0: no round yet).
+	fenceRejections atomic.Int64
+	auditViolations atomic.Int64
+	auditedAt       atomic.Int64
 }
 
 // New builds a coordinator on a migrated ledger database.
@@ -202,7 +210,7 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 		return errors.New("coordinator: already leading")
 	}
 	err := pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
-		if err := fencing.CheckLedgerGeneration(ctx, tx, gen); err != nil {
+		if err := c.checkFence(ctx, tx, gen); err != nil {
 			return err
 		}
 		if err := queuePausesForNewRegions(ctx, tx, c.regionNames()); err != nil {
@@ -215,6 +223,8 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	c.gen, c.cancel = gen, cancel
+	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
+	c.auditedAt.Store(0)
 	c.wg.Add(5)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
@@ -256,9 +266,35 @@ func (c *Coordinator) Regions() []RegionLink { return c.cfg.Regions }
 // fencedTx runs fn in a ledger transaction that first passes the generation fence (I4).
 func (c *Coordinator) fencedTx(ctx context.Context, gen int64, fn func(pgx.Tx) error) error {
 	return pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
-		if err := fencing.CheckLedgerGeneration(ctx, tx, gen); err != nil {
+		if err := c.checkFence(ctx, tx, gen); err != nil {
 			return err
 		}
 		return fn(tx)
 	})
+}
+
+// checkFence passes the ledger's generation fence in tx, counting a refusal.
+func (c *Coordinator) checkFence(ctx context.Context, tx pgx.Tx, gen int64) error {
+	err := fencing.CheckLedgerGeneration(ctx, tx, gen)
+	if errors.Is(err, ErrFenced) {
+		c.fenceRejections.Add(1)
+	}
+	return err
+}
+
+// FenceRejections counts the ledger transactions this process began that the generation
+// fence refused: a newer coordinator had written (I4), so they changed nothing.
+func (c *Coordinator) FenceRejections() int64 { return c.fenceRejections.Load() }
+
+// AuditViolations is the number of violations the continuous audit found in its last round
+// while this coordinator leads (0 before its first round).
+func (c *Coordinator) AuditViolations() int64 { return c.auditViolations.Load() }
+
+// AuditedAt is when the continuous audit's last round in this term ended; zero before the
+// first.
+func (c *Coordinator) AuditedAt() time.Time {
+	if ns := c.auditedAt.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }

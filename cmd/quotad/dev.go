@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
 )
@@ -21,8 +22,9 @@ func devCmd() *cobra.Command {
 
 The coordinator listens on 127.0.0.1:<base-port> (7400) and the regions on the next ports
 in the order given (us 7401, eu 7402, ap 7403); each region's storefront HTTP/JSON edge
-(docs/storefront.md) on base-port+1001 on (us 8401, eu 8402, ap 8403). The embedded etcd
-serves clients on base-port+90. Waiting-room tickets are signed with the keys in
+(docs/storefront.md) on base-port+1001 on (us 8401, eu 8402, ap 8403), each also serving
+the region's Prometheus metrics at /metrics; the coordinator's metrics are on base-port+1000
+(8400). The embedded etcd serves clients on base-port+90. Waiting-room tickets are signed with the keys in
 <data-dir>/tickets.keys, created when missing. Each role has its own database on the PostgreSQL server of --pg-url,
 created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
 
@@ -104,6 +106,11 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		made = " (created)"
 	}
 	fmt.Printf("; ticket keys %s%s\n", d.TicketKeys, made)
+	fmt.Printf("quotad dev: metrics at %s://%s%s (coordinator)", scheme, d.Coordinator.HTTPAddr(), trust.MetricsPath)
+	for _, r := range d.Regions {
+		fmt.Printf(", %s://%s%s (region %s)", scheme, r.HTTPAddr(), trust.MetricsPath, r.R.Name())
+	}
+	fmt.Println()
 	if d.TLS != nil {
 		fmt.Printf("quotad dev: mutual TLS with certificates in %s", d.TLS.Dir())
 		if len(d.CertsMade) > 0 {

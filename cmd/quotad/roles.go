@@ -56,7 +56,8 @@ func regionCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("name", "", "region name (required)")
 	f.String("listen", "127.0.0.1:7401", "gRPC address")
-	f.String("http-listen", "", "the storefront HTTP/JSON edge's address (docs/storefront.md), e.g. 127.0.0.1:8401; empty: none")
+	f.String("http-listen", "", "the storefront HTTP/JSON edge's address (docs/storefront.md), which also serves the region's\n"+
+		"Prometheus metrics at /metrics, e.g. 127.0.0.1:8401; empty: none")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
 		"waiting room: without it, their admissions and reservations are refused")
 	f.String("db-url", "", "the region's database URL (required; the database must exist: quotad dev creates its own)")
@@ -142,6 +143,7 @@ func coordinatorCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.String("listen", "127.0.0.1:7400", "gRPC address")
+	f.String("http-listen", "", "address of the HTTP listener of the coordinator's Prometheus metrics (GET /metrics), e.g. 127.0.0.1:8400; empty: none")
 	f.String("db-url", "", "the ledger database URL (required)")
 	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
@@ -211,7 +213,7 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm},
+		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen")},
 		Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
@@ -234,7 +236,11 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer n.Close()
-	fmt.Printf("quotad coordinator: %s\n", n.Addr())
+	fmt.Printf("quotad coordinator: %s", n.Addr())
+	if a := n.HTTPAddr(); a != "" {
+		fmt.Printf(", metrics %s", a)
+	}
+	fmt.Println()
 	<-ctx.Done()
 	return nil
 }

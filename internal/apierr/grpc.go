@@ -3,6 +3,7 @@ package apierr
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,35 @@ func ToStatus(err error) error {
 		return build(err, m)
 	}
 	return soldOutStatus(err, m)
+}
+
+// ReasonOf is the reason ToStatus would give a domain error ("SOLD_OUT", ...; "INTERNAL"
+// when it matches no sentinel), without building the status: "" for nil. The metrics count
+// outcomes by it, so a label takes only the table's words.
+func ReasonOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	for _, t := range table {
+		if errors.Is(err, t.err) {
+			return t.reason
+		}
+	}
+	if r := Reason(err); r != "" && slices.ContainsFunc(table, func(m mapping) bool { return m.reason == r }) {
+		return r // a status error from a peer
+	}
+	return "INTERNAL"
+}
+
+// Reasons is every reason ReasonOf can return, each once, in the table's order.
+func Reasons() []string {
+	var out []string
+	for _, t := range table {
+		if !slices.Contains(out, t.reason) {
+			out = append(out, t.reason)
+		}
+	}
+	return append(out, "INTERNAL")
 }
 
 // soldOutCache holds the finished status errors of the two sold-out answers by message. Once

@@ -87,3 +87,34 @@ func TestSoldOutStatusesAreShared(t *testing.T) {
 		t.Error("past the bound, answers are no longer shared")
 	}
 }
+
+// TestReasonOf: the reason of a domain error is the one ToStatus gives it, for every row of
+// the table and for an error of no row; Reasons lists each exactly once.
+func TestReasonOf(t *testing.T) {
+	if got := ReasonOf(nil); got != "" {
+		t.Errorf("ReasonOf(nil) = %q", got)
+	}
+	all := Reasons()
+	for _, m := range table {
+		err := fmt.Errorf("context: %w", m.err)
+		if got, want := ReasonOf(err), Reason(ToStatus(err)); got != want {
+			t.Errorf("ReasonOf(%v) = %q; ToStatus says %q", err, got, want)
+		}
+		if got := ReasonOf(ToStatus(err)); got != m.reason {
+			t.Errorf("ReasonOf(status of %v) = %q; want %q", err, got, m.reason)
+		}
+	}
+	if got := ReasonOf(errors.New("disk on fire")); got != "INTERNAL" {
+		t.Errorf("an error of no sentinel: %q; want INTERNAL", got)
+	}
+	seen := map[string]bool{}
+	for _, r := range all {
+		if seen[r] {
+			t.Errorf("Reasons lists %s twice", r)
+		}
+		seen[r] = true
+	}
+	if !seen["INTERNAL"] || !seen["SOLD_OUT"] || !seen["REGION_EXHAUSTED"] {
+		t.Errorf("Reasons %v misses a reason", all)
+	}
+}

@@ -21,6 +21,9 @@ type term struct {
 	stopped func() <-chan struct{} // nil: the holder never stops by itself
 	stepDn  func()
 	crashed *atomic.Bool // set: leave the lease to expire instead of resigning, as a killed process would
+	// tookOver, when set, learns how long each takeover took, from the election won to lead's
+	// return (quota_takeover_seconds).
+	tookOver func(time.Duration)
 }
 
 // campaign wins the role, leads until the lease is lost, the holder stops by itself or ctx
@@ -35,11 +38,15 @@ func campaign(ctx context.Context, t term) {
 			}
 			continue
 		}
+		won := time.Now()
 		if err := leadWhileHeld(ctx, t, l); err != nil {
 			t.log.Warn("could not lead", "role", t.role, "err", err)
 			l.Close()
 			sleep(ctx, time.Second)
 			continue
+		}
+		if t.tookOver != nil {
+			t.tookOver(time.Since(won))
 		}
 		var stopped <-chan struct{}
 		if t.stopped != nil {

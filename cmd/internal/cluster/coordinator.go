@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/coordinator/coordrpc"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/metrics"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
@@ -48,14 +50,21 @@ type CoordinatorConfig struct {
 	FollowLeaders bool
 	// TLS is the certificates directory: node.crt for the server, client.coordinator.crt for
 	// calls to the regions. Nil runs insecure (plaintext, no roles).
-	TLS    *trust.Material
-	Logger *slog.Logger
+	TLS *trust.Material
+	// HTTPListen is the address of the coordinator's HTTP listener, which serves its
+	// Prometheus metrics (GET /metrics) and nothing else; "" serves none.
+	HTTPListen string
+	Logger     *slog.Logger
 }
 
 // CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
 type CoordinatorNode struct {
-	C            *coordinator.Coordinator
-	Server       *rpcserve.Server
+	C      *coordinator.Coordinator
+	Server *rpcserve.Server
+	// HTTP serves the metrics (nil when not served); Metrics is the node's registry.
+	HTTP         *rpcserve.HTTPServer
+	Metrics      *prometheus.Registry
+	metrics      *nodeMetrics
 	DB           *pgxpool.Pool
 	regionDBs    []*pgxpool.Pool
 	participants []*coordrpc.Participant
@@ -102,16 +111,47 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err != nil {
 		return nil, err
 	}
-	if n.Server, err = rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
+	if err = n.serve(); err != nil {
 		return nil, err
 	}
-	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
-	n.Server.Start()
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Add(1)
 	go n.campaign(cctx)
 	return n, nil
+}
+
+// serve registers the node's metrics, then starts, with an address, its HTTP listener of
+// metrics and its gRPC server.
+func (n *CoordinatorNode) serve() error {
+	cfg := n.cfg
+	nm := newNodeMetrics(roleCoordinator, "")
+	n.metrics, n.Metrics = nm, nm.reg
+	nm.leader(func() bool { _, err := n.C.Generation(); return err == nil })
+	registerCoordinator(nm.reg, n.C)
+	var err error
+	if cfg.HTTPListen != "" { // first: once started, closeResources stops it if the rest fails
+		h := nm.http.Wrap(metrics.Serve(nm.reg, cfg.TLS.Insecure(), cfg.Logger))
+		if n.HTTP, err = rpcserve.ListenHTTP(cfg.HTTPListen, h, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
+			return err
+		}
+		n.HTTP.Start()
+	}
+	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})); err != nil {
+		return err
+	}
+	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
+	nm.grpc.InitializeMetrics(n.Server.GRPC)
+	n.Server.Start()
+	return nil
+}
+
+// HTTPAddr is the address of the coordinator's metrics listener, or "" when it serves none.
+func (n *CoordinatorNode) HTTPAddr() string {
+	if n.HTTP == nil {
+		return ""
+	}
+	return n.HTTP.Addr()
 }
 
 func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.TransportCredentials) ([]coordinator.RegionLink, error) {
@@ -153,7 +193,7 @@ func (n *CoordinatorNode) Addr() string { return n.Server.Addr() }
 func (n *CoordinatorNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
 	campaign(ctx, term{etcd: n.etcd, role: "coordinator", addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
-		lead: n.C.Lead, stepDn: n.C.StepDown, crashed: &n.crashed})
+		lead: n.C.Lead, stepDn: n.C.StepDown, crashed: &n.crashed, tookOver: n.metrics.tookOver})
 }
 
 // Crash stops the node the way a killed process stops: calls in progress are cut, and its
@@ -182,6 +222,9 @@ func (n *CoordinatorNode) WaitLeading(ctx context.Context) error {
 }
 
 func (n *CoordinatorNode) closeResources() {
+	if n.HTTP != nil {
+		n.HTTP.Stop()
+	}
 	for _, p := range n.participants {
 		p.Close()
 	}

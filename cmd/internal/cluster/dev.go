@@ -33,8 +33,8 @@ type DevConfig struct {
 	// Host is the address every server binds.
 	Host string
 	// BasePort is the coordinator's port; regions take the next ports in order, their HTTP
-	// edges BasePort+1001 on, the embedded etcd BasePort+90 (clients) and BasePort+91
-	// (peers). 0 picks free ports.
+	// edges BasePort+1001 on, the coordinator's HTTP listener of metrics BasePort+1000, the
+	// embedded etcd BasePort+90 (clients) and BasePort+91 (peers). 0 picks free ports.
 	BasePort int
 	// LeaseTTL is every election's lease.
 	LeaseTTL time.Duration
@@ -253,7 +253,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			return err
 		}
 	}
-	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), DBURL: d.DBURLs["coordinator"],
+	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
 		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
 	if err != nil {
 		return err

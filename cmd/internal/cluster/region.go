@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/metrics"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
@@ -50,8 +52,11 @@ type RegionNode struct {
 	R      *region.Region
 	Server *rpcserve.Server
 	// HTTP is the storefront edge (nil when not served); Door the front door behind both APIs.
-	HTTP    *rpcserve.HTTPServer
-	Door    *region.Door
+	HTTP *rpcserve.HTTPServer
+	Door *region.Door
+	// Metrics is the node's Prometheus registry, served at /metrics on the HTTP edge.
+	Metrics *prometheus.Registry
+	metrics *nodeMetrics
 	binder  *fencing.Binder
 	DB      *pgxpool.Pool
 	etcd    *fencing.Client
@@ -169,25 +174,20 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		}
 		cfg.Region.Tickets = keys.get
 	}
-	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
+	nm := newNodeMetrics(roleRegion, cfg.Region.Name)
+	cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
+	r, db, err := openRegion(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := region.Migrate(ctx, db, pgutil.MigrationLog(cfg.Logger)); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("region %s: %w", cfg.Region.Name, err)
-	}
-	r, err := region.New(cfg.Region, db)
-	if err != nil {
-		db.Close()
-		return nil, err
-	}
-	srv, err := rpcserve.Listen(cfg.Listen, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
+	registerRegion(nm.reg, r)
+	nm.leader(r.Leading)
+	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}))
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	n := &RegionNode{R: r, Server: srv, DB: db, etcd: etcd, cfg: cfg}
+	n := &RegionNode{R: r, Server: srv, DB: db, Metrics: nm.reg, metrics: nm, etcd: etcd, cfg: cfg}
 	rs := &regionrpc.Server{R: r}
 	if err := n.openEdge(rs, keys); err != nil {
 		srv.Stop()
@@ -197,6 +197,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	quotav1.RegisterRegionServiceServer(srv.GRPC, rs)
 	quotav1.RegisterParticipantServiceServer(srv.GRPC, rs)
+	nm.grpc.InitializeMetrics(srv.GRPC)
 	srv.Start()
 	if n.HTTP != nil {
 		n.HTTP.Start()
@@ -218,6 +219,24 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		r.KeepWarm(cctx)
 	}()
 	return n, nil
+}
+
+// openRegion opens and migrates the region's database and builds the region on it.
+func openRegion(ctx context.Context, cfg RegionConfig) (*region.Region, *pgxpool.Pool, error) {
+	db, err := pgutil.Open(ctx, cfg.DBURL, 32)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := region.Migrate(ctx, db, pgutil.MigrationLog(cfg.Logger)); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("region %s: %w", cfg.Region.Name, err)
+	}
+	r, err := region.New(cfg.Region, db)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return r, db, nil
 }
 
 // coordinatorGeneration reads the coordinator leader's generation from etcd.
@@ -246,8 +265,9 @@ func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
 	if cfg.HTTPListen == "" {
 		return nil
 	}
-	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, regionhttp.Handler(rs, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger}),
-		rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
+	edge := regionhttp.Handler(rs, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
+		Metrics: metrics.Handler(n.metrics.reg, cfg.Logger)})
+	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, n.metrics.http.Wrap(edge), rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
 	if err != nil {
 		return err
 	}
@@ -305,7 +325,7 @@ func (n *RegionNode) Addr() string { return n.Server.Addr() }
 func (n *RegionNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
 	campaign(ctx, term{etcd: n.etcd, role: "region/" + n.cfg.Region.Name, addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
-		lead: n.R.Lead, stopped: n.R.Stopped, stepDn: n.R.StepDown, crashed: &n.crashed})
+		lead: n.R.Lead, stopped: n.R.Stopped, stepDn: n.R.StepDown, crashed: &n.crashed, tookOver: n.metrics.tookOver})
 }
 
 // WaitLeading waits until the region serves as leader.
