@@ -274,6 +274,17 @@ func (r *Room) Get(id string, now time.Time) (Entry, bool) {
 	return r.view(e, now), true
 }
 
+// Lookup returns user's entry, if the room has one; like Get, it changes nothing.
+func (r *Room) Lookup(user string, now time.Time) (Entry, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byUser[user]
+	if !ok {
+		return Entry{}, false
+	}
+	return r.view(e, now), true
+}
+
 // Due advances the room to now: it expires the tickets past their expiry, then picks up to
 // max entries from the front of the line and moves them to Binding, for the caller to bind
 // and then Admit, Elsewhere or Requeue. It picks nothing before OpensAt or after Close, and

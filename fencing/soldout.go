@@ -8,8 +8,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Flag names one of the coordinator's stock flags per SKU. They are advice for answers and
-// admission only; no decision to grant or refuse stock depends on them.
+// Flag names one of the coordinator's stock flags per SKU. They grant or refuse no unit:
+// they choose answers (SOLD_OUT or REGION_EXHAUSTED) and whether a waiting room admits now;
+// every take is decided by the region's writer.
 type Flag string
 
 // The stock flags.

@@ -95,7 +95,8 @@ func (m *memState) retireClosed(cutoff time.Time) {
 
 type saleAdmission struct{ sale, admission string }
 
-// useTicket records that h's admission ticket backs h's request key.
+// useTicket records that h's admission ticket backs h's request key: a ticket backs at most
+// one request key (with I6, one hold), durable with the hold (holds.admission_id, unique).
 func (m *memState) useTicket(h Hold) {
 	if h.Admission != "" {
 		m.tickets[maphash.Comparable(m.seed, saleAdmission{h.Sale, h.Admission})] = maphash.String(m.seed, h.RequestKey)

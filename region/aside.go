@@ -58,6 +58,20 @@ func (a *asideBook) add(pk poolKey, d transfer.Units) {
 	}
 }
 
+// clamp sets aside at most available units of pk: a transfer's debit, which moves
+// available units, may have taken some that were set aside.
+func (a *asideBook) clamp(pk poolKey, available transfer.Units) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if v, ok := a.aside[pk]; ok && v > available {
+		if available > 0 {
+			a.aside[pk] = available
+		} else {
+			delete(a.aside, pk)
+		}
+	}
+}
+
 // setWaiting records how many buyers wait for pk's units.
 func (a *asideBook) setWaiting(pk poolKey, n int) {
 	a.mu.Lock()
@@ -83,7 +97,8 @@ func (b *batch) asideNow(pk poolKey, available transfer.Units) transfer.Units {
 	return min(max(b.aside.of(pk)+b.asideDelta[pk], 0), available)
 }
 
-// setAsideReturned sets q returned units of pk aside when buyers wait for them.
+// setAsideReturned sets q returned units of pk aside when buyers wait for them. I1: the
+// units are in available already (held → available); the book only gates who takes them.
 func (b *batch) setAsideReturned(pk poolKey, q transfer.Units) {
 	if b.aside.waits(pk) {
 		b.asideDelta[pk] += q

@@ -134,7 +134,7 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 		if err != nil {
 			return Admission{}, apierr.Invalid("client_address", "not an IP address")
 		}
-		addr = ip.String() // one key per address, however it was written
+		addr = limiterKey(ip)
 	}
 	now := d.r.cfg.Clock.Now()
 	if err := d.limit(user, addr, now); err != nil {
@@ -143,6 +143,14 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	room, t, err := d.room(ctx, sale)
 	if err != nil {
 		return Admission{}, err
+	}
+	// Entering again answers the place the buyer has, even while the room admits no one: a
+	// storefront whose answer was lost gets the live ticket back.
+	if e, ok := room.Lookup(user, now); ok && e.State != admission.Expired {
+		if err := d.closed(room, t); err != nil && !e.State.Final() && e.State != admission.Admitted {
+			return Admission{}, err
+		}
+		return d.answer(sale, e)
 	}
 	if err := d.closed(room, t); err != nil {
 		return Admission{}, err
@@ -262,9 +270,16 @@ func (d *Door) salePaused(sale string) bool {
 	return ok
 }
 
+// soldOutEverywhere reports whether no SKU of the sale has a unit an open buyer could take:
+// each is drained everywhere, or its units here are all set aside for its waitlist (set-aside
+// units count as available in the coordinator's flags, which can lower drained for units
+// only the waitlist may take).
 func (d *Door) soldOutEverywhere(t SaleTerms) bool {
 	for _, sku := range t.SKUs {
-		if !d.drained(t.Sale, sku) {
+		pk := poolKey{t.Sale, sku}
+		aside := d.r.aside.of(pk)
+		avail, _ := d.r.cachedAvailable(pk)
+		if !d.drained(t.Sale, sku) && (aside == 0 || avail > aside) {
 			return false
 		}
 	}
@@ -277,6 +292,20 @@ func (d *Door) drained(sale, sku string) bool {
 		return f(sale, sku)
 	}
 	return d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku)
+}
+
+// limiterKey is the per-address bucket of ip: the address itself for IPv4, its /64 for IPv6
+// (one host gets a /64, so counting single addresses would let it take a bucket per address).
+func limiterKey(ip netip.Addr) string {
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	p, err := ip.Prefix(64)
+	if err != nil { // only for an address of another family, which ParseAddr does not give
+		return ip.String()
+	}
+	return p.String()
 }
 
 // limit applies the per-buyer and per-address token buckets.
@@ -311,6 +340,9 @@ func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerm
 	if sr := d.rooms[sale]; sr != nil {
 		return sr.room, t, nil
 	}
+	if len(d.rooms) >= MaxRooms {
+		return nil, t, &apierr.OverloadedError{What: fmt.Sprintf("waiting rooms (%d sales)", MaxRooms), RetryAfter: time.Minute}
+	}
 	room, err := admission.NewRoom(admission.RoomConfig{Sale: sale, Region: d.r.cfg.Name, OpensAt: t.OpensAt,
 		Rate: float64(t.Admission.Rate), MaxLive: int(t.Admission.MaxLive), TicketTTL: t.Admission.TicketTTL,
 		MaxQueue: d.cfg.MaxQueue, Seed: LotterySeed(sale)})
@@ -320,6 +352,10 @@ func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerm
 	d.rooms[sale] = &saleRoom{room: room, sale: sale, ticketTTL: t.Admission.TicketTTL, terms: t}
 	return room, t, nil
 }
+
+// MaxRooms bounds the waiting rooms a region leader keeps, one per sale with a waiting room
+// entered since it took the lead.
+const MaxRooms = 256
 
 // saleRoom is one sale's waiting room at this region, with what its admitting needs.
 type saleRoom struct {
@@ -468,6 +504,7 @@ func (d *Door) Describe(ctx context.Context, sale string) (SaleView, error) {
 	v.Paused = paused("")
 	for _, sku := range t.SKUs {
 		avail, _ := d.r.cachedAvailable(poolKey{sale, sku})
+		avail -= min(d.r.aside.of(poolKey{sale, sku}), avail) // what an open buyer could take
 		v.SKUs = append(v.SKUs, SKUView{SKU: sku, SoldOut: d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku),
 			Paused: paused(sku), Available: avail})
 	}

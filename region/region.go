@@ -540,6 +540,9 @@ func (r *Region) applyCommitted(b *batch) {
 	for k, d := range b.asideDelta {
 		r.aside.add(k, d)
 	}
+	for k, a := range b.touched { // a debit may have taken set-aside units: no more aside than there is
+		r.aside.clamp(k, a)
+	}
 	for id, t := range b.sales {
 		r.sales.Store(id, t)
 	}

@@ -254,8 +254,10 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	if p == nil {
 		return nil, o.exhausted(req, 0), nil
 	}
+	// The units set aside for the SKU's waitlist are the waitlist's offers' to take: an open
+	// buyer sees available − aside. A gate only: they are in available (I1 unchanged).
 	aside := b.asideNow(pk, p.available)
-	free := p.available - aside // an open buyer may not take the units set aside for the waitlist
+	free := p.available - aside
 	if req.fromAside > 0 {
 		if req.Quantity > req.fromAside {
 			return nil, apierr.Invalid("quantity", "%d is over the %d units the waitlist offered", req.Quantity, req.fromAside), nil

@@ -52,7 +52,7 @@ var table = []mapping{
 	{ErrTooManyKeys, codes.ResourceExhausted, "TOO_MANY_KEYS", 429},
 	{ErrPaused, codes.FailedPrecondition, "PAUSED", 409},
 	{ErrBoundElsewhere, codes.FailedPrecondition, "BOUND_ELSEWHERE", 409},
-	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME", 504},
+	{context.DeadlineExceeded, codes.DeadlineExceeded, "UNKNOWN_OUTCOME", 503}, // the reason's status, as above
 	{context.Canceled, codes.Canceled, "CANCELED", 499},
 }
 

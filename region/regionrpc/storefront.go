@@ -24,6 +24,9 @@ func retryAfter(a region.Admission) int64 {
 	if a.State != admission.Queued && a.State != admission.Binding {
 		return 0
 	}
+	if a.SKU != "" {
+		return 2000 // on a waitlist: no estimate (units come back when they do); a poll every 2 s
+	}
 	return min(max(a.EstimatedWait.Milliseconds()/10, 250), 5000)
 }
 

@@ -41,8 +41,8 @@ func TestSellOutClosesTheRoomAndReturnsGoToTheWaitlist(t *testing.T) {
 	}
 	gone := time.Now()
 	var heard time.Duration
-	for {
-		a := call(t, c, "POST", us+"/v1/sales/rush/admissions", map[string]string{"user_id": "newcomer"})
+	for n := 0; ; n++ {
+		a := call(t, c, "POST", us+"/v1/sales/rush/admissions", map[string]string{"user_id": "newcomer" + itoa(n)})
 		if a.code == http.StatusConflict && a.errCode() == "SOLD_OUT" {
 			heard = time.Since(gone)
 			break
