@@ -92,12 +92,13 @@ func runEnter(args []string) error {
 	prefix := fs.String("prefix", "hb-", "prefix of the buyer ids")
 	want := fs.String("want", "tickets", "tickets (wait until admitted), admitted (their admission ids, once admitted) or queued (admission ids, not waiting)")
 	out := fs.String("out", "", "file to write, one a line")
-	conc := fs.Int("concurrency", 64, "calls in flight")
+	conc := fs.Int("concurrency", 256, "calls in flight")
+	window := fs.Int("window", 4096, "most buyers entered and not yet admitted")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole command")
 	_ = fs.Parse(args)
 	if *addr == "" || *sale == "" || *out == "" || *users < 1 || *users > 10_000_000 || *conc < 1 || *conc > 10_000 ||
-		(*want != "tickets" && *want != "admitted" && *want != "queued") {
-		return errors.New("need -grpc, -sale, -out, -users 1..10000000, -concurrency 1..10000, -want tickets|admitted|queued")
+		*window < 1 || (*want != "tickets" && *want != "admitted" && *want != "queued") {
+		return errors.New("need -grpc, -sale, -out, -users 1..10000000, -concurrency 1..10000, -window >= 1, -want tickets|admitted|queued")
 	}
 	conn, rc, err := dial(*addr)
 	if err != nil {
@@ -106,21 +107,17 @@ func runEnter(args []string) error {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
+	e := &enterer{rc: rc, sale: *sale, want: *want, lines: make([]string, *users), entered: make(chan entered, *window+*conc),
+		window: int64(*window), cancel: cancel}
 	start := time.Now()
-	lines := make([]string, *users)
-	var next, done, polls, overloaded atomic.Int64
-	var firstErr error
-	var mu sync.Mutex
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		cancel()
-	}
 	var wg sync.WaitGroup
-	for range *conc {
+	wg.Add(1)
+	go func() { // stage 2: poll the entered buyers until admitted
+		defer wg.Done()
+		e.admit(ctx, *users, *conc)
+	}()
+	var next atomic.Int64
+	for range *conc { // stage 1: enter them, at most -window ahead of the admitted
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -129,29 +126,30 @@ func runEnter(args []string) error {
 				if i >= *users {
 					return
 				}
-				line, err := enterOne(ctx, rc, *sale, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i), *want, &polls, &overloaded)
-				if err != nil {
-					fail(fmt.Errorf("buyer %d: %w", i, err))
+				for e.outstanding.Load() >= e.window && ctx.Err() == nil {
+					sleep(ctx, 5*time.Millisecond)
+				}
+				e.outstanding.Add(1)
+				if err := e.enter(ctx, i, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i)); err != nil {
+					e.fail(fmt.Errorf("buyer %d: %w", i, err))
 					return
 				}
-				lines[i] = line
-				done.Add(1)
 			}
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+	if e.firstErr != nil {
+		return e.firstErr
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("timed out after %s with %d of %d buyers done", *timeout, done.Load(), *users)
+		return fmt.Errorf("timed out after %s with %d of %d buyers done", *timeout, e.done.Load(), *users)
 	}
 	f, err := os.Create(*out)
 	if err != nil {
 		return err
 	}
 	w := bufio.NewWriter(f)
-	for _, l := range lines {
+	for _, l := range e.lines {
 		fmt.Fprintln(w, l)
 	}
 	if err := errors.Join(w.Flush(), f.Close()); err != nil {
@@ -159,56 +157,176 @@ func runEnter(args []string) error {
 	}
 	el := time.Since(start)
 	fmt.Printf("HB cmd=enter sale=%s want=%s users=%d seconds=%.2f per_sec=%.0f polls=%d overloaded=%d\n",
-		*sale, *want, *users, el.Seconds(), float64(*users)/el.Seconds(), polls.Load(), overloaded.Load())
+		*sale, *want, *users, el.Seconds(), float64(*users)/el.Seconds(), e.polls.Load(), e.overloaded.Load())
 	return nil
 }
 
-// enterOne enters one buyer and returns its line: the ticket or the admission id once
-// admitted, or the admission id of a queued buyer.
-func enterOne(ctx context.Context, rc quotav1.RegionServiceClient, sale, user, addr, want string, polls, overloaded *atomic.Int64) (string, error) {
+// enterer enters buyers (stage 1) and polls them until admitted (stage 2). The room admits
+// in the order of its line, so each polling pass goes through the waiting buyers in the
+// order they entered and stops at the first chunk of them none of which is admitted yet:
+// a poll is spent on about every admission, not on every waiting buyer every pass.
+type enterer struct {
+	rc                quotav1.RegionServiceClient
+	sale, want        string
+	lines             []string
+	entered           chan entered
+	window            int64
+	outstanding, done atomic.Int64 // entered and not yet done; done
+	polls, overloaded atomic.Int64
+	mu                sync.Mutex
+	firstErr          error
+	cancel            context.CancelFunc
+}
+
+type entered struct {
+	i  int
+	id string
+}
+
+func (e *enterer) fail(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.firstErr == nil {
+		e.firstErr = err
+	}
+	e.cancel()
+}
+
+// line is what an admission writes, or "" while the buyer still waits for it.
+func (e *enterer) line(a *quotav1.Admission) (string, error) {
+	switch s := a.GetState(); {
+	case e.want == "queued":
+		if s != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
+			return "", fmt.Errorf("admission %s is %s, want queued", a.GetAdmissionId(), s)
+		}
+		return a.GetAdmissionId(), nil
+	case a.GetTicket() != "" && e.want == "admitted":
+		return a.GetAdmissionId(), nil
+	case a.GetTicket() != "":
+		return a.GetTicket(), nil
+	case s != quotav1.AdmissionState_ADMISSION_STATE_QUEUED:
+		return "", fmt.Errorf("admission %s is %s without a ticket", a.GetAdmissionId(), s)
+	}
+	return "", nil
+}
+
+func (e *enterer) finish(i int, line string) {
+	e.lines[i] = line
+	e.outstanding.Add(-1)
+	e.done.Add(1)
+}
+
+func (e *enterer) enter(ctx context.Context, i int, user, addr string) error {
 	var a *quotav1.Admission
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := rc.Enter(cctx, &quotav1.EnterRequest{SaleId: sale, UserId: user, ClientAddress: addr})
+		resp, err := e.rc.Enter(cctx, &quotav1.EnterRequest{SaleId: e.sale, UserId: user, ClientAddress: addr})
 		cancel()
 		if err == nil {
 			a = resp.GetAdmission()
 			break
 		}
 		if apierr.Reason(err) != "OVERLOADED" || attempt >= 50 {
-			return "", err
+			return err
 		}
-		overloaded.Add(1)
+		e.overloaded.Add(1)
 		if !sleep(ctx, max(apierr.RetryAfter(err), 10*time.Millisecond)) {
-			return "", ctx.Err()
+			return ctx.Err()
 		}
 	}
-	if want == "queued" {
-		if a.GetState() != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
-			return "", fmt.Errorf("admission %s is %s, want queued", a.GetAdmissionId(), a.GetState())
-		}
-		return a.GetAdmissionId(), nil
+	l, err := e.line(a)
+	if err != nil {
+		return err
 	}
-	for a.GetTicket() == "" {
-		if s := a.GetState(); s != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
-			return "", fmt.Errorf("admission %s is %s without a ticket", a.GetAdmissionId(), s)
-		}
-		if !sleep(ctx, 20*time.Millisecond) {
-			return "", ctx.Err()
-		}
-		polls.Add(1)
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := rc.GetAdmission(cctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: a.GetAdmissionId()})
-		cancel()
-		if err != nil {
-			return "", err
-		}
-		a = resp.GetAdmission()
+	if l != "" {
+		e.finish(i, l)
+		return nil
 	}
-	if want == "admitted" {
-		return a.GetAdmissionId(), nil
+	select {
+	case e.entered <- entered{i, a.GetAdmissionId()}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return a.GetTicket(), nil
+}
+
+// admit polls the waiting buyers in passes, about every 20 ms, until all users are done.
+func (e *enterer) admit(ctx context.Context, users, conc int) {
+	chunk := min(conc, 256)
+	var waiting []entered
+	for e.done.Load() < int64(users) && ctx.Err() == nil {
+		if len(waiting) == 0 {
+			select {
+			case x := <-e.entered:
+				waiting = append(waiting, x)
+			case <-time.After(10 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		for more := true; more; {
+			select {
+			case x := <-e.entered:
+				waiting = append(waiting, x)
+			default:
+				more = false
+			}
+		}
+		sort.Slice(waiting, func(a, b int) bool { return waiting[a].i < waiting[b].i })
+		got := make([]string, len(waiting))
+		for lo := 0; lo < len(waiting); lo += chunk {
+			hi := min(lo+chunk, len(waiting))
+			var wg sync.WaitGroup
+			var admitted atomic.Int64
+			for j := lo; j < hi; j++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					e.polls.Add(1)
+					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					resp, err := e.rc.GetAdmission(cctx, &quotav1.GetAdmissionRequest{SaleId: e.sale, AdmissionId: waiting[j].id})
+					cancel()
+					if err == nil {
+						got[j], err = e.line(resp.GetAdmission())
+					}
+					if err != nil {
+						e.fail(fmt.Errorf("buyer %d: %w", waiting[j].i, err))
+					} else if got[j] != "" {
+						admitted.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if admitted.Load() == 0 {
+				break // the rest of the line is further back still
+			}
+		}
+		rest := waiting[:0]
+		for j, x := range waiting {
+			if got[j] != "" {
+				e.finish(x.i, got[j])
+			} else {
+				rest = append(rest, x)
+			}
+		}
+		waiting = rest
+		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// ready connects conn and waits until it is, so that the clock starts on connected callers,
+// as wrk's connections are before its clock starts.
+func ready(conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn.Connect()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -246,10 +364,12 @@ func runReserve(args []string) error {
 	dur := fs.Duration("duration", 10*time.Second, "how long to run (at most 10m)")
 	maxOps := fs.Int("max", 0, "stop after this many calls (0: as many as tickets)")
 	keyPrefix := fs.String("key-prefix", "grpc-", "prefix of the request keys")
+	nconns := fs.Int("conns", 1, "gRPC connections the callers share, round robin (1..64)")
 	confirm := fs.Bool("confirm", false, "pay for every hold made (sells the units: for draining a SKU to sold out)")
 	_ = fs.Parse(args)
-	if *addr == "" || *sale == "" || *sku == "" || *tickets == "" || *conc < 1 || *conc > 10_000 || *dur <= 0 || *dur > 10*time.Minute {
-		return errors.New("need -grpc, -sale, -sku, -tickets, -concurrency 1..10000, -duration (0, 10m]")
+	if *addr == "" || *sale == "" || *sku == "" || *tickets == "" || *conc < 1 || *conc > 10_000 || *dur <= 0 || *dur > 10*time.Minute ||
+		*nconns < 1 || *nconns > 64 {
+		return errors.New("need -grpc, -sale, -sku, -tickets, -concurrency 1..10000, -duration (0, 10m], -conns 1..64")
 	}
 	tks, err := readLines(*tickets)
 	if err != nil {
@@ -267,20 +387,18 @@ func runReserve(args []string) error {
 	if *maxOps > 0 && *maxOps < limit {
 		limit = *maxOps
 	}
-	conn, rc, err := dial(*addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	conn.Connect() // connected before the clock starts, as wrk's connections are
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if !conn.WaitForStateChange(wctx, s) {
-			wcancel()
-			return fmt.Errorf("no connection to %s", *addr)
+	clients := make([]quotav1.RegionServiceClient, *nconns)
+	for i := range clients {
+		conn, rc, err := dial(*addr)
+		if err != nil {
+			return err
 		}
+		defer conn.Close()
+		if err := ready(conn); err != nil {
+			return fmt.Errorf("no connection to %s: %w", *addr, err)
+		}
+		clients[i] = rc
 	}
-	wcancel()
 	ctx, cancel := context.WithTimeout(context.Background(), *dur)
 	defer cancel()
 	var next, created, replayed, calls, confirmed atomic.Int64
@@ -290,7 +408,8 @@ func runReserve(args []string) error {
 	start := time.Now()
 	var last atomic.Int64 // ns after start of the last completion
 	var wg sync.WaitGroup
-	for range *conc {
+	for w := range *conc {
+		rc := clients[w%len(clients)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -299,10 +418,15 @@ func runReserve(args []string) error {
 				if i >= limit {
 					return
 				}
-				resp, err := rc.Reserve(ctx, &quotav1.ReserveRequest{SaleId: *sale, Sku: *sku, UserId: users[i], Quantity: 1,
+				// Each call has a deadline of its own, not the run's: a call in flight when the
+				// clock ends finishes, uncounted (as wrk leaves its last requests), rather than
+				// being cut off into an error.
+				cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+				resp, err := rc.Reserve(cctx, &quotav1.ReserveRequest{SaleId: *sale, Sku: *sku, UserId: users[i], Quantity: 1,
 					RequestKey: fmt.Sprintf("%s%d", *keyPrefix, i), Ticket: tks[i]})
-				if ctx.Err() != nil && err != nil {
-					return // cut off by the clock: not counted
+				ccancel()
+				if ctx.Err() != nil {
+					return // finished after the clock: not counted
 				}
 				calls.Add(1)
 				last.Store(int64(time.Since(start)))
@@ -313,7 +437,9 @@ func runReserve(args []string) error {
 					created.Add(1)
 					if *confirm {
 						h := resp.GetReservation().GetHoldId()
-						c, err := rc.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: h, PaymentId: "pay-" + h})
+						fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+						c, err := rc.Confirm(fctx, &quotav1.ConfirmRequest{HoldId: h, PaymentId: "pay-" + h})
+						fcancel()
 						if err != nil || c.GetOutcome() != quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD {
 							mu.Lock()
 							reasons["CONFIRM_FAILED"]++
@@ -347,8 +473,8 @@ func runReserve(args []string) error {
 		rs = append(rs, fmt.Sprintf("%s:%d", r, n))
 	}
 	sort.Strings(rs)
-	fmt.Printf("HB cmd=reserve sale=%s concurrency=%d calls=%d created=%d confirmed=%d replayed=%d refused=%s seconds=%.3f created_per_sec=%.0f calls_per_sec=%.0f exhausted_tickets=%t\n",
-		*sale, *conc, calls.Load(), created.Load(), confirmed.Load(), replayed.Load(), strings.Join(append(rs, ""), ","), el.Seconds(),
+	fmt.Printf("HB cmd=reserve sale=%s concurrency=%d conns=%d calls=%d created=%d confirmed=%d replayed=%d refused=%s seconds=%.3f created_per_sec=%.0f calls_per_sec=%.0f exhausted_tickets=%t\n",
+		*sale, *conc, *nconns, calls.Load(), created.Load(), confirmed.Load(), replayed.Load(), strings.Join(append(rs, ""), ","), el.Seconds(),
 		float64(created.Load())/el.Seconds(), float64(calls.Load())/el.Seconds(), next.Load() >= int64(len(tks)))
 	if firstErr != "" {
 		fmt.Fprintf(os.Stderr, "httpbench reserve: first refusal: %s\n", firstErr)
