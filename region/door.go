@@ -147,12 +147,12 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	// Entering again answers the place the buyer has, even while the room admits no one: a
 	// storefront whose answer was lost gets the live ticket back.
 	if e, ok := room.Lookup(user, now); ok && e.State != admission.Expired {
-		if err := d.closed(room, t); err != nil && !e.State.Final() && e.State != admission.Admitted {
+		if err := d.closed(t); err != nil && !e.State.Final() && e.State != admission.Admitted {
 			return Admission{}, err
 		}
 		return d.answer(sale, e)
 	}
-	if err := d.closed(room, t); err != nil {
+	if err := d.closed(t); err != nil {
 		return Admission{}, err
 	}
 	e, err := room.Enter(user, now)
@@ -172,7 +172,7 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 		return Admission{}, err
 	}
 	if e, ok := room.Get(id, d.r.cfg.Clock.Now()); ok && !e.State.Final() {
-		if err := d.closed(room, t); err != nil && e.State != admission.Admitted {
+		if err := d.closed(t); err != nil && e.State != admission.Admitted {
 			return Admission{}, err
 		}
 	}
@@ -212,16 +212,14 @@ func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, 
 	return res, err
 }
 
-// answer turns a room's entry into what the buyer is told: a final entry that admits no one
-// is an error (BOUND_ELSEWHERE, SOLD_OUT or PAUSED as the room closed); an admitted one
+// answer turns a room's entry into what the buyer is told: a buyer bound elsewhere is an
+// error (BOUND_ELSEWHERE, naming the region); an admitted one
 // carries its ticket, signed now (a ticket is a pure function of the entry and the keys).
 func (d *Door) answer(sale string, e admission.Entry) (Admission, error) {
 	a := Admission{Entry: e, Sale: sale}
 	switch e.State {
 	case admission.Elsewhere:
 		return a, &apierr.BoundError{Sale: sale, Region: e.Region}
-	case admission.Closed:
-		return a, closedError(sale, e.Reason)
 	case admission.Admitted:
 		tk, err := d.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: e.User, Region: d.r.cfg.Name, Admission: e.ID, Expires: e.ExpiresAt})
 		if err != nil {
@@ -250,7 +248,7 @@ func closedError(sale, reason string) error {
 // ones at once. Neither closes the room: its buyers keep their places, no one is admitted
 // meanwhile (admitDue), and once the sale is resumed or units come back (expired or released
 // holds beyond what the waitlists take) it admits again, in order.
-func (d *Door) closed(_ *admission.Room, t SaleTerms) error {
+func (d *Door) closed(t SaleTerms) error {
 	if d.salePaused(t.Sale) {
 		return closedError(t.Sale, closedPaused)
 	}
