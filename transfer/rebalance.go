@@ -11,6 +11,12 @@ type PoolDemand struct {
 	Available Units
 	// Recent is the units reserved in the pool during the policy's window.
 	Recent Units
+	// Incoming is the units of unfinished transfers on their way to the pool (AutoPlan
+	// counts them as the pool's own; Plan ignores them).
+	Incoming Units
+	// Frozen is set when a stranded transfer left the pool: AutoPlan takes nothing from it
+	// until the transfer is resolved (Plan ignores it).
+	Frozen bool
 }
 
 // Policy is the rebalancer's rule: expect each region to keep selling at its recent rate
@@ -40,10 +46,6 @@ func (p Policy) Need(d PoolDemand) Units {
 // Unallocated) has no demand of its own, so all of it is surplus. The plan is deterministic
 // for the same input.
 func (p Policy) Plan(pools []PoolDemand) []Move {
-	type side struct {
-		pool  string
-		units Units
-	}
 	var donors, takers []side
 	for _, d := range pools {
 		need := p.Need(d)
@@ -52,21 +54,13 @@ func (p Policy) Plan(pools []PoolDemand) []Move {
 		}
 		switch {
 		case d.Available > need:
-			donors = append(donors, side{d.Pool, d.Available - need})
+			donors = append(donors, side{pool: d.Pool, units: d.Available - need})
 		case need > d.Available:
-			takers = append(takers, side{d.Pool, need - d.Available})
+			takers = append(takers, side{pool: d.Pool, units: need - d.Available})
 		}
 	}
-	byUnits := func(s []side) {
-		sort.SliceStable(s, func(i, j int) bool {
-			if s[i].units != s[j].units {
-				return s[i].units > s[j].units
-			}
-			return s[i].pool < s[j].pool
-		})
-	}
-	byUnits(donors)
-	byUnits(takers)
+	sort.SliceStable(donors, func(i, j int) bool { return donors[i].before(donors[j]) })
+	sort.SliceStable(takers, func(i, j int) bool { return takers[i].before(takers[j]) })
 	var moves []Move
 	for _, t := range takers {
 		for i := range donors {

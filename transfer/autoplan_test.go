@@ -1,0 +1,117 @@
+package transfer
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+func TestAutoPlan(t *testing.T) {
+	p := Policy{Window: 10 * time.Second, Horizon: 30 * time.Second, MinUnits: 5}
+	for _, tc := range []struct {
+		name  string
+		pools []PoolDemand
+		want  []Move
+	}{
+		{"all demand at one region: the quiet pools give it everything",
+			[]PoolDemand{{Pool: "us", Available: 10, Recent: 40}, {Pool: "eu", Available: 35}, {Pool: "ap", Available: 25}},
+			[]Move{{"eu", "us", 35}, {"ap", "us", 25}}},
+		{"units on their way count at their destination",
+			[]PoolDemand{{Pool: "us", Available: 10, Recent: 40, Incoming: 100}, {Pool: "eu", Available: 35}},
+			[]Move{{"eu", "us", 10}}},
+		{"a frozen pool gives nothing",
+			[]PoolDemand{{Pool: "us", Available: 0, Recent: 40}, {Pool: "eu", Available: 35, Frozen: true}, {Pool: "ap", Available: 20}},
+			[]Move{{"ap", "us", 20}}},
+		{"the pool that runs out first is served first",
+			[]PoolDemand{{Pool: "us", Available: 30, Recent: 40}, {Pool: "eu", Available: 1, Recent: 20}, {Pool: "ap", Available: 20}},
+			[]Move{{"ap", "eu", 20}}},
+		{"crumbs: near sell-out a quiet pool's last units go where buyers are, below the minimum",
+			[]PoolDemand{{Pool: "us", Available: 1, Recent: 40}, {Pool: "eu", Available: 2}, {Pool: "ap", Available: 3, Recent: 1}},
+			[]Move{{"eu", "us", 2}}},
+		{"not near sell-out: no move below the minimum",
+			[]PoolDemand{{Pool: "us", Available: 1, Recent: 1}, {Pool: "eu", Available: 200}},
+			[]Move{}},
+		{"the unallocated pool gives everything, receives nothing",
+			[]PoolDemand{{Pool: Unallocated, Available: 50}, {Pool: "us", Available: 0, Recent: 10}},
+			[]Move{{Unallocated, "us", 30}}},
+		{"balanced: nothing moves",
+			[]PoolDemand{{Pool: "us", Available: 300, Recent: 40}, {Pool: "eu", Available: 300, Recent: 40}},
+			[]Move{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := p.AutoPlan(tc.pools)
+			if len(got) != len(tc.want) {
+				t.Fatalf("plan %v; want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("plan %v; want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestProject(t *testing.T) {
+	p := Policy{Window: 10 * time.Second, Horizon: 30 * time.Second, MinUnits: 1}
+	got := p.Project(PoolDemand{Pool: "us", Available: 15, Incoming: 5, Recent: 40})
+	if got.PerSecond != 4 || got.EmptyIn != 5*time.Second {
+		t.Fatalf("projection %+v; want 4/s, empty in 5s", got)
+	}
+	if got := p.Project(PoolDemand{Pool: "eu", Available: 15}); got.EmptyIn >= 0 || got.PerSecond != 0 {
+		t.Fatalf("a quiet pool's projection %+v; want never empty", got)
+	}
+}
+
+// AutoPlan conserves units, moves only available units of unfrozen pools, never into the
+// unallocated pool, never takes a pool with demand below its own need, and moves less than
+// the minimum only out of a quiet pool near sell-out.
+func TestAutoPlanProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		p := Policy{Window: 10 * time.Second, Horizon: time.Duration(rapid.IntRange(1, 120).Draw(t, "h")) * time.Second,
+			MinUnits: Units(rapid.Int64Range(1, 50).Draw(t, "min"))}
+		var pools []PoolDemand
+		for _, n := range []string{Unallocated, "us", "eu", "ap"} {
+			d := PoolDemand{Pool: n, Available: Units(rapid.Int64Range(0, 500).Draw(t, "a"))}
+			if n != Unallocated {
+				d.Recent = Units(rapid.Int64Range(0, 300).Draw(t, "r"))
+				d.Incoming = Units(rapid.Int64Range(0, 100).Draw(t, "in"))
+				d.Frozen = rapid.Bool().Draw(t, "frozen")
+			}
+			pools = append(pools, d)
+		}
+		crumbs := p.NearSellOut(pools)
+		after, by := map[string]Units{}, map[string]PoolDemand{}
+		for _, d := range pools {
+			after[d.Pool], by[d.Pool] = d.Available, d
+		}
+		for _, m := range p.AutoPlan(pools) {
+			from := by[m.From]
+			switch {
+			case m.From == m.To || m.To == Unallocated || m.Units <= 0:
+				t.Fatalf("bad move %v", m)
+			case from.Frozen:
+				t.Fatalf("move %v out of a frozen pool", m)
+			case m.Units < p.MinUnits && !(crumbs && from.Recent == 0):
+				t.Fatalf("move %v below the minimum %d", m, p.MinUnits)
+			}
+			after[m.From] -= m.Units
+			after[m.To] += m.Units
+		}
+		var before, total Units
+		for _, d := range pools {
+			before += d.Available
+			total += after[d.Pool]
+			if after[d.Pool] < 0 {
+				t.Fatalf("%s gave more than it had: %d → %d", d.Pool, d.Available, after[d.Pool])
+			}
+			if d.Pool != Unallocated && after[d.Pool] < d.Available && after[d.Pool]+d.Incoming < p.Need(d) {
+				t.Fatalf("%s taken below its need %d: %d → %d", d.Pool, p.Need(d), d.Available, after[d.Pool])
+			}
+		}
+		if before != total {
+			t.Fatalf("units not conserved: %d → %d", before, total)
+		}
+	})
+}
