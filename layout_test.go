@@ -32,6 +32,7 @@ var layers = []layer{
 	{"simulation", prefix("sim"), []string{"coordinator", "region", "transfer", "internal/"}},
 	{"harness", prefix("deploy/"), []string{"internal/", "proto/", "transfer"}},
 	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"}},
+	{"coordinator HTTP adapter", prefix("coordinator/coordhttp"), []string{"coordinator", "admission", "transfer", "internal/"}},
 	{"region HTTP adapter", prefix("region/regionhttp"), []string{"region", "admission", "proto/", "transfer", "internal/"}},
 	{"region adapter", prefix("region/regionrpc"), []string{"region", "admission", "proto/", "transfer", "internal/"}},
 	{"coordinator", prefix("coordinator"), []string{"transfer", "fencing", "internal/"}},
