@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
+.PHONY: pg redis build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -22,6 +22,10 @@ FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:.
 ## pg: install/start local PostgreSQL, create role quota/quota, max_connections>=300
 pg:
 	scripts/pg-setup.sh
+
+## redis: install Debian's redis-server when missing (quotactl bench (g) and (h) start their own; the system service is left stopped)
+redis:
+	scripts/redis-setup.sh
 
 ## build: build ./cmd/... into bin/
 build:
@@ -45,8 +49,8 @@ proto-check:
 vet:
 	scripts/vet.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL, then proto-check, vet, fuzz and metrics-check
-test: pg
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (and redis-server for the bench's peer), then proto-check, vet, fuzz and metrics-check
+test: pg redis
 	@declare -A res; fail=0; \
 	step() { local name=$$1; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \

@@ -31,7 +31,13 @@ func benchCmd() *cobra.Command {
       one region holding the whole stock), distinct users
   (e) the gRPC health check on the same region server: the transport's ceiling
   (f) Reserve on that region once its pool is empty: every answer must be REGION_EXHAUSTED
-(a)-(d) each start with --stock units and run until sold out (capped by --duration); (e)
+  (g) the peer a storefront would build instead: the same take as a Redis Lua script (per-user
+      limit, stock check and decrement, hold hash indexed by expiry, request key so a retry
+      replays) on a redis-server the bench starts on a loopback port in a scratch directory,
+      appendonly yes with appendfsync always (durable before the answer), one connection per
+      caller; not run by default (--variants d,g,h); needs redis-server (scripts/redis-setup.sh)
+  (h) the same with appendfsync everysec (can lose the last second)
+(a)-(d), (g) and (h) each start with --stock units and run until sold out (capped by --duration); (e)
 and (f) make --probe-ops calls (default 5 × --stock). Each variant's warm-up (--warmup or
 --warmup-ops, whichever ends first) is excluded from rates and latencies. (a)-(c) each get a
 fresh database named <db-prefix>_<variant>; every database is dropped at the end. The load
@@ -43,11 +49,15 @@ N times and takes the ratios over each variant's medians, for a machine whose sp
 A list of --concurrency values sweeps: each round runs every variant at each concurrency; the
 ratios are then taken at the benchmark's peak, the concurrency where (d)'s median
 reservations/s is highest, every variant at that same concurrency, and are also printed at
-each concurrency.`,
+each concurrency. With (g) and (h), (d)/(g) (target >= 1) and (d)/(h) (target >= 0.6) are
+printed too; after each, the bench checks on the server that the units held equal the units
+acknowledged and never exceed the stock, that no user is above the limit, and that a retry
+of a taken request replays its hold. Figures in docs/benchmarks.md.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
   quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
-  quotactl bench --variants b,d,e --stock 5000 -o json`,
+  quotactl bench --variants b,d,e --stock 5000 -o json
+  quotactl bench --variants d,g,h --concurrency 256,1024 --stock 100000`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runBench),
 	}
@@ -60,9 +70,10 @@ each concurrency.`,
 	f.Int64("warmup-ops", 0, "operations excluded as warm-up; default min(300, stock/10)")
 	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
 	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_<pid>_<n>")
-	f.String("variants", "a,b,c,d,e,f", "variants to run")
+	f.String("variants", strings.Join(bench.DefaultVariants, ","), "variants to run, of a,b,c,d,e,f,g,h")
 	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")
 	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
+	f.String("redis-server", "", "(g), (h): the redis-server binary; default redis-server on PATH, else /usr/bin/redis-server")
 	f.Uint64("seed", 1, "random seed (users, start buckets)")
 	f.Int("rounds", 1, "run every variant this many times, round after round; ratios over the medians")
 	cliconf.AddGCFlags(f)
@@ -107,7 +118,7 @@ func benchConfig(e *env) (bench.Config, error) {
 	cfg := bench.Config{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"),
 		Stock: transfer.Units(e.v.GetInt64("stock")), ProbeOps: e.v.GetInt64("probe-ops"), Duration: e.v.GetDuration("duration"),
 		Warmup: e.v.GetDuration("warmup"), WarmupOps: e.v.GetInt64("warmup-ops"), SQLConns: e.v.GetInt("sql-conns"),
-		Seed: e.v.GetUint64("seed"), Rounds: e.v.GetInt("rounds")}
+		Seed: e.v.GetUint64("seed"), Rounds: e.v.GetInt("rounds"), RedisServer: e.v.GetString("redis-server")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)
@@ -126,7 +137,7 @@ func benchConfig(e *env) (bench.Config, error) {
 	}
 	cfg.Variants = splitList(e.v.GetString("variants"))
 	if len(cfg.Variants) == 0 {
-		return cfg, usage("--variants: name at least one of a,b,c,d,e,f")
+		return cfg, usage("--variants: name at least one of a,b,c,d,e,f,g,h")
 	}
 	for _, s := range splitList(e.v.GetString("buckets")) {
 		k, err := strconv.Atoi(s)
@@ -203,6 +214,9 @@ func printBench(w io.Writer, rep *bench.Report) {
 	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %s connections\n",
 		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, pool)
 	fmt.Fprintf(w, "region: %s\n", s.Region)
+	if s.RedisServer != "" {
+		fmt.Fprintf(w, "redis: %s, appendonly yes, save \"\"\n", s.RedisServer)
+	}
 	fmt.Fprintf(w, "placement: %s\n", s.Placement)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", s.LoadAvgStart, s.LoadAvgEnd)
 	fmt.Fprintf(w, "%-12s %-57s %9s %9s %8s %8s %8s %7s %8s %6s %7s %8s %6s %10s  %s\n", "", "variant", "res/s", "ops/s", "p50 ms", "p99 ms",
@@ -233,10 +247,23 @@ func printBench(w io.Writer, rep *bench.Report) {
 	if rep.BestBuckets > 0 {
 		fmt.Fprintf(w, "\nbest K of (c): %d\n", rep.BestBuckets)
 	}
+	printRatios(w, rep)
+	if hint := peakHint(rep); hint != "" {
+		fmt.Fprintf(w, "\n%s\n", hint)
+	}
+	if b := rep.Budget; b != nil {
+		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+
+			"  a reservation cost it %.1f µs of CPU (this process %.1f, the rest PostgreSQL and the kernel), a no-op call %.1f (this process %.1f)\n",
+			b.Utilization, b.Cost, b.BusyPctD, b.BusyPctE, b.MachineCPUPerOpD, b.ProcessCPUPerOpD, b.MachineCPUPerOpE, b.ProcessCPUPerOpE)
+	}
+}
+
+// printRatios prints the ratios against their targets and, in a sweep, at each concurrency.
+func printRatios(w io.Writer, rep *bench.Report) {
 	if len(rep.Ratios) > 0 {
 		fmt.Fprintf(w, "\nratios against their targets%s:\n", peakNote(rep))
-		if s.Rounds > 1 {
-			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", s.Rounds)
+		if rep.Setup.Rounds > 1 {
+			fmt.Fprintf(w, "  (over each variant's median of %d rounds: res/s, ops/s, p99)\n", rep.Setup.Rounds)
 		}
 	}
 	for _, r := range rep.Ratios {
@@ -255,14 +282,6 @@ func printBench(w io.Writer, rep *bench.Report) {
 			fmt.Fprintf(w, "  %s %.3f (%s)", r.Name, r.Value, verdictOf(r))
 		}
 		fmt.Fprintln(w)
-	}
-	if hint := peakHint(rep); hint != "" {
-		fmt.Fprintf(w, "\n%s\n", hint)
-	}
-	if b := rep.Budget; b != nil {
-		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+
-			"  a reservation cost it %.1f µs of CPU (this process %.1f, the rest PostgreSQL and the kernel), a no-op call %.1f (this process %.1f)\n",
-			b.Utilization, b.Cost, b.BusyPctD, b.BusyPctE, b.MachineCPUPerOpD, b.ProcessCPUPerOpD, b.MachineCPUPerOpE, b.ProcessCPUPerOpE)
 	}
 }
 

@@ -8,9 +8,12 @@
 //	    non-empty one (conditional UPDATE), plus a hold INSERT, for each K asked for;
 //	(d) RegionService.Reserve on an in-process cluster holding the whole stock in one region;
 //	(e) the gRPC health check on the same region server: the transport's ceiling;
-//	(f) Reserve on that region once its pool is empty: the sold-out path.
+//	(f) Reserve on that region once its pool is empty: the sold-out path;
+//	(g) the peer a storefront would build instead: the same take as a Redis Lua script on a
+//	    redis-server the bench starts, its append-only file fsynced before every answer;
+//	(h) the same with the append-only file fsynced once a second.
 //
-// Every variant of (a)–(d) starts from the same stock and runs until it is sold out, bounded
+// Every stock variant ((a)–(d), (g), (h)) starts from the same stock and runs until it is sold out, bounded
 // by a duration cap and an operation budget; (e) and (f) run a fixed number of calls, also
 // under the duration cap. The
 // first second (or the first few hundred operations, whichever comes first) of each variant
@@ -49,6 +52,10 @@ const (
 	VariantRegion      = "d"
 	VariantNoop        = "e"
 	VariantSoldOut     = "f"
+	// VariantRedisAlways is the Redis take with appendfsync always (durable before the answer).
+	VariantRedisAlways = "g"
+	// VariantRedisEverysec is the Redis take with appendfsync everysec (can lose the last second).
+	VariantRedisEverysec = "h"
 )
 
 // Defaults of Config.Duration and Config.Warmup.
@@ -58,7 +65,12 @@ const (
 )
 
 // AllVariants lists every variant in run order.
-var AllVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut}
+var AllVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut,
+	VariantRedisAlways, VariantRedisEverysec}
+
+// DefaultVariants are the ones a run without Variants runs: every one but the Redis peer,
+// which needs redis-server installed.
+var DefaultVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut}
 
 // Config is one bench run. Zero values take the defaults documented on each field.
 type Config struct {
@@ -85,7 +97,7 @@ type Config struct {
 	// min(300, Stock/10).
 	Warmup    time.Duration
 	WarmupOps int64
-	// Variants to run, from AllVariants; default all.
+	// Variants to run, from AllVariants; default DefaultVariants.
 	Variants []string
 	// Buckets are the K of variant (c); default 4, 16, 64.
 	Buckets []int
@@ -104,6 +116,9 @@ type Config struct {
 	// variant, clients and servers alike) and restored at the end; default the servers'
 	// (gcconf.Default), so the region runs as `quotad` runs it.
 	GC gcconf.Config
+	// RedisServer is the redis-server binary of (g) and (h); default redis-server on PATH,
+	// else /usr/bin/redis-server.
+	RedisServer string
 	// Region tunes the region of (d)–(f) (MaxBatch, BatchWindow); zero
 	// values take the region's defaults, as `quotad` does.
 	Region region.Config
@@ -184,7 +199,7 @@ func (c *Config) fillDefaults() {
 		c.WarmupOps = min(300, int64(c.Stock)/10)
 	}
 	if len(c.Variants) == 0 {
-		c.Variants = slices.Clone(AllVariants)
+		c.Variants = slices.Clone(DefaultVariants)
 	}
 	if len(c.Buckets) == 0 {
 		c.Buckets = []int{4, 16, 64}
@@ -238,7 +253,7 @@ func (c *Config) checkVariants() error {
 	seen := map[string]bool{}
 	for _, v := range c.Variants {
 		if !slices.Contains(AllVariants, v) {
-			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f", v)
+			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f, g, h", v)
 		}
 		if seen[v] {
 			return fmt.Errorf("variants: %q listed twice", v)
@@ -291,20 +306,22 @@ type Setup struct {
 	SQLConns        int            `json:"sql_pool_conns"`
 	// SQLConnsPerRun is set when a sweep sized the pool min(concurrency, 64) at each
 	// concurrency; SQLConns is then the first one's.
-	SQLConnsPerRun    bool      `json:"sql_pool_per_concurrency,omitempty"`
-	Buckets           []int     `json:"buckets"`
-	Variants          []string  `json:"variants"`
-	Seed              uint64    `json:"seed"`
-	Rounds            int       `json:"rounds"`
-	PostgreSQL        string    `json:"postgresql_version"`
-	SynchronousCommit string    `json:"synchronous_commit"`
-	GoVersion         string    `json:"go_version"`
-	GOMAXPROCS        int       `json:"gomaxprocs"`
-	GC                string    `json:"go_gc"`
-	Region            string    `json:"region_tuning"`
-	NumCPU            int       `json:"num_cpu"`
-	Placement         string    `json:"placement"`
-	Started           time.Time `json:"started"`
+	SQLConnsPerRun    bool     `json:"sql_pool_per_concurrency,omitempty"`
+	Buckets           []int    `json:"buckets"`
+	Variants          []string `json:"variants"`
+	Seed              uint64   `json:"seed"`
+	Rounds            int      `json:"rounds"`
+	PostgreSQL        string   `json:"postgresql_version"`
+	SynchronousCommit string   `json:"synchronous_commit"`
+	GoVersion         string   `json:"go_version"`
+	GOMAXPROCS        int      `json:"gomaxprocs"`
+	GC                string   `json:"go_gc"`
+	Region            string   `json:"region_tuning"`
+	NumCPU            int      `json:"num_cpu"`
+	Placement         string   `json:"placement"`
+	// RedisServer is `redis-server --version` of (g) and (h), when they ran.
+	RedisServer string    `json:"redis_server,omitempty"`
+	Started     time.Time `json:"started"`
 	// LoadAvgStart and LoadAvgEnd are the machine's 1, 5 and 15 minute load averages before
 	// and after the run (Linux; empty elsewhere): anything else running skews the numbers.
 	LoadAvgStart string `json:"load_avg_start,omitempty"`
@@ -327,6 +344,9 @@ func loadAvg() string {
 // Placement says where the clients and servers ran: it qualifies every number.
 const Placement = "load generator, region, coordinator and etcd all in this one process; PostgreSQL on the same machine; " +
 	"gRPC over loopback TCP, one client connection"
+
+// RedisPlacement is added to Placement when (g) or (h) run.
+const RedisPlacement = "; (g) and (h): redis-server a process of its own on the same machine, one connection per caller over loopback TCP"
 
 func (c *Config) setup() Setup {
 	return Setup{Concurrency: c.Concurrency, Concurrencies: c.Concurrencies, StockPerVariant: c.Stock, ProbeOps: c.ProbeOps, DurationCapSec: c.Duration.Seconds(),
@@ -430,7 +450,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := &Report{Setup: cfg.setup()}
 	defer gcconf.Apply(gcconf.Apply(cfg.GC))
-	if err := describeServer(ctx, cfg.PGURL, &rep.Setup); err != nil {
+	if cfg.wants(VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut) {
+		if err := describeServer(ctx, cfg.PGURL, &rep.Setup); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.findRedis(ctx, &rep.Setup); err != nil {
 		return nil, err
 	}
 	dbs := &databases{admin: cfg.PGURL}
@@ -484,6 +509,14 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 			return nil, err
 		}
 		out = append(out, res...)
+	}
+	for _, v := range cfg.redisVariants() {
+		res, err := runRedis(ctx, &cfg, v)
+		if err != nil {
+			return nil, fmt.Errorf("variant %s: %w", v.name, err)
+		}
+		cfg.progress("%s", res.oneLine())
+		out = append(out, res)
 	}
 	for i := range out {
 		out[i].Round, out[i].Concurrency = round, cfg.Concurrency

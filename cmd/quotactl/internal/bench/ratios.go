@@ -26,7 +26,7 @@ type ConcurrencyRatios struct {
 // compared are the variants (medians over the rounds) that one set of ratios compares, all
 // at one concurrency.
 type compared struct {
-	b, c, d, e, f *VariantResult
+	b, c, d, e, f, g, h *VariantResult
 }
 
 // finish computes the ratios whose variants all ran, over the variants' medians across the
@@ -77,7 +77,8 @@ func (r *Report) concurrencies() []int {
 // at is every variant at n callers; (c) is its best K there.
 func (r *Report) at(n int) compared {
 	return compared{b: r.medianAt(VariantConditional, n), c: r.bestBuckets(n), d: r.medianAt(VariantRegion, n),
-		e: r.medianAt(VariantNoop, n), f: r.medianAt(VariantSoldOut, n)}
+		e: r.medianAt(VariantNoop, n), f: r.medianAt(VariantSoldOut, n), g: r.medianAt(VariantRedisAlways, n),
+		h: r.medianAt(VariantRedisEverysec, n)}
 }
 
 // peak is the variant's median at the concurrency among ns where its throughput is highest.
@@ -132,6 +133,12 @@ func ratiosOf(x compared) []Ratio {
 	}
 	if x.f != nil && x.e != nil {
 		add("f/e", "calls/s of (f) sold-out Reserve over calls/s of (e) health check", x.f.OpsPerSec, x.e.OpsPerSec, 0.8, false)
+	}
+	if x.d != nil && x.g != nil {
+		add("d/g", "reservations/s of (d) region over (g) Redis Lua take, appendfsync always", x.d.ReservationsPerSec, x.g.ReservationsPerSec, 1, false)
+	}
+	if x.d != nil && x.h != nil {
+		add("d/h", "reservations/s of (d) region over (h) Redis Lua take, appendfsync everysec", x.d.ReservationsPerSec, x.h.ReservationsPerSec, 0.6, false)
 	}
 	return out
 }
