@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
+.PHONY: pg redis chromium build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -49,8 +49,12 @@ proto-check:
 vet:
 	scripts/vet.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (and redis-server for the bench's peer), then proto-check, vet, fuzz and metrics-check
-test: pg redis
+## chromium: install Debian's chromium when missing (the web console's browser test, scripts/chromium-setup.sh)
+chromium:
+	scripts/chromium-setup.sh
+
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then proto-check, vet, fuzz and metrics-check
+test: pg redis chromium
 	@declare -A res; fail=0; \
 	step() { local name=$$1; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/coordinator/coordhttp"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
@@ -24,7 +25,9 @@ The coordinator listens on 127.0.0.1:<base-port> (7400) and the regions on the n
 in the order given (us 7401, eu 7402, ap 7403); each region's storefront HTTP/JSON edge
 (docs/storefront.md) on base-port+1001 on (us 8401, eu 8402, ap 8403), each also serving
 the region's Prometheus metrics at /metrics; the coordinator's metrics are on base-port+1000
-(8400). The embedded etcd serves clients on base-port+90. Waiting-room tickets are signed with the keys in
+(8400), which also serves the web console at /console/ (docs/console.md): log in with a token
+from quotactl console token --role operator|auditor, signed with <data-dir>/console.keys
+(created when missing; no login under --insecure). The embedded etcd serves clients on base-port+90. Waiting-room tickets are signed with the keys in
 <data-dir>/tickets.keys, created when missing. Each role has its own database on the PostgreSQL server of --pg-url,
 created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
 
@@ -111,6 +114,7 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		fmt.Printf(", %s://%s%s (region %s)", scheme, r.HTTPAddr(), trust.MetricsPath, r.R.Name())
 	}
 	fmt.Println()
+	printConsole(d, scheme)
 	if d.TLS != nil {
 		fmt.Printf("quotad dev: mutual TLS with certificates in %s", d.TLS.Dir())
 		if len(d.CertsMade) > 0 {
@@ -121,4 +125,18 @@ func runDev(cmd *cobra.Command, _ []string) error {
 	<-ctx.Done()
 	fmt.Println("quotad dev: shutting down")
 	return nil
+}
+
+// printConsole says where the web console is and how to log in.
+func printConsole(d *cluster.Dev, scheme string) {
+	fmt.Printf("quotad dev: console at %s://%s%s", scheme, d.Coordinator.HTTPAddr(), coordhttp.Prefix)
+	if d.TLS == nil {
+		fmt.Println(" (no login: --insecure)")
+		return
+	}
+	made := ""
+	if d.ConsoleKeysMade {
+		made = ", created"
+	}
+	fmt.Printf(" (keys %s%s); log in with the token of: quotactl console token --role operator --keys %s\n", d.ConsoleKeys, made, d.ConsoleKeys)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/coordinator/coordhttp"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
@@ -143,7 +144,10 @@ func coordinatorCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.String("listen", "127.0.0.1:7400", "gRPC address")
-	f.String("http-listen", "", "address of the HTTP listener of the coordinator's Prometheus metrics (GET /metrics), e.g. 127.0.0.1:8400; empty: none")
+	f.String("http-listen", "", "address of the coordinator's HTTP listener: its Prometheus metrics (GET /metrics) and, with\n"+
+		"--console-keys or --insecure, the web console (/console/), e.g. 127.0.0.1:8400; empty: none")
+	f.String("console-keys", "", "the web console's key file (quotactl console keys create), whose keys verify the console's\n"+
+		"login tokens (quotactl console token); empty: no console unless --insecure (docs/console.md)")
 	f.String("db-url", "", "the ledger database URL (required)")
 	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
 	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
@@ -213,8 +217,8 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen")},
-		Etcd: v.GetStringSlice("etcd")}
+		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
+		ConsoleKeys: v.GetString("console-keys")}, Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
@@ -239,6 +243,9 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	fmt.Printf("quotad coordinator: %s", n.Addr())
 	if a := n.HTTPAddr(); a != "" {
 		fmt.Printf(", metrics %s", a)
+		if cfg.Node.ConsoleKeys != "" || tlsm.Insecure() {
+			fmt.Printf(", console %s%s", a, coordhttp.Prefix)
+		}
 	}
 	fmt.Println()
 	<-ctx.Done()

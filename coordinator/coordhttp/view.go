@@ -139,7 +139,7 @@ func (h *handler) readSale(ctx context.Context, sale string, now time.Time) (*sa
 		return nil, err
 	}
 	v := &saleView{Sale: sale, CreatedAt: s.CreatedAt, OpensAt: s.Terms.OpensAt, PerUserLimit: int64(s.Terms.PerUserLimit),
-		At: now, DemandWindowSec: demandWindow.Seconds(), Regions: []string{}, Errors: []string{}}
+		At: now, DemandWindowSec: demandWindow.Seconds(), Regions: []string{}, Pauses: []pauseJSON{}, SKUs: []skuView{}, Errors: []string{}}
 	for _, p := range s.Pauses {
 		if p.Paused {
 			v.Pauses = append(v.Pauses, pauseJSON{SKU: p.SKU, Reason: p.Reason, ChangedAt: p.ChangedAt})

@@ -52,9 +52,14 @@ type CoordinatorConfig struct {
 	// calls to the regions. Nil runs insecure (plaintext, no roles).
 	TLS *trust.Material
 	// HTTPListen is the address of the coordinator's HTTP listener, which serves its
-	// Prometheus metrics (GET /metrics) and nothing else; "" serves none.
+	// Prometheus metrics (GET /metrics) and the web console; "" serves none.
 	HTTPListen string
-	Logger     *slog.Logger
+	// ConsoleKeys is the console key file (quotactl console keys create) whose keys verify
+	// the web console's login tokens: with it the HTTP listener serves the console
+	// (docs/console.md). "" serves none, except under insecure TLS, which serves it with no
+	// login.
+	ConsoleKeys string
+	Logger      *slog.Logger
 }
 
 // CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
@@ -65,6 +70,7 @@ type CoordinatorNode struct {
 	HTTP         *rpcserve.HTTPServer
 	Metrics      *prometheus.Registry
 	metrics      *nodeMetrics
+	consoleKeys  *ticketKeys
 	DB           *pgxpool.Pool
 	regionDBs    []*pgxpool.Pool
 	participants []*coordrpc.Participant
@@ -116,6 +122,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	n.watchConsoleKeys(cctx)
 	n.wg.Add(1)
 	go n.campaign(cctx)
 	return n, nil
@@ -131,8 +138,11 @@ func (n *CoordinatorNode) serve() error {
 	registerCoordinator(nm.reg, n.C)
 	var err error
 	if cfg.HTTPListen != "" { // first: once started, closeResources stops it if the rest fails
-		h := nm.http.Wrap(metrics.Serve(nm.reg, cfg.TLS.Insecure(), cfg.Logger))
-		if n.HTTP, err = rpcserve.ListenHTTP(cfg.HTTPListen, h, rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
+		h, err := n.consoleHandler(metrics.Serve(nm.reg, cfg.TLS.Insecure(), cfg.Logger))
+		if err != nil {
+			return err
+		}
+		if n.HTTP, err = rpcserve.ListenHTTP(cfg.HTTPListen, nm.http.Wrap(h), rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
 			return err
 		}
 		n.HTTP.Start()
@@ -146,7 +156,8 @@ func (n *CoordinatorNode) serve() error {
 	return nil
 }
 
-// HTTPAddr is the address of the coordinator's metrics listener, or "" when it serves none.
+// HTTPAddr is the address of the coordinator's HTTP listener (metrics and console), or ""
+// when it serves none.
 func (n *CoordinatorNode) HTTPAddr() string {
 	if n.HTTP == nil {
 		return ""

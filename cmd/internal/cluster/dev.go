@@ -51,7 +51,10 @@ type DevConfig struct {
 	// TicketKeys is the cluster's ticket key file, created at start when missing (default
 	// <DataDir>/tickets.keys).
 	TicketKeys string
-	Logger     *slog.Logger
+	// ConsoleKeys is the web console's key file, created at start when missing (default
+	// <DataDir>/console.keys); unused when Insecure (the console has no login then).
+	ConsoleKeys string
+	Logger      *slog.Logger
 }
 
 // Validate checks the configuration, naming the bad field.
@@ -96,6 +99,9 @@ func (c *DevConfig) Validate() error {
 	if c.CertsDir == "" && !c.Insecure {
 		c.CertsDir = filepath.Join(c.DataDir, "certs")
 	}
+	if c.ConsoleKeys == "" && !c.Insecure {
+		c.ConsoleKeys = filepath.Join(c.DataDir, ConsoleKeysFile)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -133,6 +139,10 @@ type Dev struct {
 	// TicketKeys is the ticket key file; TicketKeysMade says this start created it.
 	TicketKeys     string
 	TicketKeysMade bool
+	// ConsoleKeys is the console key file ("" when insecure); ConsoleKeysMade says this
+	// start created it.
+	ConsoleKeys     string
+	ConsoleKeysMade bool
 }
 
 // DBName is the database a dev cluster uses for role ("coordinator" or a region name).
@@ -220,6 +230,11 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	if d.TicketKeysMade, err = EnsureTicketKeys(cfg.TicketKeys); err != nil {
 		return err
 	}
+	if d.ConsoleKeys = cfg.ConsoleKeys; !cfg.Insecure {
+		if d.ConsoleKeysMade, err = EnsureConsoleKeys(cfg.ConsoleKeys); err != nil {
+			return err
+		}
+	}
 	clientURL, err := d.startEtcd(cfg)
 	if err != nil {
 		return err
@@ -254,7 +269,8 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true}, d.EtcdClient)
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
+		ConsoleKeys: d.ConsoleKeys}, d.EtcdClient)
 	if err != nil {
 		return err
 	}

@@ -34,9 +34,9 @@ async function api(method, path, body) {
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k === 'class') e.className = v;
-    else if (k.startsWith('data-')) e.setAttribute(k, String(v));
+    if (k.startsWith('data-') && v !== undefined && v !== null) e.setAttribute(k, String(v));
+    else if (v === undefined || v === null || v === false) continue;
+    else if (k === 'class') e.className = v;
     else if (k === 'onclick') e.addEventListener('click', v);
     else e.setAttribute(k, String(v));
   }
@@ -213,7 +213,7 @@ function auditSection(a) {
 async function drawSale(sale) {
   const v = await api('GET', 'sales/' + encodeURIComponent(sale));
   const stranded = v.transfers.filter(t => t.stranded).length;
-  document.getElementById('main').replaceChildren(
+  document.getElementById('main').replaceChildren(...[
     el('p', {}, el('a', { href: '#/' }, '← sales')),
     el('h2', { id: 'sale', 'data-sale': v.sale }, 'Sale ' + v.sale),
     el('p', { class: 'muted' }, 'per-user limit ' + v.per_user_limit + '; opens ' + new Date(v.opens_at).toLocaleString() +
@@ -225,7 +225,7 @@ async function drawSale(sale) {
     v.transfers.length ? el('table', { id: 'transfers' }, el('tr', {}, ['state', 'id', 'SKU', 'from → to', 'units', 'age', 'reason', '']
       .map(h => el('th', {}, h))), v.transfers.map(transferRow)) : el('p', { class: 'muted' }, 'No transfers.'),
     el('h2', {}, 'Rebalancer plan'), v.plans.map(planSection),
-    el('h2', {}, 'Audit'), auditSection(v.audit));
+    el('h2', {}, 'Audit'), auditSection(v.audit)].flat());
   status('updated ' + new Date(v.at).toLocaleTimeString());
 }
 
