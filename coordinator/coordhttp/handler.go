@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -167,10 +168,21 @@ func (h *handler) caller(r *http.Request) (session, error) {
 	c, err := r.Cookie(CookieName)
 	if err == nil {
 		if s, ok := h.sessions.get(c.Value, h.opts.Now()); ok {
-			return s, nil
+			if h.keyKnown(s.keyID) {
+				return s, nil
+			}
+			h.sessions.drop(c.Value) // its key left the key file: the session ends with it
 		}
 	}
 	return session{}, fmt.Errorf("console: log in with a token from quotactl console token: %w", apierr.ErrUnauthenticated)
+}
+
+// keyKnown reports whether the console key file still holds the key id.
+func (h *handler) keyKnown(id string) bool {
+	if h.opts.Keys == nil {
+		return false
+	}
+	return slices.Contains(h.opts.Keys().IDs(), id)
 }
 
 // authorize decides one action of a session by Actions.

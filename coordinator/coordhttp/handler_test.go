@@ -2,6 +2,7 @@ package coordhttp_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -341,5 +342,37 @@ func TestSaleView(t *testing.T) {
 	}
 	if len(v.Transfers) != 1 || !v.Transfers[0].Stranded || v.Transfers[0].Reason == "" || len(v.Plans) != 1 || !v.Audit.Ran || !v.Audit.OK {
 		t.Fatalf("view %s", w.Body)
+	}
+}
+
+// TestSessionEndsWithItsKey: a session lasts while its token's key is in the key file; a
+// rotation keeps it (the previous key still verifies), a file without the key ends it.
+func TestSessionEndsWithItsKey(t *testing.T) {
+	k, data := newKeys(t)
+	var cur atomic.Pointer[admission.Keyring]
+	cur.Store(k)
+	c := &console{t: t, b: &fakeBackend{}, keys: k}
+	c.h = coordhttp.Handler(c.b, coordhttp.Options{Keys: cur.Load})
+	cookie, _ := c.login(trust.Operator)
+	rotated, err := admission.RotateKeyFile(data, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := admission.ParseKeyring(rotated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Store(k2)
+	if w := c.do("GET", "/console/api/session", "", cookie, "", nil); w.Code != 200 {
+		t.Fatalf("the session after a rotation: %d; want 200", w.Code)
+	}
+	k3, _ := newKeys(t)
+	cur.Store(k3)
+	if w := c.do("GET", "/console/api/session", "", cookie, "", nil); w.Code != 401 {
+		t.Fatalf("the session after its key left the file: %d; want 401", w.Code)
+	}
+	cur.Store(k)
+	if w := c.do("GET", "/console/api/session", "", cookie, "", nil); w.Code != 401 {
+		t.Fatalf("the session came back with its key: %d; want it ended for good", w.Code)
 	}
 }

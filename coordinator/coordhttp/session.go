@@ -26,6 +26,7 @@ const (
 // session is one login: the role and name its token named, when it ends, and the CSRF token
 // every change it asks for must carry.
 type session struct {
+	keyID   string // the console key that signed its token: the session ends with the key
 	role    trust.Role
 	name    string
 	csrf    string
@@ -60,7 +61,7 @@ func (s *sessions) create(t Token, now time.Time) (string, session, error) {
 	if err != nil {
 		return "", session{}, err
 	}
-	sess := session{role: t.Role, name: t.Name, csrf: csrf, expires: now.Add(SessionTTL)}
+	sess := session{keyID: t.KeyID, role: t.Role, name: t.Name, csrf: csrf, expires: now.Add(SessionTTL)}
 	if t.Expires.Before(sess.expires) {
 		sess.expires = t.Expires
 	}
