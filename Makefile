@@ -90,6 +90,11 @@ sim:
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
 	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
 
+## mutants: plant each known bug alone in a scratch copy of the tree and require `make sim` to catch it within 1,000 seeds (sim/mutants_test.go; docs/reliability.md, "Planted bugs")
+.PHONY: mutants
+mutants:
+	$(GO) test -count=1 -v -run 'TestPlantedBugs$$' -timeout 30m ./sim/ -args -planted | grep -v '^=== RUN'
+
 ## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/benchmarks.md)
 http-bench: pg build
 	scripts/http-bench.sh

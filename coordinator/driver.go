@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -75,97 +76,39 @@ func (c *Coordinator) roundFailed(ctx context.Context, step string, err error) e
 	return fmt.Errorf("%s: %w", step, err)
 }
 
-// stepFailed logs a step of transfer t that failed (quietly when ctx ended: the coordinator
-// is stepping down) and returns its error wrapped with the transfer and the step. A fenced
-// write (a newer coordinator leads) stays ErrFenced to errors.Is, and is logged as fenced.
-func (c *Coordinator) stepFailed(ctx context.Context, t transfer.Transfer, step string, err error) error {
-	level := slog.LevelWarn
-	if ctx.Err() != nil {
-		level = slog.LevelDebug
-	}
-	c.cfg.Logger.Log(ctx, level, "transfer step failed", "transfer", t.ID, "step", step,
-		"fenced", errors.Is(err, ErrFenced), "err", err)
-	return fmt.Errorf("transfer %s: %s: %w", t.ID, step, err)
-}
-
-// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6)
-// and returns its ledger state afterwards. Every step is idempotent by transfer id, so a
-// lost reply is resolved by asking again. It never decides an outcome a participant has not
-// recorded: no answer leaves the transfer where it is, flagged stranded once it has been
-// unfinished longer than StrandAfter; that is not an error. A ledger write that fails while
-// stranding or settling it is (ErrFenced to errors.Is when a newer coordinator leads), and
-// the transfer returned with it is not stranded, not settled, in the state the ledger has.
+// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6) and
+// returns its ledger state afterwards: it runs a Drive, making each call it emits to the
+// region's participant in turn, bounded by CallTimeout. Every step is idempotent by
+// transfer id, so a lost reply is resolved by asking again. It never decides an outcome a
+// participant has not recorded: no answer leaves the transfer where it is, flagged stranded
+// once it has been unfinished longer than StrandAfter; that is not an error. A ledger write
+// that fails while stranding or settling it is (ErrFenced to errors.Is when a newer
+// coordinator leads), and the transfer returned with it is not stranded, not settled, in
+// the state the ledger has.
 func (c *Coordinator) drive(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
-	for !t.State.Final() {
-		next, err := c.step(ctx, gen, t)
-		if err != nil {
-			return c.strand(ctx, gen, t, err.Error())
-		}
-		t = next
-	}
-	if t.State == transfer.Posted && !t.Settled {
-		return c.settle(ctx, gen, t)
-	}
-	return t, nil
+	return c.run(ctx, NewDrive(c.driveConfig(), gen, t, false))
 }
 
-// step performs the next protocol step of an unfinished transfer and records its outcome.
-func (c *Coordinator) step(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
-	switch t.State {
-	case transfer.Requested:
-		st, err := c.debitAt(ctx, gen, t)
-		if err != nil {
-			return t, fmt.Errorf("debit at %s: %w", t.From, err)
-		}
-		return c.recordDebit(ctx, gen, t, st,
-			fmt.Sprintf("source %s refused the debit: it had fewer than %d available, or the transfer was cancelled", t.From, t.Units))
-
-	case transfer.Pending:
-		st, err := c.creditAt(ctx, gen, t)
-		if err != nil {
-			return t, fmt.Errorf("credit at %s: %w", t.To, err)
-		}
-		ev, err := transfer.AfterCredit(st)
-		if err != nil {
-			return t, fmt.Errorf("at %s: %w", t.To, err) // never guess: strand
-		}
-		if ev == transfer.Refused {
-			return c.abort(ctx, gen, t)
-		}
-		return c.advance(ctx, gen, t, transfer.Credited, "")
+// run is the goroutine shell of a Drive: it makes each call the drive emits, blocking, and
+// hands the drive its reply, until the drive ends.
+func (c *Coordinator) run(ctx context.Context, d *Drive) (transfer.Transfer, error) {
+	call, ok := d.Start(ctx)
+	for ok {
+		call, ok = d.Reply(ctx, c.call(ctx, call))
 	}
-	panic(fmt.Sprintf("coordinator: step of transfer %s in state %s", t.ID, t.State))
+	return d.Result()
 }
 
-// recordDebit moves a requested transfer as the source's record says (its answer to a Debit
-// or a RefuseDebit): debited → pending (I1: the units are in flight), refused → voided with
-// the reason given (nothing left the source). Any other answer decides nothing.
-func (c *Coordinator) recordDebit(ctx context.Context, gen int64, t transfer.Transfer, st transfer.OutState, refused string) (transfer.Transfer, error) {
-	ev, err := transfer.AfterDebit(st)
-	if err != nil {
-		return t, fmt.Errorf("at %s: %w", t.From, err) // never guess: strand
+// driveConfig fills a Drive's seams in production: the SQL ledger, the configured region
+// links, the coordinator's clock and logger.
+func (c *Coordinator) driveConfig() DriveConfig {
+	return DriveConfig{
+		Ledger:      sqlLedger{c},
+		Link:        func(region string) error { _, err := c.link(region); return err },
+		Clock:       c.cfg.Clock,
+		StrandAfter: c.cfg.StrandAfter,
+		Logger:      c.cfg.Logger,
 	}
-	if ev == transfer.Aborted {
-		return c.advance(ctx, gen, t, transfer.Aborted, refused)
-	}
-	return c.advance(ctx, gen, t, transfer.Debited, "")
-}
-
-// abort finishes a transfer the destination has durably refused: the source restores the
-// units (never before that refusal: I5), then the ledger voids it.
-func (c *Coordinator) abort(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
-	if t.From != transfer.Unallocated {
-		src, err := c.link(t.From)
-		if err != nil {
-			return t, err
-		}
-		cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-		defer cancel()
-		if _, err := src.Participant.Restore(cctx, gen, t); err != nil {
-			return t, fmt.Errorf("restore at %s: %w", t.From, err)
-		}
-	}
-	return c.advance(ctx, gen, t, transfer.Refused, fmt.Sprintf("refused by %s", t.To))
 }
 
 func (c *Coordinator) link(region string) (RegionLink, error) {
@@ -176,168 +119,115 @@ func (c *Coordinator) link(region string) (RegionLink, error) {
 	return l, nil
 }
 
-// debitAt is step 2. From the unallocated pool the debit is the ledger's own: it happens in
-// the same transaction as requested → pending, in advance.
-func (c *Coordinator) debitAt(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	if t.From == transfer.Unallocated {
-		return transfer.OutPending, nil
-	}
-	src, err := c.link(t.From)
+// call makes one participant call of a Drive, bounded by CallTimeout.
+func (c *Coordinator) call(ctx context.Context, call Call) Reply {
+	l, err := c.link(call.Region)
 	if err != nil {
-		return "", err
+		return Reply{Err: err}
+	}
+	p, gen, t := l.Participant, call.Generation, call.Transfer
+	if call.Kind == CallCredit {
+		return c.credit(ctx, p, gen, t)
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
-	return src.Participant.Debit(cctx, gen, t)
+	var r Reply
+	switch call.Kind {
+	case CallDebit:
+		r.Out, r.Err = p.Debit(cctx, gen, t)
+	case CallRefuseDebit:
+		r.Out, r.Err = p.RefuseDebit(cctx, gen, t)
+	case CallRefuse:
+		r.In, r.Err = p.Refuse(cctx, gen, t)
+	case CallRestore:
+		r.Out, r.Err = p.Restore(cctx, gen, t)
+	case CallSettle:
+		r.Out, r.Err = p.Settle(cctx, gen, t)
+	default:
+		panic(fmt.Sprintf("coordinator: drive of transfer %s asked for %q", t.ID, call.Kind))
+	}
+	return r
 }
 
-// creditAt is step 4. To the unallocated pool the credit is the ledger's own (in advance).
-func (c *Coordinator) creditAt(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
-	if t.To == transfer.Unallocated {
-		return transfer.InCredited, nil
-	}
-	dest, err := c.link(t.To)
-	if err != nil {
-		return "", err
-	}
+// credit is step 4 at the destination: the sale's terms first (the region may not know
+// the sale yet), then the credit, within one CallTimeout.
+func (c *Coordinator) credit(ctx context.Context, p Participant, gen int64, t transfer.Transfer) Reply {
 	sale, err := c.GetSale(ctx, t.Sale)
 	if err != nil {
-		return "", err
+		return Reply{Err: err}
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
-	if err := dest.Participant.PutSale(cctx, gen, sale.Terms); err != nil {
-		return "", fmt.Errorf("put sale: %w", err)
+	if err := p.PutSale(cctx, gen, sale.Terms); err != nil {
+		return Reply{Err: fmt.Errorf("put sale: %w", err)}
 	}
-	return dest.Participant.Credit(cctx, gen, t)
+	st, err := p.Credit(cctx, gen, t)
+	return Reply{In: st, Err: err}
 }
 
-// settle records at a posted transfer's source that it was credited, then marks it settled
-// in the ledger. A source that does not answer leaves it unsettled, to be asked again (not
-// an error); an unknown source region or a failed ledger write is an error.
-func (c *Coordinator) settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
-	src, err := c.link(t.From)
-	if err != nil {
-		return t, c.stepFailed(ctx, t, "settle: source", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	defer cancel()
-	if _, err := src.Participant.Settle(cctx, gen, t); err != nil {
-		c.cfg.Logger.Warn("settle transfer", "transfer", t.ID, "step", "settle at source", "err", err)
-		return t, nil
-	}
-	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE transfers SET settled = true WHERE transfer_id = $1`, t.ID)
-		return err
-	})
-	if err != nil {
-		return t, c.stepFailed(ctx, t, "settle: record settled", err)
-	}
-	t.Settled = true
-	return t, nil
+// sqlLedger is a Drive's ledger in production: the coordinator's SQL database.
+type sqlLedger struct{ c *Coordinator }
+
+// Tx runs fn in one SQL transaction (retried on a serialization failure).
+func (l sqlLedger) Tx(ctx context.Context, fn func(LedgerTx) error) error {
+	return pgutil.Tx(ctx, l.c.db, func(tx pgx.Tx) error { return fn(sqlLedgerTx{ctx, l.c, tx}) })
 }
 
-// advance records event in the ledger, fenced (I4) and guarded on the state it read, with
-// the unallocated pool's side of it in the same transaction: requested → pending from the
-// pool takes its units (aborting when it has too few), pending → posted into the pool adds
-// them, pending → voided from the pool restores them. Each preserves I1.
-func (c *Coordinator) advance(ctx context.Context, gen int64, t transfer.Transfer, e transfer.Event, reason string) (transfer.Transfer, error) {
-	// An answer the transition table does not allow is a programmer error: Must panics.
-	next := transfer.Must(transfer.Next(t.State, e))
-	now := c.cfg.Clock.Now()
-	reason0 := reason
-	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-		next, reason = transfer.Must(transfer.Next(t.State, e)), reason0 // reset: the closure may run again
-		delta := unallocatedDelta(t, next)
-		if delta != 0 {
-			tag, err := tx.Exec(ctx, `UPDATE skus SET unallocated = unallocated + $3 WHERE sale_id = $1 AND sku = $2 AND unallocated + $3 >= 0`,
-				t.Sale, t.SKU, int64(delta))
-			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() == 0 { // the pool has too few: the debit is refused instead
-				next, reason = transfer.Voided, fmt.Sprintf("unallocated pool had fewer than %d", t.Units)
-			}
-		}
-		settled := t.From == transfer.Unallocated || next != transfer.Posted
-		tag, err := tx.Exec(ctx, `UPDATE transfers SET state = $2, stranded = false, reason = $3, settled = $4, updated_at = $5
-			WHERE transfer_id = $1 AND state = $6`, t.ID, string(next), reason, settled, now, string(t.State))
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return errLedgerMoved
-		}
-		return nil
-	})
-	if errors.Is(err, errLedgerMoved) {
-		return c.reload(ctx, t)
-	}
+// Transfer reads a transfer's current ledger row (another driver finished the step first).
+func (l sqlLedger) Transfer(ctx context.Context, id string) (transfer.Transfer, error) {
+	rows, err := l.c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
 	if err != nil {
-		return t, fmt.Errorf("ledger: %w", err)
-	}
-	t.State, t.Stranded, t.Reason, t.Settled = next, false, reason, t.From == transfer.Unallocated || next != transfer.Posted
-	return t, nil
-}
-
-var errLedgerMoved = errors.New("transfer moved on in the ledger")
-
-func unallocatedDelta(t transfer.Transfer, next transfer.State) transfer.Units {
-	switch {
-	case t.From == transfer.Unallocated && t.State == transfer.Requested && next == transfer.Pending:
-		return -t.Units
-	case t.From == transfer.Unallocated && t.State == transfer.Pending && next == transfer.Voided:
-		return t.Units
-	case t.To == transfer.Unallocated && t.State == transfer.Pending && next == transfer.Posted:
-		return t.Units
-	}
-	return 0
-}
-
-// reload reads a transfer's current ledger row (another driver finished the step first).
-func (c *Coordinator) reload(ctx context.Context, t transfer.Transfer) (transfer.Transfer, error) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, t.ID)
-	if err != nil {
-		return t, err
+		return transfer.Transfer{}, err
 	}
 	return pgx.CollectExactlyOneRow(rows, scanTransfer)
 }
 
-// strand flags a transfer whose next step has had no answer for StrandAfter: its
-// units stay where the protocol left them (in flight when pending), out of circulation and
-// visible, until the participant answers. Nothing is reassigned on a timeout. Before then it
-// records only the reason, when it changed. A failed write of the reason or of the flag is
-// returned (ErrFenced to errors.Is when a newer coordinator leads); the ledger row is then
-// left as it was, and the transfer returned is not stranded.
-func (c *Coordinator) strand(ctx context.Context, gen int64, t transfer.Transfer, reason string) (transfer.Transfer, error) {
-	if ctx.Err() != nil {
-		return t, nil
-	}
-	c.cfg.Logger.Warn("transfer not finished", "transfer", t.ID, "state", t.State, "reason", reason)
-	stored := t.Reason
-	t.Reason = reason
-	if t.Stranded || c.cfg.Clock.Now().Sub(t.CreatedAt) < c.cfg.StrandAfter {
-		if reason == stored { // shown by transfers list before the flag; written when it changes
-			return t, nil
-		}
-		err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `UPDATE transfers SET reason = $2, updated_at = $3
-				WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
-			return err
-		})
-		if err != nil {
-			return t, c.stepFailed(ctx, t, "strand: record reason", err)
-		}
-		return t, nil
-	}
-	err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE transfers SET stranded = true, reason = $2, updated_at = $3
-			WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, t.ID, reason, c.cfg.Clock.Now())
-		return err
-	})
+// sqlLedgerTx is the statements of one ledger transaction in SQL.
+type sqlLedgerTx struct {
+	ctx context.Context
+	c   *Coordinator
+	tx  pgx.Tx
+}
+
+// CheckFence passes the ledger's generation fence (I4), counting a refusal.
+func (x sqlLedgerTx) CheckFence(gen int64) error { return x.c.checkFence(x.ctx, x.tx, gen) }
+
+// AddUnallocated is a conditional update: unallocated never falls below zero (I2).
+func (x sqlLedgerTx) AddUnallocated(sale, sku string, delta transfer.Units) (bool, error) {
+	tag, err := x.tx.Exec(x.ctx, `UPDATE skus SET unallocated = unallocated + $3 WHERE sale_id = $1 AND sku = $2 AND unallocated + $3 >= 0`,
+		sale, sku, int64(delta))
 	if err != nil {
-		return t, c.stepFailed(ctx, t, "strand: flag stranded", err)
+		return false, err
 	}
-	t.Stranded = true
-	return t, nil
+	return tag.RowsAffected() != 0, nil
+}
+
+// SetState moves a transfer guarded on the state it was read in.
+func (x sqlLedgerTx) SetState(id string, from, next transfer.State, reason string, settled bool, now time.Time) (bool, error) {
+	tag, err := x.tx.Exec(x.ctx, `UPDATE transfers SET state = $2, stranded = false, reason = $3, settled = $4, updated_at = $5
+			WHERE transfer_id = $1 AND state = $6`, id, string(next), reason, settled, now, string(from))
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() != 0, nil
+}
+
+// SetReason records why an unfinished transfer waits.
+func (x sqlLedgerTx) SetReason(id, reason string, now time.Time) error {
+	_, err := x.tx.Exec(x.ctx, `UPDATE transfers SET reason = $2, updated_at = $3
+				WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, id, reason, now)
+	return err
+}
+
+// Strand flags an unfinished transfer stranded.
+func (x sqlLedgerTx) Strand(id, reason string, now time.Time) error {
+	_, err := x.tx.Exec(x.ctx, `UPDATE transfers SET stranded = true, reason = $2, updated_at = $3
+			WHERE transfer_id = $1 AND state IN ('requested', 'pending')`, id, reason, now)
+	return err
+}
+
+// SetSettled marks a posted transfer settled.
+func (x sqlLedgerTx) SetSettled(id string) error {
+	_, err := x.tx.Exec(x.ctx, `UPDATE transfers SET settled = true WHERE transfer_id = $1`, id)
+	return err
 }

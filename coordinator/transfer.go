@@ -189,7 +189,8 @@ func (c *Coordinator) GetTransfer(ctx context.Context, id string) (transfer.Tran
 // timeout: it drives the transfer again (credit at the destination, which the destination
 // decides), or, with refuse, first asks the destination to refuse it (a tombstone unless it
 // already credited) and then restores the source. A requested transfer refused is first
-// refused at its source (cancelRequested). Resolving a finished transfer returns it.
+// refused at its source (the debit's cancellation; see NewDrive). Resolving a finished
+// transfer returns it.
 func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (transfer.Transfer, error) {
 	t, err := c.GetTransfer(ctx, id)
 	if err != nil || (t.State.Final() && (t.State != transfer.Posted || t.Settled)) {
@@ -199,55 +200,5 @@ func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (tran
 	if err != nil {
 		return t, err
 	}
-	if refuse && t.State == transfer.Requested {
-		if t, err = c.cancelRequested(ctx, gen, t); err != nil {
-			return c.strand(ctx, gen, t, err.Error())
-		}
-		if t.State != transfer.Pending {
-			return t, nil
-		}
-		// The source had debited first: the units are in flight, refused at the destination next.
-	}
-	if refuse && t.State == transfer.Pending && t.To != transfer.Unallocated {
-		dest, err := c.link(t.To)
-		if err != nil {
-			return t, err
-		}
-		cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-		st, err := dest.Participant.Refuse(cctx, gen, t)
-		cancel()
-		if err != nil {
-			return c.strand(ctx, gen, t, fmt.Sprintf("refuse at %s: %v", t.To, err))
-		}
-		if st == transfer.InRefused {
-			if t, err = c.abort(ctx, gen, t); err != nil {
-				return c.strand(ctx, gen, t, err.Error())
-			}
-			return t, nil
-		}
-	}
-	return c.drive(ctx, gen, t)
-}
-
-// cancelRequested asks the source of a requested transfer to refuse its debit: the abort of
-// DESIGN.md §6, taken at the source because nothing has reached the destination. A refused
-// tombstone there voids the transfer (requested → voided; I1: the units never left the
-// source, I5: no later debit can apply). A debit that came first is recorded instead
-// (requested → pending), and the caller refuses the transfer at the destination. With no
-// answer the transfer stays requested: the source alone knows whether it debited.
-func (c *Coordinator) cancelRequested(ctx context.Context, gen int64, t transfer.Transfer) (transfer.Transfer, error) {
-	if t.From == transfer.Unallocated { // the ledger's own debit happens on requested → pending
-		return c.advance(ctx, gen, t, transfer.Aborted, "cancelled before the unallocated pool was debited")
-	}
-	src, err := c.link(t.From)
-	if err != nil {
-		return t, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	defer cancel()
-	st, err := src.Participant.RefuseDebit(cctx, gen, t)
-	if err != nil {
-		return t, fmt.Errorf("refuse debit at %s: %w", t.From, err)
-	}
-	return c.recordDebit(ctx, gen, t, st, fmt.Sprintf("cancelled: %s refused the debit", t.From))
+	return c.run(ctx, NewDrive(c.driveConfig(), gen, t, refuse))
 }

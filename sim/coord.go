@@ -1,49 +1,66 @@
 package sim
 
 import (
-	"fmt"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
 	"time"
 
-	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/transfer"
 )
 
-// call is a coordinator request awaiting its answer: the step it asks for, and the ledger
-// state and generation it was asked from. An answer is acted on only while both still hold,
-// as the coordinator's driver does (it reads, asks, then writes fenced).
-type call struct {
-	transfer string
-	kind     string
-	state    transfer.State
-	gen      int64
+// errCallTimeout is the answer a drive gets when a call's reply has not come within
+// callTimeout (the production shell's CallTimeout).
+var errCallTimeout = errors.New("sim: no answer within the call timeout")
+
+// driving is one run of the production driver (a coordinator.Drive) over one transfer: a
+// background round's, a Transfer's or a Resolve's. It waits for at most one reply.
+type driving struct {
+	d          *coordinator.Drive
+	transfer   string
+	background bool
+	stranded   bool      // the transfer was flagged stranded when the drive began
+	req        int       // the request whose reply it waits for (0: none)
+	sentAt     time.Time // when that request was sent
 }
 
 // coordNode is one coordinator process. It leads with generation gen (0: it does not); after
-// losing its lease it may go on as a zombie until zombieUntil, its requests carrying the old
-// generation: the regions' and the ledger's fences must make them change nothing (I4).
+// losing its lease it may go on as a zombie until zombieUntil, its requests and ledger
+// writes carrying the old generation: the regions' and the ledger's fences must make them
+// change nothing (I4). Its drives are the production driver's, their calls carried by the
+// simulated network, their ledger writes made through nodeLedger.
 type coordNode struct {
 	name        string
 	gen         int64
 	zombieUntil time.Time
-	waiting     map[int]call
-	asked       map[string]time.Time // transfer → when its last request was sent
+	drives      []*driving
+	waiting     map[int]*driving
+	round       map[string]time.Time // transfer → when its last background drive ended
 }
 
 func newCoordNode(name string) *coordNode { return &coordNode{name: name} }
 
 // lead makes the node leader with generation gen and a fresh memory.
 func (c *coordNode) lead(gen int64) {
-	c.gen, c.zombieUntil, c.waiting, c.asked = gen, time.Time{}, map[int]call{}, map[string]time.Time{}
+	c.gen, c.zombieUntil = gen, time.Time{}
+	c.drives, c.waiting, c.round = nil, map[int]*driving{}, map[string]time.Time{}
 }
 
 // depose ends the node's leadership: at once (crashed), or after zombie time (paused past
 // its lease, it does not know yet).
 func (c *coordNode) depose(now time.Time, zombie time.Duration) {
 	if zombie <= 0 {
-		c.gen = 0
+		c.stop()
 		return
 	}
 	c.zombieUntil = now.Add(zombie)
+}
+
+// stop ends the process's leadership and every drive of it (StepDown).
+func (c *coordNode) stop() {
+	c.gen, c.drives, c.waiting = 0, nil, map[int]*driving{}
 }
 
 func (c *coordNode) leading(w *world) bool {
@@ -51,122 +68,105 @@ func (c *coordNode) leading(w *world) bool {
 		return false
 	}
 	if !c.zombieUntil.IsZero() && !w.now.Before(c.zombieUntil) {
-		c.gen = 0
+		c.stop()
 		return false
 	}
 	return true
 }
 
-// turn drives every unfinished transfer one step, asking again once an answer is overdue,
-// and flags those unfinished for longer than strandAfter.
+// simClock is the simulated clock as the driver reads it.
+type simClock struct{ w *world }
+
+func (s simClock) Now() time.Time { return s.w.now }
+
+func (c *coordNode) driveConfig(w *world) coordinator.DriveConfig {
+	return coordinator.DriveConfig{Ledger: nodeLedger{w, c}, Clock: simClock{w}, StrandAfter: strandAfter,
+		Logger: slog.New(slog.DiscardHandler)}
+}
+
+// turn times out the calls whose answer is overdue (as CallTimeout does), then, as the
+// production driveLoop does every RetryInterval, drives every unfinished transfer that has
+// no background drive and whose last one ended retryEvery ago.
 func (c *coordNode) turn(w *world) {
 	if !c.leading(w) {
 		return
 	}
+	for _, dr := range slices.Clone(c.drives) {
+		if dr.req != 0 && w.now.Sub(dr.sentAt) >= callTimeout {
+			delete(c.waiting, dr.req)
+			dr.req = 0
+			c.feed(w, dr, coordinator.Reply{Err: errCallTimeout})
+		}
+	}
 	for _, t := range w.ledger.unfinished() {
-		if at, ok := c.asked[t.ID]; ok && w.now.Sub(at) < callTimeout {
+		if at, ok := c.round[t.ID]; (ok && w.now.Sub(at) < retryEvery) || c.driving(t.ID) {
 			continue
 		}
-		if !t.Stranded && !t.State.Final() && w.now.Sub(t.CreatedAt) > strandAfter {
-			if w.ledger.write(c.gen) != nil {
-				c.gen = 0
-				return
-			}
-			t.Stranded, t.Reason = true, fmt.Sprintf("no answer for %s", strandAfter)
-			w.stats.Ops["transfer stranded"]++
-		}
-		c.ask(w, t)
+		c.start(w, t, false, true)
 	}
 }
 
-func (c *coordNode) ask(w *world, t *transfer.Transfer) {
-	c.asked[t.ID] = w.now
-	id := w.nextID()
-	switch {
-	case t.State == transfer.Requested:
-		refuse := w.ledger.refuse[t.ID] && !w.ledger.refusedDebit[t.ID]
-		if refuse {
-			w.ledger.refusedDebit[t.ID] = true
-		}
-		c.waiting[id] = call{t.ID, "debit", t.State, c.gen}
-		w.send(c.name, t.From, debitReq{id, region.DebitRequest{Generation: c.gen, TransferID: t.ID, Sale: t.Sale, SKU: t.SKU, To: t.To, Units: t.Units}, refuse})
-	case t.State == transfer.Pending:
-		refuse := w.ledger.refuse[t.ID]
-		c.waiting[id] = call{t.ID, "credit", t.State, c.gen}
-		w.send(c.name, t.To, creditReq{id, region.CreditRequest{Generation: c.gen, TransferID: t.ID, Sale: t.Sale, SKU: t.SKU, Units: t.Units}, refuse})
-	case t.State == transfer.Posted:
-		c.waiting[id] = call{t.ID, "settle", t.State, c.gen}
-		w.send(c.name, t.From, outReq{id, region.TransferRef{Generation: c.gen, TransferID: t.ID, Sale: t.Sale}, transfer.OutSettled})
+func (c *coordNode) driving(id string) bool {
+	return slices.ContainsFunc(c.drives, func(dr *driving) bool { return dr.background && dr.transfer == id })
+}
+
+// start drives transfer t (refuse: as Resolve --refuse does).
+func (c *coordNode) start(w *world, t transfer.Transfer, refuse, background bool) {
+	dr := &driving{d: coordinator.NewDrive(c.driveConfig(w), c.gen, t, refuse), transfer: t.ID,
+		background: background, stranded: t.Stranded}
+	c.drives = append(c.drives, dr)
+	call, ok := dr.d.Start(context.Background())
+	c.next(w, dr, call, ok)
+}
+
+// next sends the drive's call, or retires the drive once it has ended.
+func (c *coordNode) next(w *world, dr *driving, call coordinator.Call, ok bool) {
+	if ok {
+		id := w.nextID()
+		dr.req, dr.sentAt = id, w.now
+		c.waiting[id] = dr
+		w.send(c.name, call.Region, coordReq{id, call})
+		return
+	}
+	c.drives = slices.DeleteFunc(c.drives, func(o *driving) bool { return o == dr })
+	if dr.background {
+		c.round[dr.transfer] = w.now
+	}
+	t, err := dr.d.Result()
+	if t.Stranded && !dr.stranded {
+		w.stats.Ops["transfer stranded"]++
+	}
+	if errors.Is(err, coordinator.ErrFenced) {
+		w.stats.Ops["coordinator write fenced"]++
 	}
 }
 
-// receive acts on an answer (transfer.AfterDebit, AfterCredit, then the ledger through
-// transfer.Next).
+// receive hands a region's reply to the drive that waits for it.
 func (c *coordNode) receive(w *world, m message) {
 	rep, ok := m.body.(reply)
 	if !ok {
 		return
 	}
-	cl, ok := c.waiting[rep.id]
+	dr, ok := c.waiting[rep.id]
 	delete(c.waiting, rep.id)
-	if !ok || !c.leading(w) || cl.gen != c.gen {
+	if !ok || !c.leading(w) {
 		return
 	}
-	t := w.ledger.transfers[cl.transfer]
-	if rep.err != nil || t.State != cl.state {
-		if rep.err != nil {
-			w.stats.Ops["coordinator step refused"]++
-		}
-		return
+	dr.req = 0
+	r := coordinator.Reply{Err: rep.err}
+	switch res := rep.res.(type) {
+	case transfer.OutState:
+		r.Out = res
+	case transfer.InState:
+		r.In = res
 	}
-	before, settled := t.State, t.Settled
-	var err error
-	switch cl.kind {
-	case "debit":
-		err = c.onDebit(w, t, rep.res.(transfer.OutState))
-	case "credit":
-		err = c.onCredit(w, t, rep.res.(transfer.InState))
-	case "restore":
-		if rep.res.(transfer.OutState) == transfer.OutVoided {
-			err = w.ledger.advance(w, c.gen, t.ID, transfer.Refused)
-		}
-	case "settle":
-		if rep.res.(transfer.OutState) == transfer.OutSettled {
-			if err = w.ledger.write(c.gen); err == nil {
-				t.Settled = true
-			}
-		}
+	if rep.err != nil {
+		w.stats.Ops["coordinator step refused"]++
 	}
-	if err != nil {
-		c.gen = 0 // fenced: a newer coordinator leads
-		return
-	}
-	if t.State != before || t.Settled != settled {
-		delete(c.asked, t.ID) // the next step goes out on the next turn
-	}
+	c.feed(w, dr, r)
 }
 
-func (c *coordNode) onDebit(w *world, t *transfer.Transfer, st transfer.OutState) error {
-	ev, err := transfer.AfterDebit(st)
-	if err != nil {
-		return nil // decides nothing: asked again, stranded if it lasts
-	}
-	return w.ledger.advance(w, c.gen, t.ID, ev)
-}
-
-// onCredit posts a credited transfer; a refused one is voided only once the source has
-// restored its units (I5: restore never before the durable refusal, never both).
-func (c *coordNode) onCredit(w *world, t *transfer.Transfer, st transfer.InState) error {
-	ev, err := transfer.AfterCredit(st)
-	if err != nil {
-		return nil
-	}
-	if ev == transfer.Refused && t.From != transfer.Unallocated {
-		id := w.nextID()
-		c.waiting[id] = call{t.ID, "restore", t.State, c.gen}
-		c.asked[t.ID] = w.now
-		w.send(c.name, t.From, outReq{id, region.TransferRef{Generation: c.gen, TransferID: t.ID, Sale: t.Sale}, transfer.OutVoided})
-		return nil
-	}
-	return w.ledger.advance(w, c.gen, t.ID, ev)
+func (c *coordNode) feed(w *world, dr *driving, r coordinator.Reply) {
+	call, ok := dr.d.Reply(context.Background(), r)
+	c.next(w, dr, call, ok)
 }

@@ -32,6 +32,8 @@ func (w *world) setup() {
 	}
 }
 
+// createTransfer records a transfer at the leading coordinator and drives it at once, as
+// Coordinator.Transfer (and Allocate) do; the background rounds take it on from there.
 func (w *world) createTransfer(id, sku, from, to string, units transfer.Units) {
 	if units <= 0 {
 		return
@@ -41,9 +43,14 @@ func (w *world) createTransfer(id, sku, from, to string, units transfer.Units) {
 		return
 	}
 	t := transfer.Transfer{ID: id, Sale: sale, SKU: sku, From: from, To: to, Units: units}
-	if err := w.ledger.create(c.gen, w.now, t); err == nil {
-		w.stats.Ops["transfer"]++
+	if err := w.ledger.create(c.gen, w.now, t); err != nil {
+		return
 	}
+	w.stats.Ops["transfer"]++
+	if to == transfer.Unallocated {
+		w.stats.Ops["transfer to the unallocated pool"]++
+	}
+	c.start(w, w.ledger.transfers[id], false, false)
 }
 
 // nemesis injects at most one process fault per step.
@@ -88,27 +95,44 @@ func mapSet(m map[string]time.Time, k string, v time.Time) map[string]time.Time 
 	return m
 }
 
-// operator moves stock by hand, rebalances by the policy, and resolves stranded transfers
-// with --refuse now and then: a pending one is refused at its destination, a requested one
-// at its source (RefuseDebit).
+// pools are where the operator moves stock by hand: the regions, and the unallocated pool
+// (stock returned to the centre, and allocated again), each drawn with the same odds.
+var pools = append([]string{transfer.Unallocated}, regionNames...)
+
+// operator moves stock by hand, rebalances by the policy, and now and then resolves a
+// stranded transfer with --refuse (Coordinator.Resolve: a pending one is refused at its
+// destination, a requested one at its source).
 func (w *world) operator() {
 	switch x := w.rng.Float64(); {
 	case x < 0.01:
-		from, to := pick(w, regionNames), pick(w, regionNames)
+		from, to := pick(w, pools), pick(w, pools)
 		if from != to {
 			w.createTransfer(fmt.Sprintf("t%d", w.nextID()), pick(w, skus), from, to, transfer.Units(1+w.rng.IntN(20)))
 		}
 	case x < 0.013:
 		w.rebalance(pick(w, skus))
 	case x < 0.016:
-		for _, t := range w.ledger.unfinished() {
-			if t.Stranded && !w.ledger.refuse[t.ID] && (t.State == transfer.Pending || (t.State == transfer.Requested && t.From != transfer.Unallocated)) {
-				w.ledger.refuse[t.ID] = true
-				w.stats.Ops["resolve --refuse ("+string(t.State)+")"]++
-				break
-			}
+		w.resolveRefuse()
+	}
+}
+
+func (w *world) resolveRefuse() {
+	c := w.coords[w.leader]
+	if !c.leading(w) {
+		return
+	}
+	var stranded []transfer.Transfer
+	for _, t := range w.ledger.unfinished() {
+		if t.Stranded && !t.State.Final() {
+			stranded = append(stranded, t)
 		}
 	}
+	if len(stranded) == 0 {
+		return
+	}
+	t := pick(w, stranded)
+	w.stats.Ops["resolve --refuse ("+string(t.State)+")"]++
+	c.start(w, t, true, false)
 }
 
 // rebalance plans moves from the regions' durable books and recent reservations, as
@@ -144,7 +168,7 @@ func (w *world) heal() {
 	w.net.cut = nil
 	for _, c := range w.coords {
 		if c != w.coords[w.leader] {
-			c.gen = 0
+			c.stop()
 		}
 	}
 	for i := 0; i < healSteps && w.fail == nil; i++ {

@@ -1,36 +1,34 @@
 package sim
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/transfer"
 )
 
-// ledger is the coordinator's durable ledger: every write is fenced by the writer's
-// generation (I4), and a transfer moves only through transfer.Next.
+// ledger is the coordinator's durable ledger, with the SQL ledger's semantics: every
+// transaction commits all of its writes or none, the generation fence is a row the
+// coordinator's driver checks and raises in its transactions (I4), and each statement does
+// what its SQL does (coordinator.LedgerTx).
 type ledger struct {
 	gen         int64
-	version     int                       // every write adds one: the checks skip a step that changed nothing
+	version     int                       // every commit adds one: the checks skip a step that changed nothing
 	total       map[string]transfer.Units // sku → units
 	unallocated map[string]transfer.Units
-	transfers   map[string]*transfer.Transfer
-	// refuse marks the transfers an operator resolved with --refuse: the coordinator asks
-	// the destination to refuse them instead of crediting.
-	refuse map[string]bool
-	// refusedDebit marks the requested transfers whose RefuseDebit has been sent once: a
-	// resolve asks once, and later attempts are the driver's plain Debits, which must meet
-	// the source's tombstone (I5).
-	refusedDebit map[string]bool
+	transfers   map[string]transfer.Transfer
 }
 
 func newLedger() *ledger {
 	return &ledger{total: map[string]transfer.Units{}, unallocated: map[string]transfer.Units{},
-		transfers: map[string]*transfer.Transfer{}, refuse: map[string]bool{}, refusedDebit: map[string]bool{}}
+		transfers: map[string]transfer.Transfer{}}
 }
 
-// write passes the ledger's fence for generation gen.
+// write passes the ledger's fence for generation gen (a one-statement transaction of the
+// coordinator's own, outside the driver).
 func (l *ledger) write(gen int64) error {
 	next, err := transfer.Admit(l.gen, gen)
 	if err != nil {
@@ -40,8 +38,9 @@ func (l *ledger) write(gen int64) error {
 	return nil
 }
 
-// create records a new transfer. From the unallocated pool the ledger debits the units in
-// the same write, so the transfer starts pending (I1: unallocated → in flight).
+// create records a new transfer, requested, as Coordinator.Transfer does (protocol step 1,
+// fenced); like its check of the source, it refuses units the unallocated pool visibly
+// lacks. The driver takes it on from there.
 func (l *ledger) create(gen int64, now time.Time, t transfer.Transfer) error {
 	if err := l.write(gen); err != nil {
 		return err
@@ -49,44 +48,17 @@ func (l *ledger) create(gen int64, now time.Time, t transfer.Transfer) error {
 	if _, ok := l.transfers[t.ID]; ok {
 		return fmt.Errorf("transfer %s exists", t.ID)
 	}
+	if t.From == transfer.Unallocated && l.unallocated[t.SKU] < t.Units {
+		return fmt.Errorf("unallocated %s has %d, not %d", t.SKU, l.unallocated[t.SKU], t.Units)
+	}
 	t.State, t.Generation, t.CreatedAt = transfer.Requested, gen, now
-	if t.From == transfer.Unallocated {
-		if l.unallocated[t.SKU] < t.Units {
-			return fmt.Errorf("unallocated %s has %d, not %d", t.SKU, l.unallocated[t.SKU], t.Units)
-		}
-		l.unallocated[t.SKU] -= t.Units
-		t.State = transfer.Pending
-	}
-	l.transfers[t.ID] = &t
-	return nil
-}
-
-// advance records event ev of transfer id. The transition must be in transfer.Next's
-// table: one that is not is a coordinator bug. A transfer from the unallocated pool voided
-// by the destination's refusal gets its units back in the same write.
-func (l *ledger) advance(w *world, gen int64, id string, ev transfer.Event) error {
-	if err := l.write(gen); err != nil {
-		return err
-	}
-	t := l.transfers[id]
-	next, err := transfer.Next(t.State, ev)
-	if err != nil {
-		w.failf("I5", "coordinator: transfer %s: %v", id, err)
-		return err
-	}
-	if next == transfer.Voided && t.State == transfer.Pending && t.From == transfer.Unallocated {
-		l.unallocated[t.SKU] += t.Units
-	}
-	if next == transfer.Posted && t.From == transfer.Unallocated {
-		t.Settled = true
-	}
-	t.State = next
+	l.transfers[t.ID] = t
 	return nil
 }
 
 // unfinished lists the transfers a coordinator still has to drive, by id.
-func (l *ledger) unfinished() []*transfer.Transfer {
-	var ts []*transfer.Transfer
+func (l *ledger) unfinished() []transfer.Transfer {
+	var ts []transfer.Transfer
 	for _, id := range sortedKeys(l.transfers) {
 		if t := l.transfers[id]; !t.State.Final() || (t.State == transfer.Posted && !t.Settled) {
 			ts = append(ts, t)
@@ -104,10 +76,97 @@ func (l *ledger) skuLedgers() map[string][]coordinator.SKULedger {
 	return map[string][]coordinator.SKULedger{sale: ks}
 }
 
-func (l *ledger) snapshot() map[string]transfer.Transfer {
-	m := make(map[string]transfer.Transfer, len(l.transfers))
-	for id, t := range l.transfers {
-		m[id] = *t
+func (l *ledger) snapshot() map[string]transfer.Transfer { return maps.Clone(l.transfers) }
+
+// nodeLedger is one coordinator process's connection to the ledger: the coordinator.Ledger
+// its driver writes through.
+type nodeLedger struct {
+	w *world
+	c *coordNode
+}
+
+// Tx runs fn as one transaction: a failed fn leaves the ledger as it was. A committed
+// transaction from a coordinator whose generation is below the fence it found broke I4:
+// the fence exists so that a deposed coordinator writes nothing.
+func (n nodeLedger) Tx(_ context.Context, fn func(coordinator.LedgerTx) error) error {
+	l := n.w.ledger
+	gen, unalloc, ts := l.gen, maps.Clone(l.unallocated), maps.Clone(l.transfers)
+	if err := fn(ledgerTx{l}); err != nil {
+		l.gen, l.unallocated, l.transfers = gen, unalloc, ts
+		return err
 	}
-	return m
+	if n.c.gen < gen {
+		n.w.failf("I4", "the ledger committed a write of coordinator %s (generation %d) after admitting generation %d", n.c.name, n.c.gen, gen)
+	}
+	l.version++
+	return nil
+}
+
+// Transfer reads one transfer's row.
+func (n nodeLedger) Transfer(_ context.Context, id string) (transfer.Transfer, error) {
+	t, ok := n.w.ledger.transfers[id]
+	if !ok {
+		return t, fmt.Errorf("transfer %s: %w", id, coordinator.ErrNotFound)
+	}
+	return t, nil
+}
+
+// ledgerTx is the ledger's statements, each as its SQL in the coordinator does it.
+type ledgerTx struct{ l *ledger }
+
+// CheckFence raises the fence row to gen, or refuses a lower generation (I4).
+func (x ledgerTx) CheckFence(gen int64) error {
+	next, err := transfer.Admit(x.l.gen, gen)
+	if err != nil {
+		return fmt.Errorf("ledger: %w: %w", coordinator.ErrFenced, err)
+	}
+	x.l.gen = next
+	return nil
+}
+
+// AddUnallocated is the conditional update: unallocated never falls below zero.
+func (x ledgerTx) AddUnallocated(s, sku string, delta transfer.Units) (bool, error) {
+	if s != sale || x.l.unallocated[sku]+delta < 0 {
+		return false, nil
+	}
+	x.l.unallocated[sku] += delta
+	return true, nil
+}
+
+// SetState moves a transfer guarded on the state it was read in.
+func (x ledgerTx) SetState(id string, from, next transfer.State, reason string, settled bool, _ time.Time) (bool, error) {
+	t, ok := x.l.transfers[id]
+	if !ok || t.State != from {
+		return false, nil
+	}
+	t.State, t.Stranded, t.Reason, t.Settled = next, false, reason, settled
+	x.l.transfers[id] = t
+	return true, nil
+}
+
+// SetReason records why an unfinished transfer waits.
+func (x ledgerTx) SetReason(id, reason string, _ time.Time) error {
+	if t, ok := x.l.transfers[id]; ok && !t.State.Final() {
+		t.Reason = reason
+		x.l.transfers[id] = t
+	}
+	return nil
+}
+
+// Strand flags an unfinished transfer stranded.
+func (x ledgerTx) Strand(id, reason string, _ time.Time) error {
+	if t, ok := x.l.transfers[id]; ok && !t.State.Final() {
+		t.Stranded, t.Reason = true, reason
+		x.l.transfers[id] = t
+	}
+	return nil
+}
+
+// SetSettled marks a transfer settled (the SQL has no guard on the state either).
+func (x ledgerTx) SetSettled(id string) error {
+	if t, ok := x.l.transfers[id]; ok {
+		t.Settled = true
+		x.l.transfers[id] = t
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -22,20 +23,10 @@ type (
 		id   int
 		hold string
 	}
-	creditReq struct {
-		id     int
-		req    region.CreditRequest
-		refuse bool
-	}
-	debitReq struct {
-		id     int
-		req    region.DebitRequest
-		refuse bool // RefuseDebit: cancel the requested transfer at its source
-	}
-	outReq struct {
-		id  int
-		ref region.TransferRef
-		to  transfer.OutState
+	// coordReq is a participant call of the coordinator's driver.
+	coordReq struct {
+		id   int
+		call coordinator.Call
 	}
 	reply struct {
 		id      int
@@ -128,11 +119,7 @@ func requestID(body any) int {
 		return b.id
 	case releaseReq:
 		return b.id
-	case creditReq:
-		return b.id
-	case debitReq:
-		return b.id
-	case outReq:
+	case coordReq:
 		return b.id
 	}
 	panic(fmt.Sprintf("sim: request %T has no id", body))
@@ -155,43 +142,35 @@ func (r *regionNode) apply(w *world, body any) (any, error) {
 	case releaseReq:
 		return r.live.Release(w.now, b.hold)
 	}
-	gen, before := r.fenceOf(body)
-	var res any
-	var err error
-	switch b := body.(type) {
-	case creditReq:
-		if b.refuse {
-			res, err = r.live.Refuse(b.req)
-		} else {
-			res, err = r.live.Credit(b.req)
-		}
-	case debitReq:
-		if b.refuse {
-			res, err = r.live.RefuseDebit(b.req)
-		} else {
-			res, err = r.live.Debit(b.req)
-		}
-	case outReq:
-		if b.to == transfer.OutVoided {
-			res, err = r.live.Restore(b.ref)
-		} else {
-			res, err = r.live.Settle(b.ref)
-		}
-	}
-	if err == nil && gen < before {
-		w.failf("I4", "region %s accepted %T of generation %d after admitting %d", r.name, body, gen, before)
+	call := body.(coordReq).call
+	before := r.live.Fence(call.Transfer.Sale)
+	res, err := r.participant(call)
+	if err == nil && call.Generation < before {
+		w.failf("I4", "region %s accepted a %s of generation %d after admitting %d", r.name, call.Kind, call.Generation, before)
 	}
 	return res, err
 }
 
-func (r *regionNode) fenceOf(body any) (gen, highest int64) {
-	switch b := body.(type) {
-	case creditReq:
-		return b.req.Generation, r.live.Fence(b.req.Sale)
-	case debitReq:
-		return b.req.Generation, r.live.Fence(b.req.Sale)
-	case outReq:
-		return b.ref.Generation, r.live.Fence(b.ref.Sale)
+// participant runs a coordinator call against the live Core, as the region's participant
+// service runs it against its writer.
+func (r *regionNode) participant(call coordinator.Call) (any, error) {
+	t, gen := call.Transfer, call.Generation
+	credit := region.CreditRequest{Generation: gen, TransferID: t.ID, Sale: t.Sale, SKU: t.SKU, Units: t.Units}
+	debit := region.DebitRequest{Generation: gen, TransferID: t.ID, Sale: t.Sale, SKU: t.SKU, To: t.To, Units: t.Units}
+	ref := region.TransferRef{Generation: gen, TransferID: t.ID, Sale: t.Sale}
+	switch call.Kind {
+	case coordinator.CallCredit:
+		return r.live.Credit(credit)
+	case coordinator.CallRefuse:
+		return r.live.Refuse(credit)
+	case coordinator.CallDebit:
+		return r.live.Debit(debit)
+	case coordinator.CallRefuseDebit:
+		return r.live.RefuseDebit(debit)
+	case coordinator.CallRestore:
+		return r.live.Restore(ref)
+	case coordinator.CallSettle:
+		return r.live.Settle(ref)
 	}
-	panic(fmt.Sprintf("sim: %T is not a coordinator request", body))
+	panic(fmt.Sprintf("sim: coordinator call %q", call.Kind))
 }

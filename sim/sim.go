@@ -5,16 +5,19 @@
 //
 // What runs is the product's own logic: each region is a region.Core (the writer's
 // in-memory reserve, confirm, release and expiry ops, and the participant rules
-// transfer.Admit and transfer.Decide* that the region's SQL operations apply); the
-// coordinators read participants' answers with transfer.AfterDebit/AfterCredit and move
-// the ledger only through transfer.Next, fenced with transfer.Admit; rebalances are
-// planned by transfer.Policy.Plan; and after every step the run is judged by
-// coordinator.EvaluateSnapshot, the live auditor's rules (I1, I2, I3, I5), plus I4 and I6
-// checks of its own. What is simulated: SQL (a durable image per process, taken at each
-// commit), gRPC (messages), etcd (a leader and a generation) and time.
+// transfer.Admit and transfer.Decide* that the region's SQL operations apply); each
+// coordinator runs the production transfer driver, coordinator.Drive, the state machine
+// that Coordinator.Transfer, Allocate, Resolve and the background driveLoop run in
+// production: its participant calls travel on the simulated network, its ledger writes go
+// through coordinator.LedgerTx to a ledger with the SQL statements' semantics (fenced,
+// guarded, all or nothing), its clock is the simulated one. Rebalances are planned by
+// transfer.Policy.Plan; after every step the run is judged by coordinator.EvaluateSnapshot,
+// the live auditor's rules (I1, I2, I3, I5), plus I4 and I6 checks of its own. What is
+// simulated: SQL (a durable image per process, taken at each commit), gRPC (messages), etcd
+// (a leader and a generation) and time.
 //
-// Same seed, same run: any failure names its seed, and `go test ./internal/sim -run
-// TestSimulation -seed N -v` replays it.
+// Same seed, same run: any failure names its seed, and `go test ./sim -run
+// 'TestSimulation$' -seed N -v` replays it (`make sim SEED=N`).
 package sim
 
 import (
@@ -79,7 +82,7 @@ type Failure struct {
 
 // Error reports the failure and how to replay it.
 func (f *Failure) Error() string {
-	return fmt.Sprintf("seed %d, step %d (simulated %s): %s: %s\nreplay: go test ./internal/sim -run TestSimulation -seed %d -v",
+	return fmt.Sprintf("seed %d, step %d (simulated %s): %s: %s\nreplay: go test ./sim -run 'TestSimulation$' -seed %d -v",
 		f.Seed, f.Step, f.At, f.Invariant, f.Detail, f.Seed)
 }
 
@@ -87,6 +90,7 @@ const (
 	sale        = "sim"
 	holdTTL     = 2 * time.Second
 	callTimeout = 250 * time.Millisecond
+	retryEvery  = 300 * time.Millisecond
 	strandAfter = 5 * time.Second
 	sweepEvery  = 500 * time.Millisecond
 	healSteps   = 4000
@@ -124,18 +128,30 @@ func Run(cfg Config) (Stats, error) {
 		return Stats{}, err
 	}
 	w := newWorld(cfg)
-	w.setup()
-	for w.step = 1; w.step <= cfg.Steps && w.fail == nil; w.step++ {
-		w.tick(true)
-	}
-	if w.fail == nil {
-		w.heal()
-	}
+	w.run()
 	w.stats.Steps, w.stats.SimTime = w.step, w.now.Sub(epoch)
 	if w.fail != nil {
 		return w.stats, w.fail
 	}
 	return w.stats, nil
+}
+
+// run is the faulty phase, then healing. A panic of the product's code (an assertion of an
+// invariant, such as a transition the table does not allow) is the run's failure, with its
+// seed and step.
+func (w *world) run() {
+	defer func() {
+		if p := recover(); p != nil {
+			w.failf("panic", "%v", p)
+		}
+	}()
+	w.setup()
+	for w.step = 1; w.step <= w.cfg.Steps && w.fail == nil; w.step++ {
+		w.tick(true)
+	}
+	if w.fail == nil {
+		w.heal()
+	}
 }
 
 func newWorld(cfg Config) *world {

@@ -18,6 +18,7 @@ var (
 	flagSeeds = flag.Int("seeds", 1000, "how many seeds to run")
 	flagFirst = flag.Uint64("first", 1, "the first seed of the range")
 	flagSteps = flag.Int("steps", 0, "steps of the faulty phase per seed (0: the default)")
+	flagStop  = flag.Bool("stop", false, "start no seed after the first failure (planted-bug runs: the first failing seed is the smallest)")
 )
 
 // TestSimulation runs the deterministic simulation over a range of seeds (1,000 in `make
@@ -33,12 +34,12 @@ func TestSimulation(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	total, failures := runSeeds(seeds)
+	total, ran, failures := runSeeds(seeds)
 	for _, f := range failures {
 		t.Error(f)
 	}
 	line := fmt.Sprintf("SIM: %d seeds (%d..%d), %d failed, %d steps, simulated %s, wall %s\n  faults: %s\n  ops: %s",
-		len(seeds), seeds[0], seeds[len(seeds)-1], len(failures), total.Steps, total.SimTime.Round(time.Second),
+		ran, seeds[0], seeds[0]+uint64(ran)-1, len(failures), total.Steps, total.SimTime.Round(time.Second),
 		time.Since(start).Round(time.Millisecond), counts(total.Faults), counts(total.Ops))
 	t.Log(line)
 	// go test prints a passing package's output only with -v: `make test` names a file to
@@ -51,14 +52,15 @@ func TestSimulation(t *testing.T) {
 }
 
 // runSeeds runs the seeds on every core (each run is single-threaded and independent) and
-// sums their figures.
-func runSeeds(seeds []uint64) (Stats, []error) {
+// sums their figures; it returns how many seeds ran (all but those -stop skipped).
+func runSeeds(seeds []uint64) (Stats, int, []error) {
 	var (
 		mu       sync.Mutex
 		total    = Stats{Faults: map[string]int{}, Ops: map[string]int{}}
 		failures []error
 		wg       sync.WaitGroup
 		next     = make(chan uint64)
+		ran      int
 	)
 	for range runtime.GOMAXPROCS(0) {
 		wg.Add(1)
@@ -87,12 +89,19 @@ func runSeeds(seeds []uint64) (Stats, []error) {
 		}()
 	}
 	for _, s := range seeds {
+		mu.Lock()
+		stop := *flagStop && len(failures) > 0
+		mu.Unlock()
+		if stop {
+			break
+		}
 		next <- s
+		ran++
 	}
 	close(next)
 	wg.Wait()
 	slices.SortFunc(failures, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
-	return total, failures
+	return total, ran, failures
 }
 
 func counts(m map[string]int) string {
