@@ -16,13 +16,13 @@ var programKeys = map[string]bool{}
 func init() {
 	for _, k := range []string{
 		"admit-rate", "allocate", "audit-interval", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
-		"concurrency", "config", "confirm", "coordinator", "cpuprofile", "data-dir", "db-prefix",
+		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix",
 		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "help",
-		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "lease-ttl", "listen",
+		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "keys", "lease-ttl", "listen",
 		"log-level", "max-batch", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "output", "overwrite", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
 		"quantity", "reason", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
-		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to",
+		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to", "ttl",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "waitlist", "warmup",
 		"warmup-ops", "window",
 	} {
