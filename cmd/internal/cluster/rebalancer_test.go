@@ -110,7 +110,9 @@ func TestAutoRebalanceFollowsTheBuyers(t *testing.T) {
 	// The manual sale's buyers at ap run dry at its 50 units: the plan would feed ap, but
 	// the sale's mode holds the moves back, and nothing moves.
 	stop, done := make(chan struct{}), make(chan int64)
-	go func() { done <- buyAt(t, tc.region("ap"), "fixed", "fixed-buyer", 50*time.Millisecond, 20*time.Second, stop) }()
+	go func() {
+		done <- buyAt(t, tc.region("ap"), "fixed", "fixed-buyer", 50*time.Millisecond, 20*time.Second, stop)
+	}()
 	waitFor(t, "ap's manual pool to run low", 15*time.Second, func() bool { return tc.stock("ap", "fixed").GetAvailable() <= 10 })
 	plan, err := c.PlanRebalance(ctx, &quotav1.PlanRebalanceRequest{SaleId: "fixed"})
 	close(stop)
