@@ -38,27 +38,27 @@ type AutoRebalance struct {
 	// Enabled is the global switch: without it no sale is rebalanced automatically,
 	// whatever its mode.
 	Enabled bool
-	// Every is how often the leader plans; default 1s.
+	// Every is how often the leader plans; default 250ms.
 	Every time.Duration
 	// Policy is the plan's rule: demand over Window, expected to go on for Horizon, moves of
-	// at least MinUnits (but near sell-out, transfer.Policy.AutoPlan); default 10s, 30s, 5.
+	// at least MinUnits (but near sell-out, transfer.Policy.AutoPlan); default 3s, 10s, 5.
 	Policy transfer.Policy
 	// MaxInFlight caps the unfinished transfers of one SKU, its own and any operator's; the
 	// rebalancer starts none while the SKU has as many; default 3.
 	MaxInFlight int
 	// Cooldown is how long the rebalancer waits after moving a SKU's units before it moves
-	// that SKU's again; default 2s.
+	// that SKU's again; default 500ms.
 	Cooldown time.Duration
 }
 
 // Default automatic rebalancer settings.
 const (
-	DefaultRebalanceEvery       = time.Second
-	DefaultRebalanceWindow      = 10 * time.Second
-	DefaultRebalanceHorizon     = 30 * time.Second
+	DefaultRebalanceEvery       = 250 * time.Millisecond
+	DefaultRebalanceWindow      = 3 * time.Second
+	DefaultRebalanceHorizon     = 10 * time.Second
 	DefaultRebalanceMinUnits    = 5
 	DefaultRebalanceMaxInFlight = 3
-	DefaultRebalanceCooldown    = 2 * time.Second
+	DefaultRebalanceCooldown    = 500 * time.Millisecond
 )
 
 // withDefaults fills in the unset settings and checks the set ones.
