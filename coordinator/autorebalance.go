@@ -365,11 +365,17 @@ func (c *Coordinator) startMoves(ctx context.Context, gen int64, sale string, sp
 		if err != nil {
 			return fmt.Errorf("automatic move of %d %s/%s %s → %s (request %s): %w", m.Units, sale, sp.SKU, m.From, m.To, id, err)
 		}
+		c.autoMoves.Add(1)
+		c.autoUnits.Add(int64(m.Units))
 		c.cfg.Logger.Info("automatic rebalance", "sale", sale, "sku", sp.SKU, "from", m.From, "to", m.To,
 			"units", m.Units, "transfer", t.ID, "state", t.State, "near_sell_out", sp.NearSellOut)
 	}
 	return nil
 }
+
+// AutoMoves is the transfers the automatic rebalancer started in this process's life, and
+// their units.
+func (c *Coordinator) AutoMoves() (moves, units int64) { return c.autoMoves.Load(), c.autoUnits.Load() }
 
 // AutoPolicy is the automatic rebalancer's policy, defaults filled in.
 func (c *Coordinator) AutoPolicy() transfer.Policy { return c.cfg.Auto.Policy }

@@ -190,6 +190,10 @@ type Coordinator struct {
 	auditViolations atomic.Int64
 	auditedAt       atomic.Int64
 
+	// autoMoves and autoUnits count the transfers the automatic rebalancer started and
+	// their units, in this process's life.
+	autoMoves, autoUnits atomic.Int64
+
 	// auto is the automatic rebalancer's memory of this term (nil while not leading).
 	auto atomic.Pointer[autoState]
 }

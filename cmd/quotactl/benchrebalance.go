@@ -5,8 +5,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"syscall"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
