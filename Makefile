@@ -59,6 +59,7 @@ test: pg redis chromium
 	step() { local name=$$1; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \
 	mkdir -p .cache; rm -f .cache/chaos-report.txt .cache/sim-report.txt; \
+	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
 		QUOTA_SIM_REPORT=$(CURDIR)/.cache/sim-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
 	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \

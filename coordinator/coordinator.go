@@ -124,6 +124,9 @@ type Config struct {
 	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says
 	// otherwise, and 0 there means never too.
 	AuditInterval time.Duration
+	// Auto tunes the automatic rebalancer; its zero value is off (quotad turns it on unless
+	// --auto-rebalance=false).
+	Auto AutoRebalance
 }
 
 // Validate checks the configuration and fills in defaults.
@@ -165,7 +168,7 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return nil
+	return c.Auto.withDefaults()
 }
 
 // Coordinator is the ledger's owner. It changes the ledger only while it leads, under the
@@ -186,6 +189,13 @@ type Coordinator struct {
 	fenceRejections atomic.Int64
 	auditViolations atomic.Int64
 	auditedAt       atomic.Int64
+
+	// autoMoves and autoUnits count the transfers the automatic rebalancer started and
+	// their units, in this process's life.
+	autoMoves, autoUnits atomic.Int64
+
+	// auto is the automatic rebalancer's memory of this term (nil while not leading).
+	auto atomic.Pointer[autoState]
 }
 
 // New builds a coordinator on a migrated ledger database.
@@ -225,12 +235,14 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.gen, c.cancel = gen, cancel
 	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
 	c.auditedAt.Store(0)
-	c.wg.Add(5)
+	c.auto.Store(&autoState{moved: map[skuKey]time.Time{}, since: c.cfg.Clock.Now()})
+	c.wg.Add(6)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
 	go c.soldOutLoop(dctx)
 	go c.pauseLoop(dctx, gen)
 	go c.auditLoop(dctx)
+	go c.autoLoop(dctx, gen)
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil
 }

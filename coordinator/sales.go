@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,8 @@ type SaleSpec struct {
 	// Admission is the sale's waiting room (zero: none); unset TicketTTL and MaxLive take
 	// their defaults (transfer.AdmissionTerms.WithDefaults).
 	Admission transfer.AdmissionTerms
+	// Rebalance is whether the automatic rebalancer moves the sale's stock ("": auto).
+	Rebalance RebalanceMode
 }
 
 // SKULedger is one SKU's ledger counts.
@@ -49,6 +52,8 @@ type Sale struct {
 	CreatedAt time.Time
 	// Pauses are the sale's pauses in force, and its resumes some region lacks (pause.go).
 	Pauses []Pause
+	// Rebalance is whether the automatic rebalancer moves the sale's stock.
+	Rebalance RebalanceMode
 }
 
 // checkSaleID refuses a malformed sale id as INVALID_ARGUMENT on field sale_id.
@@ -92,7 +97,7 @@ func (s SaleSpec) Check() error {
 	if field, why := s.Admission.WithDefaults().Check(); field != "" {
 		return apierr.Invalid(field, "%s", why)
 	}
-	return nil
+	return CheckRebalanceMode(s.Rebalance)
 }
 
 func (s SaleSpec) definition() string {
@@ -106,7 +111,9 @@ func (s SaleSpec) definition() string {
 		TTL     time.Duration
 		OpensAt int64
 		Admit   *transfer.AdmissionTerms `json:",omitempty"`
-	}{s.SKUs, s.PerUserLimit, s.HoldTTL, openMillis(s.OpensAt), admit})
+		// Absent for auto, so a sale created before modes existed keeps its definition.
+		Rebalance RebalanceMode `json:",omitempty"`
+	}{s.SKUs, s.PerUserLimit, s.HoldTTL, openMillis(s.OpensAt), admit, s.Rebalance})
 	return string(b)
 }
 
@@ -124,6 +131,9 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 	spec.OpensAt = spec.OpensAt.Truncate(time.Millisecond)
 	spec.Admission = spec.Admission.WithDefaults()
 	spec.Admission.TicketTTL = spec.Admission.TicketTTL.Truncate(time.Millisecond)
+	if spec.Rebalance == RebalanceAuto {
+		spec.Rebalance = "" // the default, named or not, is one definition
+	}
 	def := spec.definition() // before the default: a retry without opens_at is the same sale
 	if spec.OpensAt.IsZero() {
 		spec.OpensAt = now.Truncate(time.Millisecond)
@@ -145,9 +155,9 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		}
 		a := spec.Admission
 		if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, per_user_limit, hold_ttl_ms, opens_at, created_at, definition,
-			admit_rate, ticket_ttl_ms, max_live_tickets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			admit_rate, ticket_ttl_ms, max_live_tickets, rebalance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
 			spec.Sale, int64(spec.PerUserLimit), spec.HoldTTL.Milliseconds(), spec.OpensAt, now, def,
-			a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive); err != nil {
+			a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive, string(cmp.Or(spec.Rebalance, RebalanceAuto))); err != nil {
 			return err
 		}
 		for _, k := range spec.SKUs {
@@ -323,8 +333,8 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 	s := Sale{Terms: SaleTerms{Sale: sale}}
 	var limit, ttl, ticketTTL int64
 	a := &s.Terms.Admission
-	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets
-		FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive)
+	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets, rebalance
+		FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive, &s.Rebalance)
 	if err == pgx.ErrNoRows {
 		return s, apierr.NotFound("sale_id", sale)
 	}

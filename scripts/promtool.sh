@@ -10,8 +10,10 @@
 #  - every query of deploy/grafana/quota.json parses as PromQL: they are written out as
 #    recording rules, Grafana's variables replaced by values, for promtool check rules
 #
-# That every metric the rules and deploy/grafana/quota.json name is really exported is
-# TestMetricsOfADevCluster's part (cmd/internal/cluster). Safe to run any number of times.
+# That every metric the rules and deploy/grafana/quota.json name is really exported, and that
+# every process's /metrics passes promtool check metrics, is TestMetricsOfADevCluster's part
+# (cmd/internal/cluster). With --install it only installs promtool. Safe to run any number of
+# times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -31,6 +33,11 @@ if ! command -v promtool >/dev/null 2>&1; then
 	as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null || die "apt-get install prometheus failed"
 fi
 promtool --version 2>&1 | head -n 1
+# --install: only make sure promtool is here (make test does it before the Go tests, whose
+# TestMetricsOfADevCluster runs promtool check metrics on every process's /metrics).
+if [[ "${1:-}" == "--install" ]]; then
+	exit 0
+fi
 
 dir=deploy/prometheus
 tmp="$(mktemp -d)"

@@ -44,21 +44,51 @@ func (p Policy) NearSellOut(pools []PoolDemand) bool {
 	return need > 0 && have <= need
 }
 
-// AutoPlan is the automatic rebalancer's plan: Plan's matching of surpluses to deficits,
-// with the deficits served in the order the pools would run out (soonest first), frozen
-// pools giving nothing, units already on their way counted at their destination, and, near
-// sell-out, the pools whose buyers went quiet giving all they have to the pools whose buyers
-// are still arriving, below MinUnits too. Only available units move, never held ones (I2:
-// a hold keeps its unit). Deterministic for the same input.
+// Targets is what each pool should hold, in pools' order: its need over the horizon; or,
+// near sell-out, its share of every unit left (available and on its way, the unallocated
+// pool's included) by its recent demand, so that every pool runs out at about the same time
+// and no buyer is turned away at one region while another still has units. The
+// unallocated pool's target is 0.
+func (p Policy) Targets(pools []PoolDemand) []Units {
+	out := make([]Units, len(pools))
+	near := p.NearSellOut(pools)
+	var left, demand Units
+	for _, d := range pools {
+		left += d.Available + d.Incoming
+		if d.Pool != Unallocated {
+			demand += d.Recent
+		}
+	}
+	for i, d := range pools {
+		switch {
+		case d.Pool == Unallocated:
+		case near && demand > 0:
+			out[i] = Units(int64(left) * int64(d.Recent) / int64(demand))
+		default:
+			out[i] = p.Need(d)
+		}
+	}
+	return out
+}
+
+// AutoPlan is the automatic rebalancer's plan: it matches what pools hold above their
+// Targets to what others lack, the lacks served in the order the pools would run out
+// (soonest first), frozen pools giving nothing, units already on their way counted at their
+// destination; near sell-out, the pools whose buyers went quiet give their last units
+// ("crumbs") to the pools whose buyers are still arriving, below MinUnits too. Only
+// available units move, never held ones (I2: a hold keeps its unit). Deterministic for the
+// same input.
 func (p Policy) AutoPlan(pools []PoolDemand) []Move {
 	crumbs := p.NearSellOut(pools)
+	targets := p.Targets(pools)
 	var donors, takers []side
-	for _, d := range pools {
-		if s, ok := p.surplus(d); ok {
-			donors = append(donors, side{pool: d.Pool, units: s, quiet: d.Recent == 0})
+	for i, d := range pools {
+		have := d.Available + d.Incoming
+		if spare := min(have-targets[i], d.Available); spare > 0 && !d.Frozen {
+			donors = append(donors, side{pool: d.Pool, units: spare, quiet: d.Recent == 0})
 		}
-		if need, have := p.Need(d), d.Available+d.Incoming; d.Pool != Unallocated && need > have {
-			takers = append(takers, side{pool: d.Pool, units: need - have, emptyIn: p.Project(d).EmptyIn})
+		if d.Pool != Unallocated && targets[i] > have {
+			takers = append(takers, side{pool: d.Pool, units: targets[i] - have, emptyIn: p.Project(d).EmptyIn})
 		}
 	}
 	sort.SliceStable(donors, func(i, j int) bool { return donors[i].before(donors[j]) })
@@ -85,19 +115,6 @@ func (p Policy) AutoPlan(pools []PoolDemand) []Move {
 		}
 	}
 	return moves
-}
-
-// surplus is what d can give: its available units above its own need (counting what is on
-// its way to it), all of the unallocated pool's, nothing of a frozen pool's.
-func (p Policy) surplus(d PoolDemand) (Units, bool) {
-	if d.Frozen || d.Available <= 0 {
-		return 0, false
-	}
-	if d.Pool == Unallocated {
-		return d.Available, true
-	}
-	spare := d.Available + d.Incoming - p.Need(d)
-	return min(spare, d.Available), spare > 0
 }
 
 // side is one pool's surplus or deficit in a plan.

@@ -24,11 +24,14 @@ func TestAutoPlan(t *testing.T) {
 			[]PoolDemand{{Pool: "us", Available: 0, Recent: 40}, {Pool: "eu", Available: 35, Frozen: true}, {Pool: "ap", Available: 20}},
 			[]Move{{"ap", "us", 20}}},
 		{"the pool that runs out first is served first",
-			[]PoolDemand{{Pool: "us", Available: 30, Recent: 40}, {Pool: "eu", Available: 1, Recent: 20}, {Pool: "ap", Available: 20}},
-			[]Move{{"ap", "eu", 20}}},
+			[]PoolDemand{{Pool: "us", Available: 30, Recent: 40}, {Pool: "eu", Available: 1, Recent: 20}, {Pool: "ap", Available: 500}},
+			[]Move{{"ap", "eu", 59}, {"ap", "us", 90}}},
 		{"crumbs: near sell-out a quiet pool's last units go where buyers are, below the minimum",
 			[]PoolDemand{{Pool: "us", Available: 1, Recent: 40}, {Pool: "eu", Available: 2}, {Pool: "ap", Available: 3, Recent: 1}},
 			[]Move{{"eu", "us", 2}}},
+		{"near sell-out: what is left is shared by demand, so every pool runs out together",
+			[]PoolDemand{{Pool: "us", Available: 100, Recent: 700}, {Pool: "eu", Available: 600, Recent: 200}, {Pool: "ap", Available: 300, Recent: 100}},
+			[]Move{{"eu", "us", 400}, {"ap", "us", 200}}},
 		{"not near sell-out: no move below the minimum",
 			[]PoolDemand{{Pool: "us", Available: 1, Recent: 1}, {Pool: "eu", Available: 200}},
 			[]Move{}},
@@ -65,8 +68,8 @@ func TestProject(t *testing.T) {
 }
 
 // AutoPlan conserves units, moves only available units of unfrozen pools, never into the
-// unallocated pool, never takes a pool with demand below its own need, and moves less than
-// the minimum only out of a quiet pool near sell-out.
+// unallocated pool, never takes a pool below its target (its need, or near sell-out its
+// share by demand), and moves less than the minimum only out of a quiet pool near sell-out.
 func TestAutoPlanProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		p := Policy{Window: 10 * time.Second, Horizon: time.Duration(rapid.IntRange(1, 120).Draw(t, "h")) * time.Second,
@@ -82,9 +85,9 @@ func TestAutoPlanProperties(t *testing.T) {
 			pools = append(pools, d)
 		}
 		crumbs := p.NearSellOut(pools)
-		after, by := map[string]Units{}, map[string]PoolDemand{}
-		for _, d := range pools {
-			after[d.Pool], by[d.Pool] = d.Available, d
+		after, by, targets := map[string]Units{}, map[string]PoolDemand{}, map[string]Units{}
+		for i, d := range pools {
+			after[d.Pool], by[d.Pool], targets[d.Pool] = d.Available, d, p.Targets(pools)[i]
 		}
 		for _, m := range p.AutoPlan(pools) {
 			from := by[m.From]
@@ -106,8 +109,11 @@ func TestAutoPlanProperties(t *testing.T) {
 			if after[d.Pool] < 0 {
 				t.Fatalf("%s gave more than it had: %d → %d", d.Pool, d.Available, after[d.Pool])
 			}
-			if d.Pool != Unallocated && after[d.Pool] < d.Available && after[d.Pool]+d.Incoming < p.Need(d) {
-				t.Fatalf("%s taken below its need %d: %d → %d", d.Pool, p.Need(d), d.Available, after[d.Pool])
+			if d.Pool != Unallocated && after[d.Pool] < d.Available && after[d.Pool]+d.Incoming < targets[d.Pool] {
+				t.Fatalf("%s taken below its target %d: %d → %d", d.Pool, targets[d.Pool], d.Available, after[d.Pool])
+			}
+			if !crumbs && d.Pool != Unallocated && targets[d.Pool] != p.Need(d) {
+				t.Fatalf("%s's target %d is not its need %d though not near sell-out", d.Pool, targets[d.Pool], p.Need(d))
 			}
 		}
 		if before != total {

@@ -83,6 +83,7 @@ reservations/s against 5,824 and 5,974 takes/s) and 0.688 and 0.632 at 256, over
 	f.Duration("batch-window", 0, "(d)-(f): how long the region's writer waits for more operations after the first")
 	f.String("cpuprofile", "", "write a CPU profile of the whole run (every variant, load generator and servers) to this file")
 	f.String("memprofile", "", "write a heap profile (allocations over the whole run, and what is live at its end) to this file")
+	cmd.AddCommand(benchRebalanceCmd())
 	return cmd
 }
 

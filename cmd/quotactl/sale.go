@@ -37,6 +37,7 @@ func saleCmd() *cobra.Command {
 		"reservation and bound to that region for the sale (the per-user limit across regions); 0: no waiting room")
 	f.Duration("ticket-ttl", 0, "how long an admission ticket lasts (10s..1h); default 2m with a waiting room")
 	f.Int64("max-live-tickets", 0, "most tickets live at once at each region; default 30 s of --admit-rate")
+	f.String("rebalance", "auto", "auto: the coordinator's rebalancer moves the sale's stock toward the regions that will run out first; manual: only operators move it")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
 	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
 	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow),
@@ -77,12 +78,14 @@ type saleJSON struct {
 	HoldTTL      string    `json:"hold_ttl"`
 	OpensAt      time.Time `json:"opens_at"`
 	// AdmitRate is the waiting room's buyers per second at each region; 0: none.
-	AdmitRate      int64      `json:"admit_rate"`
-	TicketTTL      string     `json:"ticket_ttl,omitempty"`
-	MaxLiveTickets int64      `json:"max_live_tickets,omitempty"`
-	SKUs           []skuJSON  `json:"skus"`
-	Replayed       bool       `json:"replayed,omitempty"`
-	Transfers      []xferJSON `json:"transfers,omitempty"`
+	AdmitRate      int64  `json:"admit_rate"`
+	TicketTTL      string `json:"ticket_ttl,omitempty"`
+	MaxLiveTickets int64  `json:"max_live_tickets,omitempty"`
+	// Rebalance is auto (the coordinator's rebalancer moves the stock) or manual.
+	Rebalance string     `json:"rebalance"`
+	SKUs      []skuJSON  `json:"skus"`
+	Replayed  bool       `json:"replayed,omitempty"`
+	Transfers []xferJSON `json:"transfers,omitempty"`
 	// Pauses are the sale's pauses in force (and resumes not yet at every region).
 	Pauses []pauseJSON `json:"pauses,omitempty"`
 }
@@ -112,7 +115,7 @@ type xferJSON struct {
 func toSaleJSON(s *quotav1.Sale) saleJSON {
 	out := saleJSON{Sale: s.GetSaleId(), PerUserLimit: s.GetPerUserLimit(),
 		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime(),
-		AdmitRate: s.GetAdmitRate(), MaxLiveTickets: s.GetMaxLiveTickets()}
+		AdmitRate: s.GetAdmitRate(), MaxLiveTickets: s.GetMaxLiveTickets(), Rebalance: s.GetRebalance()}
 	if s.GetAdmitRate() > 0 {
 		out.TicketTTL = (time.Duration(s.GetTicketTtlMs()) * time.Millisecond).String()
 	}
@@ -136,6 +139,7 @@ func printSale(e *env, s saleJSON) error {
 			replayed = " (replayed)"
 		}
 		fmt.Fprintf(w, "sale %s: per-user limit %d, hold ttl %s, opens %s%s\n", s.Sale, s.PerUserLimit, s.HoldTTL, s.OpensAt.Format(time.RFC3339), replayed)
+		fmt.Fprintf(w, "  rebalance: %s\n", s.Rebalance)
 		if s.AdmitRate > 0 {
 			fmt.Fprintf(w, "  waiting room: %d buyers/s per region, tickets last %s, at most %d live\n", s.AdmitRate, s.TicketTTL, s.MaxLiveTickets)
 		}
@@ -278,7 +282,8 @@ func toXferJSON(t *quotav1.TransferInfo) xferJSON {
 func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 	req := &quotav1.CreateSaleRequest{SaleId: e.v.GetString("sale"), PerUserLimit: e.v.GetInt64("per-user-limit"),
 		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds(), AdmitRate: e.v.GetInt64("admit-rate"),
-		TicketTtlMs: e.v.GetDuration("ticket-ttl").Milliseconds(), MaxLiveTickets: e.v.GetInt64("max-live-tickets")}
+		TicketTtlMs: e.v.GetDuration("ticket-ttl").Milliseconds(), MaxLiveTickets: e.v.GetInt64("max-live-tickets"),
+		Rebalance: e.v.GetString("rebalance")}
 	skus, err := e.cmd.Flags().GetStringArray("sku") // --sale and --sku are required: checkRequired
 	if err != nil {
 		return nil, err

@@ -229,15 +229,26 @@ from pools with more than they need to pools with less, in transfers of at least
 The unallocated pool has no demand of its own, so all of it counts as spare; it is not
 preferred: sources give in the order of their spare units, largest first. A source is never
 taken below what it needs itself, and a region whose database cannot be read is left out
-entirely.`,
-		Example: `  quotactl rebalance --sale launch --sku phone --dry-run`,
-		Args:    cobra.NoArgs,
-		RunE:    withEnv(runRebalance),
+entirely.
+
+With --plan it moves nothing and shows what the coordinator's automatic rebalancer would do
+next for each SKU of the sale (or --sku's), and why: each pool's available units, the units on
+their way to it, its recent demand and rate, its need over the horizon and its projected time
+to empty; the moves; and what holds them back (the sale's --rebalance manual, the
+coordinator's --auto-rebalance=false, a pause, the cap on transfers in flight, the cooldown).
+Near sell-out (fewer units left than the regions expect to sell within the horizon) a region
+whose buyers went quiet gives its last units to the regions whose buyers are still arriving;
+a region with a stranded transfer out gives nothing until it is resolved.`,
+		Example: `  quotactl rebalance --sale launch --sku phone --dry-run
+  quotactl rebalance --sale launch --plan -o json`,
+		Args: cobra.NoArgs,
+		RunE: withEnv(runRebalance),
 	}
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
-	f.String("sku", "", "SKU (required)")
+	f.String("sku", "", "SKU (needed to move; with --plan, every SKU when empty)")
 	f.Bool("dry-run", false, "print the plan only")
+	f.Bool("plan", false, "show the automatic rebalancer's next step and why; moves nothing")
 	f.Duration("window", time.Minute, "how far back the hold rate is measured")
 	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
 	f.Int64("min-units", 10, "smallest transfer worth making")
@@ -246,6 +257,12 @@ entirely.`,
 }
 
 func runRebalance(e *env) error {
+	if e.v.GetBool("plan") {
+		return runRebalancePlan(e)
+	}
+	if e.v.GetString("sku") == "" {
+		return usage("--sku: required (see %s --help), unless --plan", e.cmd.CommandPath())
+	}
 	for _, name := range []string{"window", "horizon"} {
 		if d := e.v.GetDuration(name); d <= 0 {
 			return usage("--%s %s: must be positive", name, d)
@@ -277,11 +294,6 @@ func runRebalance(e *env) error {
 		Available int64  `json:"available"`
 		Recent    int64  `json:"recent"`
 		Need      int64  `json:"need"`
-	}
-	type moveJSON struct {
-		From  string `json:"from"`
-		To    string `json:"to"`
-		Units int64  `json:"units"`
 	}
 	out := struct {
 		DryRun    bool       `json:"dry_run"`

@@ -49,6 +49,7 @@ default. --insecure runs everything plaintext with no roles.`,
 	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
 	addAuditFlag(cmd)
+	addRebalanceFlags(cmd)
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(default <data-dir>/certs; what is missing is created)")
 	return cmd
@@ -63,7 +64,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
-		AuditInterval: v.GetDuration("audit-interval"),
+		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v),
 	}
 	return c, c.Validate()
 }

@@ -154,6 +154,7 @@ func coordinatorCmd() *cobra.Command {
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
 	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
 	addAuditFlag(cmd)
+	addRebalanceFlags(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure; client.coordinator.crt is used to call the regions)")
 	return cmd
 }
@@ -179,6 +180,27 @@ func (c *CoordinatorProcessConfig) Validate() error {
 		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.Node.AuditInterval)
 	}
 	return nil
+}
+
+// addRebalanceFlags adds the coordinator's automatic rebalancer's flags (quotad coordinator
+// and dev).
+func addRebalanceFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.Bool("auto-rebalance", true, "the leading coordinator moves stock of the sales created with --rebalance auto (the default) toward the regions that will run out first; false: only operators move stock")
+	f.Duration("rebalance-every", coordinator.DefaultRebalanceEvery, "how often the automatic rebalancer plans")
+	f.Duration("rebalance-window", coordinator.DefaultRebalanceWindow, "the automatic rebalancer's demand: units reserved at each region over this window")
+	f.Duration("rebalance-horizon", coordinator.DefaultRebalanceHorizon, "the automatic rebalancer keeps at each region what it would sell at its recent rate over this horizon")
+	f.Int64("rebalance-min-units", coordinator.DefaultRebalanceMinUnits, "the automatic rebalancer's smallest move (near sell-out, a quiet region's last units move whatever their number)")
+	f.Int("rebalance-max-in-flight", coordinator.DefaultRebalanceMaxInFlight, "the automatic rebalancer starts no transfer of a SKU that has this many unfinished (1..100)")
+	f.Duration("rebalance-cooldown", coordinator.DefaultRebalanceCooldown, "the automatic rebalancer waits this long after moving a SKU's units before moving that SKU's again")
+}
+
+// rebalanceConfig reads addRebalanceFlags' flags.
+func rebalanceConfig(v *viper.Viper) coordinator.AutoRebalance {
+	return coordinator.AutoRebalance{Enabled: v.GetBool("auto-rebalance"), Every: v.GetDuration("rebalance-every"),
+		Policy: transfer.Policy{Window: v.GetDuration("rebalance-window"), Horizon: v.GetDuration("rebalance-horizon"),
+			MinUnits: transfer.Units(v.GetInt64("rebalance-min-units"))},
+		MaxInFlight: v.GetInt("rebalance-max-in-flight"), Cooldown: v.GetDuration("rebalance-cooldown")}
 }
 
 // addAuditFlag adds the coordinator's --audit-interval (quotad coordinator and dev).
@@ -217,7 +239,7 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		AuditInterval: v.GetDuration("audit-interval"), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
+		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
 		ConsoleKeys: v.GetString("console-keys")}, Etcd: v.GetStringSlice("etcd")}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

@@ -23,7 +23,8 @@ type Server struct {
 func saleToProto(s coordinator.Sale) *quotav1.Sale {
 	out := &quotav1.Sale{SaleId: s.Terms.Sale, PerUserLimit: int64(s.Terms.PerUserLimit),
 		HoldTtlMs: s.Terms.HoldTTL.Milliseconds(), OpensAt: timestamppb.New(s.Terms.OpensAt), CreatedAt: timestamppb.New(s.CreatedAt),
-		AdmitRate: s.Terms.Admission.Rate, TicketTtlMs: s.Terms.Admission.TicketTTL.Milliseconds(), MaxLiveTickets: s.Terms.Admission.MaxLive}
+		AdmitRate: s.Terms.Admission.Rate, TicketTtlMs: s.Terms.Admission.TicketTTL.Milliseconds(), MaxLiveTickets: s.Terms.Admission.MaxLive,
+		Rebalance: string(s.Rebalance)}
 	for _, k := range s.SKUs {
 		alloc := map[string]int64{}
 		for r, u := range k.Allocated {
@@ -42,7 +43,7 @@ func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest)
 	spec := coordinator.SaleSpec{Sale: req.GetSaleId(), PerUserLimit: transfer.Units(req.GetPerUserLimit()),
 		HoldTTL: time.Duration(req.GetHoldTtlMs()) * time.Millisecond,
 		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), TicketTTL: time.Duration(req.GetTicketTtlMs()) * time.Millisecond,
-			MaxLive: req.GetMaxLiveTickets()}}
+			MaxLive: req.GetMaxLiveTickets()}, Rebalance: coordinator.RebalanceMode(req.GetRebalance())}
 	if req.GetOpensAt() != nil {
 		if err := req.GetOpensAt().CheckValid(); err != nil {
 			return nil, apierr.Invalid("opens_at", "%v", err)

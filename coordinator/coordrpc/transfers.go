@@ -2,6 +2,7 @@ package coordrpc
 
 import (
 	"context"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"time"
 
 	"github.com/quotaworks/quota/coordinator"
@@ -71,6 +72,33 @@ func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (
 	}
 	for _, t := range res.Transfers {
 		out.Transfers = append(out.Transfers, TransferToProto(t))
+	}
+	return out, nil
+}
+
+// PlanRebalance implements CoordinatorService.
+func (s *Server) PlanRebalance(ctx context.Context, req *quotav1.PlanRebalanceRequest) (*quotav1.PlanRebalanceResponse, error) {
+	plan, err := s.C.PlanRebalance(ctx, req.GetSaleId())
+	if err != nil {
+		return nil, err
+	}
+	p := s.C.AutoPolicy()
+	out := &quotav1.PlanRebalanceResponse{SaleId: plan.Sale, Mode: string(plan.Mode), Enabled: plan.Enabled, At: timestamppb.New(plan.At),
+		WindowMs: p.Window.Milliseconds(), HorizonMs: p.Horizon.Milliseconds(), MinUnits: int64(p.MinUnits)}
+	for _, k := range plan.SKUs {
+		sp := &quotav1.SkuPlan{Sku: k.SKU, NearSellOut: k.NearSellOut, InFlight: int64(k.InFlight), Held: k.Held}
+		for _, d := range k.Pools {
+			empty := int64(-1)
+			if d.Projection.EmptyIn >= 0 {
+				empty = d.Projection.EmptyIn.Milliseconds()
+			}
+			sp.Pools = append(sp.Pools, &quotav1.PoolPlan{Pool: d.Pool, Available: int64(d.Available), Recent: int64(d.Recent),
+				Incoming: int64(d.Incoming), Need: int64(d.Need), Frozen: d.Frozen, PerSecond: d.Projection.PerSecond, EmptyInMs: empty})
+		}
+		for _, m := range k.Moves {
+			sp.Moves = append(sp.Moves, &quotav1.PlannedMove{From: m.From, To: m.To, Units: int64(m.Units)})
+		}
+		out.Skus = append(out.Skus, sp)
 	}
 	return out, nil
 }

@@ -66,7 +66,7 @@ func (b buyer) run(ctx context.Context) {
 		return err
 	})
 	if err != nil {
-		b.c.refuse(apierr.Reason(err), err)
+		b.c.refuse(b.region, apierr.Reason(err), err)
 		return
 	}
 	h := res.GetReservation()
@@ -138,11 +138,15 @@ func (b buyer) release(ctx context.Context, hold string) error {
 	})
 }
 
-// refuse counts a buyer turned away with reason (the answer's REASON), or a failure.
-func (c *counters) refuse(reason string, err error) {
+// refuse counts a buyer turned away at region with reason (the answer's REASON), or a
+// failure.
+func (c *counters) refuse(region, reason string, err error) {
 	switch reason {
 	case "REGION_EXHAUSTED":
 		c.exhausted.Add(1)
+		if c.onExhausted != nil {
+			c.onExhausted(region, time.Now())
+		}
 	case "SOLD_OUT":
 		c.soldOut.Add(1)
 	case "LIMIT_EXCEEDED":

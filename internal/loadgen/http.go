@@ -276,7 +276,7 @@ func (b httpBuyer) run(ctx context.Context) {
 		b.c.earlier.Add(1)
 		return
 	case err != nil:
-		b.c.refuse(edgeReason(err), err)
+		b.c.refuse(b.region, edgeReason(err), err)
 		return
 	}
 	b.c.admitted.Add(1)
@@ -293,7 +293,7 @@ func (b httpBuyer) run(ctx context.Context) {
 	})
 	switch {
 	case err != nil:
-		b.c.refuse(edgeReason(err), err)
+		b.c.refuse(b.region, edgeReason(err), err)
 	case h.Replayed && tries == 1: // an earlier run's hold, as in gRPC mode
 		b.c.earlier.Add(1)
 	default:

@@ -59,6 +59,13 @@ type Config struct {
 	// buyers ask it when their region stops answering without naming a new leader, as after
 	// the leader was killed.
 	Resolve func(ctx context.Context, region string) string
+	// Rate, when positive, paces the buyers' arrivals: buyer n starts no sooner than n/Rate
+	// seconds into the run (a flash sale's crowd arrives over time, not all at once); 0: as
+	// fast as Concurrency allows.
+	Rate float64
+	// OnExhausted, when set, is called as each buyer is told REGION_EXHAUSTED, with its
+	// region and the time (from the buyers' goroutines: it must be safe for concurrent use).
+	OnExhausted func(region string, at time.Time)
 	// Progress, when set, is called about every ProgressEvery with the running totals.
 	Progress      func(Stats)
 	ProgressEvery time.Duration
@@ -104,6 +111,7 @@ type counters struct {
 	perRegion                                                            map[string]int64
 	holds                                                                map[string]string
 	firstErr                                                             string
+	onExhausted                                                          func(region string, at time.Time)
 }
 
 // fail counts a failed call and keeps the first one's error.
@@ -173,6 +181,8 @@ func (c *Config) CheckSettings() error {
 	case c.ConfirmRatio < 0 || c.ReleaseRatio < 0 || c.ConfirmRatio+c.ReleaseRatio > 1:
 		return &InvalidError{"confirm", fmt.Sprintf("%g (release %g)", c.ConfirmRatio, c.ReleaseRatio),
 			"the confirm and release ratios must each be 0..1, and together at most 1"}
+	case c.Rate < 0 || c.Rate > 1e7:
+		return &InvalidError{"rate", fmt.Sprint(c.Rate), "must be 0..10000000 buyers per second (0: unpaced)"}
 	case c.MaxDuration < 0:
 		return &InvalidError{"max-duration", c.MaxDuration.String(), "must not be negative (0 means 10m)"}
 	}
@@ -208,7 +218,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}}
+	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}, onExhausted: cfg.OnExhausted}
 	began := time.Now()
 	stopProgress := startProgress(ctx, cfg, c, began)
 	defer stopProgress()
@@ -221,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				n := next.Add(1) - 1
-				if n >= int64(cfg.Buyers) {
+				if n >= int64(cfg.Buyers) || !arrive(ctx, cfg.Rate, began, n) {
 					return
 				}
 				rng := buyerRNG(cfg.Seed, n)
@@ -231,6 +241,26 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	}
 	wg.Wait()
 	return c.snapshot(began), nil
+}
+
+// arrive waits until buyer n's arrival at rate buyers per second from began (at once when
+// rate is 0); false when ctx ends first.
+func arrive(ctx context.Context, rate float64, began time.Time, n int64) bool {
+	if rate <= 0 {
+		return true
+	}
+	wait := time.Until(began.Add(time.Duration(float64(n) / rate * float64(time.Second))))
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // starter runs buyers in one mode: over gRPC (a client per region) or through the edges.

@@ -105,9 +105,9 @@ func TestMatrix(t *testing.T) {
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
 			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",
 			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
-			"RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
+			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
 		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
-			"RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
+			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
 	}
 	for role, allowed := range want {
 		set := map[string]bool{}

@@ -47,6 +47,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/Transfer":        {Operator},
 	"/quota.v1.CoordinatorService/ResolveTransfer": {Operator},
 	"/quota.v1.CoordinatorService/Rebalance":       {Operator},
+	"/quota.v1.CoordinatorService/PlanRebalance":   {Operator, Auditor},
 	"/quota.v1.CoordinatorService/PauseSale":       {Operator},
 	"/quota.v1.CoordinatorService/ResumeSale":      {Operator},
 	"/quota.v1.CoordinatorService/GetSale":         {Operator, Auditor},

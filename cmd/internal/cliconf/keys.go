@@ -15,13 +15,14 @@ var programKeys = map[string]bool{}
 
 func init() {
 	for _, k := range []string{
-		"admit-rate", "allocate", "audit-interval", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
-		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix",
+		"admit-rate", "allocate", "allocation", "audit-interval", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
+		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
 		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "help",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "keys", "lease-ttl", "listen",
 		"log-level", "max-batch", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
-		"opens-at", "output", "overwrite", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
-		"quantity", "reason", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
+		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",
+		"quantity", "rate", "reason", "rebalance", "rebalance-cooldown", "rebalance-every", "rebalance-horizon", "rebalance-max-in-flight",
+		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to", "ttl",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "waitlist", "warmup",
 		"warmup-ops", "window",

@@ -44,6 +44,8 @@ type CoordinatorConfig struct {
 	// conservation (I1) is broken; 0: never (quotad's --audit-interval defaults to
 	// coordinator.DefaultAuditInterval).
 	AuditInterval time.Duration
+	// Auto is the automatic rebalancer (coordinator.Config.Auto); its zero value is off.
+	Auto coordinator.AutoRebalance
 	// FollowLeaders makes the coordinator reach each region at the address its current
 	// leader publishes in etcd (falling back to the configured one), so a region's failover
 	// to a standby on another address is followed.
@@ -110,7 +112,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		return nil, err
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
-		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger,
+		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger, Auto: cfg.Auto,
 		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
 			return fencing.SetFlag(ctx, etcd, f, sale, sku, on)
 		}}, n.DB)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/quotaworks/quota/coordinator"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -43,6 +44,8 @@ type DevConfig struct {
 	// AuditInterval is the coordinator's continuous audit (CoordinatorConfig.AuditInterval);
 	// 0: none.
 	AuditInterval time.Duration
+	// Auto is the coordinator's automatic rebalancer (CoordinatorConfig.Auto).
+	Auto coordinator.AutoRebalance
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
 	// (default <DataDir>/certs).
 	CertsDir string
@@ -269,7 +272,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 	}
 	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
+		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
 		ConsoleKeys: d.ConsoleKeys}, d.EtcdClient)
 	if err != nil {
 		return err

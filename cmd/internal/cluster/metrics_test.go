@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -216,6 +217,9 @@ func TestMetricsOfADevCluster(t *testing.T) {
 			t.Errorf("%s (in %v) is exported by no process", name, where)
 		}
 	}
+	for _, u := range []string{coordURL, usURL, euURL} {
+		promtoolCheck(t, op, u)
+	}
 	checkRegionValues(t, before, scraped["us"], us)
 	checkCoordinatorValues(t, scraped["coordinator"])
 	checkScrapeRoles(t, coordURL, usURL)
@@ -299,5 +303,31 @@ func checkScrapeRoles(t *testing.T, urls ...string) {
 				t.Errorf("%s/metrics as %q: %d %v; want %d", u, role, a.code, a.body, code)
 			}
 		}
+	}
+}
+
+// promtoolCheck runs Prometheus' own linter, promtool check metrics, on one process's
+// /metrics: names, units, help texts and types as Prometheus' conventions want them. make test
+// installs promtool first (scripts/promtool.sh --install); a run elsewhere without it skips
+// this check, and CI fails for it.
+func promtoolCheck(t *testing.T, c *http.Client, base string) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("promtool is missing (scripts/promtool.sh --install): %v", err)
+		}
+		t.Logf("promtool check metrics skipped: promtool not installed (scripts/promtool.sh --install)")
+		return
+	}
+	resp, err := c.Get(base + trust.MetricsPath)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", base, err)
+	}
+	defer resp.Body.Close()
+	cmd := exec.Command(path, "check", "metrics")
+	cmd.Stdin = resp.Body
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on %s: %v\n%s", base, err, out)
 	}
 }

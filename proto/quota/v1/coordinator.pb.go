@@ -89,8 +89,11 @@ type CreateSaleRequest struct {
 	TicketTtlMs int64 `protobuf:"varint,7,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
 	// max_live_tickets caps the tickets live at once at each region; 0: the default.
 	MaxLiveTickets int64 `protobuf:"varint,8,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// rebalance is "auto" (the default when empty: the coordinator's rebalancer moves the
+	// sale's stock by itself) or "manual" (only operators move it).
+	Rebalance     string `protobuf:"bytes,9,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSaleRequest) Reset() {
@@ -179,6 +182,13 @@ func (x *CreateSaleRequest) GetMaxLiveTickets() int64 {
 	return 0
 }
 
+func (x *CreateSaleRequest) GetRebalance() string {
+	if x != nil {
+		return x.Rebalance
+	}
+	return ""
+}
+
 type Sale struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -192,8 +202,10 @@ type Sale struct {
 	AdmitRate      int64    `protobuf:"varint,8,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
 	TicketTtlMs    int64    `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
 	MaxLiveTickets int64    `protobuf:"varint,10,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// rebalance is "auto" or "manual".
+	Rebalance     string `protobuf:"bytes,11,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sale) Reset() {
@@ -294,6 +306,13 @@ func (x *Sale) GetMaxLiveTickets() int64 {
 		return x.MaxLiveTickets
 	}
 	return 0
+}
+
+func (x *Sale) GetRebalance() string {
+	if x != nil {
+		return x.Rebalance
+	}
+	return ""
 }
 
 // Pause is one sale's (sku empty) or SKU's pause as the ledger records it.
@@ -2218,6 +2237,345 @@ func (x *RebalanceResponse) GetReplayed() bool {
 	return false
 }
 
+type PlanRebalanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanRebalanceRequest) Reset() {
+	*x = PlanRebalanceRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanRebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanRebalanceRequest) ProtoMessage() {}
+
+func (x *PlanRebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanRebalanceRequest.ProtoReflect.Descriptor instead.
+func (*PlanRebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PlanRebalanceRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+// PoolPlan is one pool as the automatic rebalancer sees it.
+type PoolPlan struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Pool      string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Available int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
+	// recent is the units reserved in the pool during the rebalancer's window.
+	Recent int64 `protobuf:"varint,3,opt,name=recent,proto3" json:"recent,omitempty"`
+	// incoming is the units of unfinished transfers on their way to the pool.
+	Incoming int64 `protobuf:"varint,4,opt,name=incoming,proto3" json:"incoming,omitempty"`
+	// need is the units the pool expects to sell within the rebalancer's horizon.
+	Need int64 `protobuf:"varint,5,opt,name=need,proto3" json:"need,omitempty"`
+	// frozen: a stranded transfer left the pool; nothing is taken from it until resolved.
+	Frozen    bool    `protobuf:"varint,6,opt,name=frozen,proto3" json:"frozen,omitempty"`
+	PerSecond float64 `protobuf:"fixed64,7,opt,name=per_second,json=perSecond,proto3" json:"per_second,omitempty"`
+	// empty_in_ms is how long available and incoming units last at per_second; -1: never.
+	EmptyInMs     int64 `protobuf:"varint,8,opt,name=empty_in_ms,json=emptyInMs,proto3" json:"empty_in_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolPlan) Reset() {
+	*x = PoolPlan{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolPlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolPlan) ProtoMessage() {}
+
+func (x *PoolPlan) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolPlan.ProtoReflect.Descriptor instead.
+func (*PoolPlan) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PoolPlan) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolPlan) GetAvailable() int64 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
+func (x *PoolPlan) GetRecent() int64 {
+	if x != nil {
+		return x.Recent
+	}
+	return 0
+}
+
+func (x *PoolPlan) GetIncoming() int64 {
+	if x != nil {
+		return x.Incoming
+	}
+	return 0
+}
+
+func (x *PoolPlan) GetNeed() int64 {
+	if x != nil {
+		return x.Need
+	}
+	return 0
+}
+
+func (x *PoolPlan) GetFrozen() bool {
+	if x != nil {
+		return x.Frozen
+	}
+	return false
+}
+
+func (x *PoolPlan) GetPerSecond() float64 {
+	if x != nil {
+		return x.PerSecond
+	}
+	return 0
+}
+
+func (x *PoolPlan) GetEmptyInMs() int64 {
+	if x != nil {
+		return x.EmptyInMs
+	}
+	return 0
+}
+
+type SkuPlan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sku   string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Pools []*PoolPlan            `protobuf:"bytes,2,rep,name=pools,proto3" json:"pools,omitempty"`
+	Moves []*PlannedMove         `protobuf:"bytes,3,rep,name=moves,proto3" json:"moves,omitempty"`
+	// near_sell_out: fewer units remain than the pools expect to sell within the horizon, so
+	// quiet pools give their last units to pools whose buyers are still arriving.
+	NearSellOut bool  `protobuf:"varint,4,opt,name=near_sell_out,json=nearSellOut,proto3" json:"near_sell_out,omitempty"`
+	InFlight    int64 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// held says why none of moves would start now ("" when they would).
+	Held          string `protobuf:"bytes,6,opt,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkuPlan) Reset() {
+	*x = SkuPlan{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkuPlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkuPlan) ProtoMessage() {}
+
+func (x *SkuPlan) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkuPlan.ProtoReflect.Descriptor instead.
+func (*SkuPlan) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SkuPlan) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *SkuPlan) GetPools() []*PoolPlan {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *SkuPlan) GetMoves() []*PlannedMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *SkuPlan) GetNearSellOut() bool {
+	if x != nil {
+		return x.NearSellOut
+	}
+	return false
+}
+
+func (x *SkuPlan) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *SkuPlan) GetHeld() string {
+	if x != nil {
+		return x.Held
+	}
+	return ""
+}
+
+type PlanRebalanceResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// mode is the sale's rebalance mode, "auto" or "manual".
+	Mode string `protobuf:"bytes,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	// enabled is the coordinator's global switch (quotad coordinator --auto-rebalance).
+	Enabled       bool                   `protobuf:"varint,3,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	Skus          []*SkuPlan             `protobuf:"bytes,5,rep,name=skus,proto3" json:"skus,omitempty"`
+	WindowMs      int64                  `protobuf:"varint,6,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	HorizonMs     int64                  `protobuf:"varint,7,opt,name=horizon_ms,json=horizonMs,proto3" json:"horizon_ms,omitempty"`
+	MinUnits      int64                  `protobuf:"varint,8,opt,name=min_units,json=minUnits,proto3" json:"min_units,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanRebalanceResponse) Reset() {
+	*x = PlanRebalanceResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanRebalanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanRebalanceResponse) ProtoMessage() {}
+
+func (x *PlanRebalanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanRebalanceResponse.ProtoReflect.Descriptor instead.
+func (*PlanRebalanceResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PlanRebalanceResponse) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *PlanRebalanceResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *PlanRebalanceResponse) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *PlanRebalanceResponse) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *PlanRebalanceResponse) GetSkus() []*SkuPlan {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+func (x *PlanRebalanceResponse) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *PlanRebalanceResponse) GetHorizonMs() int64 {
+	if x != nil {
+		return x.HorizonMs
+	}
+	return 0
+}
+
+func (x *PlanRebalanceResponse) GetMinUnits() int64 {
+	if x != nil {
+		return x.MinUnits
+	}
+	return 0
+}
+
 type PauseSaleRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -2231,7 +2589,7 @@ type PauseSaleRequest struct {
 
 func (x *PauseSaleRequest) Reset() {
 	*x = PauseSaleRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2601,7 @@ func (x *PauseSaleRequest) String() string {
 func (*PauseSaleRequest) ProtoMessage() {}
 
 func (x *PauseSaleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[33]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +2614,7 @@ func (x *PauseSaleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSaleRequest.ProtoReflect.Descriptor instead.
 func (*PauseSaleRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PauseSaleRequest) GetSaleId() string {
@@ -2294,7 +2652,7 @@ type PauseSaleResponse struct {
 
 func (x *PauseSaleResponse) Reset() {
 	*x = PauseSaleResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2664,7 @@ func (x *PauseSaleResponse) String() string {
 func (*PauseSaleResponse) ProtoMessage() {}
 
 func (x *PauseSaleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[34]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2677,7 @@ func (x *PauseSaleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSaleResponse.ProtoReflect.Descriptor instead.
 func (*PauseSaleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PauseSaleResponse) GetSale() *Sale {
@@ -2354,7 +2712,7 @@ type ResumeSaleRequest struct {
 
 func (x *ResumeSaleRequest) Reset() {
 	*x = ResumeSaleRequest{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2724,7 @@ func (x *ResumeSaleRequest) String() string {
 func (*ResumeSaleRequest) ProtoMessage() {}
 
 func (x *ResumeSaleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[35]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2737,7 @@ func (x *ResumeSaleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSaleRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSaleRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResumeSaleRequest) GetSaleId() string {
@@ -2407,7 +2765,7 @@ type ResumeSaleResponse struct {
 
 func (x *ResumeSaleResponse) Reset() {
 	*x = ResumeSaleResponse{}
-	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2777,7 @@ func (x *ResumeSaleResponse) String() string {
 func (*ResumeSaleResponse) ProtoMessage() {}
 
 func (x *ResumeSaleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_coordinator_proto_msgTypes[36]
+	mi := &file_quota_v1_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2790,7 @@ func (x *ResumeSaleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSaleResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSaleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ResumeSaleResponse) GetSale() *Sale {
@@ -2463,7 +2821,7 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x1aquota/v1/coordinator.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"2\n" +
 	"\bSkuTotal\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\x03R\x05total\"\xbe\x02\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\"\xdc\x02\n" +
 	"\x11CreateSaleRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12&\n" +
 	"\x04skus\x18\x02 \x03(\v2\x12.quota.v1.SkuTotalR\x04skus\x12$\n" +
@@ -2473,7 +2831,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"admit_rate\x18\x06 \x01(\x03R\tadmitRate\x12\"\n" +
 	"\rticket_ttl_ms\x18\a \x01(\x03R\vticketTtlMs\x12(\n" +
-	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\"\x96\x03\n" +
+	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\x12\x1c\n" +
+	"\trebalance\x18\t \x01(\tR\trebalance\"\xb4\x03\n" +
 	"\x04Sale\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12$\n" +
 	"\x0eper_user_limit\x18\x02 \x01(\x03R\fperUserLimit\x12\x1e\n" +
@@ -2487,7 +2846,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"admit_rate\x18\b \x01(\x03R\tadmitRate\x12\"\n" +
 	"\rticket_ttl_ms\x18\t \x01(\x03R\vticketTtlMs\x12(\n" +
 	"\x10max_live_tickets\x18\n" +
-	" \x01(\x03R\x0emaxLiveTickets\"\xd9\x01\n" +
+	" \x01(\x03R\x0emaxLiveTickets\x12\x1c\n" +
+	"\trebalance\x18\v \x01(\tR\trebalance\"\xd9\x01\n" +
 	"\x05Pause\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +
@@ -2644,7 +3004,36 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\x14.quota.v1.PoolDemandR\x05pools\x12+\n" +
 	"\x05moves\x18\x02 \x03(\v2\x15.quota.v1.PlannedMoveR\x05moves\x124\n" +
 	"\ttransfers\x18\x03 \x03(\v2\x16.quota.v1.TransferInfoR\ttransfers\x12\x1a\n" +
-	"\breplayed\x18\x04 \x01(\bR\breplayed\"U\n" +
+	"\breplayed\x18\x04 \x01(\bR\breplayed\"/\n" +
+	"\x14PlanRebalanceRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\"\xdb\x01\n" +
+	"\bPoolPlan\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1c\n" +
+	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x16\n" +
+	"\x06recent\x18\x03 \x01(\x03R\x06recent\x12\x1a\n" +
+	"\bincoming\x18\x04 \x01(\x03R\bincoming\x12\x12\n" +
+	"\x04need\x18\x05 \x01(\x03R\x04need\x12\x16\n" +
+	"\x06frozen\x18\x06 \x01(\bR\x06frozen\x12\x1d\n" +
+	"\n" +
+	"per_second\x18\a \x01(\x01R\tperSecond\x12\x1e\n" +
+	"\vempty_in_ms\x18\b \x01(\x03R\temptyInMs\"\xc7\x01\n" +
+	"\aSkuPlan\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12(\n" +
+	"\x05pools\x18\x02 \x03(\v2\x12.quota.v1.PoolPlanR\x05pools\x12+\n" +
+	"\x05moves\x18\x03 \x03(\v2\x15.quota.v1.PlannedMoveR\x05moves\x12\"\n" +
+	"\rnear_sell_out\x18\x04 \x01(\bR\vnearSellOut\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\x03R\binFlight\x12\x12\n" +
+	"\x04held\x18\x06 \x01(\tR\x04held\"\x8a\x02\n" +
+	"\x15PlanRebalanceResponse\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\tR\x04mode\x12\x18\n" +
+	"\aenabled\x18\x03 \x01(\bR\aenabled\x12*\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12%\n" +
+	"\x04skus\x18\x05 \x03(\v2\x11.quota.v1.SkuPlanR\x04skus\x12\x1b\n" +
+	"\twindow_ms\x18\x06 \x01(\x03R\bwindowMs\x12\x1d\n" +
+	"\n" +
+	"horizon_ms\x18\a \x01(\x03R\thorizonMs\x12\x1b\n" +
+	"\tmin_units\x18\b \x01(\x03R\bminUnits\"U\n" +
 	"\x10PauseSaleRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +
@@ -2659,7 +3048,7 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x12ResumeSaleResponse\x12\"\n" +
 	"\x04sale\x18\x01 \x01(\v2\x0e.quota.v1.SaleR\x04sale\x12\x18\n" +
 	"\areached\x18\x02 \x03(\tR\areached\x125\n" +
-	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached2\xf4\x06\n" +
+	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached2\xc6\a\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -2671,7 +3060,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\vGetTransfer\x12\x1c.quota.v1.GetTransferRequest\x1a\x1d.quota.v1.GetTransferResponse\x12P\n" +
 	"\rListTransfers\x12\x1e.quota.v1.ListTransfersRequest\x1a\x1f.quota.v1.ListTransfersResponse\x12V\n" +
 	"\x0fResolveTransfer\x12 .quota.v1.ResolveTransferRequest\x1a!.quota.v1.ResolveTransferResponse\x12D\n" +
-	"\tRebalance\x12\x1a.quota.v1.RebalanceRequest\x1a\x1b.quota.v1.RebalanceResponse\x12D\n" +
+	"\tRebalance\x12\x1a.quota.v1.RebalanceRequest\x1a\x1b.quota.v1.RebalanceResponse\x12P\n" +
+	"\rPlanRebalance\x12\x1e.quota.v1.PlanRebalanceRequest\x1a\x1f.quota.v1.PlanRebalanceResponse\x12D\n" +
 	"\tPauseSale\x12\x1a.quota.v1.PauseSaleRequest\x1a\x1b.quota.v1.PauseSaleResponse\x12G\n" +
 	"\n" +
 	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
@@ -2688,7 +3078,7 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
 	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
@@ -2723,32 +3113,36 @@ var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*PoolDemand)(nil),              // 30: quota.v1.PoolDemand
 	(*PlannedMove)(nil),             // 31: quota.v1.PlannedMove
 	(*RebalanceResponse)(nil),       // 32: quota.v1.RebalanceResponse
-	(*PauseSaleRequest)(nil),        // 33: quota.v1.PauseSaleRequest
-	(*PauseSaleResponse)(nil),       // 34: quota.v1.PauseSaleResponse
-	(*ResumeSaleRequest)(nil),       // 35: quota.v1.ResumeSaleRequest
-	(*ResumeSaleResponse)(nil),      // 36: quota.v1.ResumeSaleResponse
-	nil,                             // 37: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil),   // 38: google.protobuf.Timestamp
+	(*PlanRebalanceRequest)(nil),    // 33: quota.v1.PlanRebalanceRequest
+	(*PoolPlan)(nil),                // 34: quota.v1.PoolPlan
+	(*SkuPlan)(nil),                 // 35: quota.v1.SkuPlan
+	(*PlanRebalanceResponse)(nil),   // 36: quota.v1.PlanRebalanceResponse
+	(*PauseSaleRequest)(nil),        // 37: quota.v1.PauseSaleRequest
+	(*PauseSaleResponse)(nil),       // 38: quota.v1.PauseSaleResponse
+	(*ResumeSaleRequest)(nil),       // 39: quota.v1.ResumeSaleRequest
+	(*ResumeSaleResponse)(nil),      // 40: quota.v1.ResumeSaleResponse
+	nil,                             // 41: quota.v1.SkuLedger.AllocatedEntry
+	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	38, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	38, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	42, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	42, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	38, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	42, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	38, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	37, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	42, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	41, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	38, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	42, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	38, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	42, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -2757,39 +3151,45 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	30, // 23: quota.v1.RebalanceResponse.pools:type_name -> quota.v1.PoolDemand
 	31, // 24: quota.v1.RebalanceResponse.moves:type_name -> quota.v1.PlannedMove
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
-	2,  // 26: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
-	4,  // 27: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	2,  // 28: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
-	4,  // 29: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	1,  // 30: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 31: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 32: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 33: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 34: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 35: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 36: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 37: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 38: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 39: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 40: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	35, // 41: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	6,  // 42: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 43: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 44: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 45: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 46: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 47: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 48: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 49: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 50: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 51: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	34, // 52: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	36, // 53: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	42, // [42:54] is the sub-list for method output_type
-	30, // [30:42] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
+	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
+	42, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
+	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
+	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
+	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
+	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
+	1,  // 34: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 35: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 36: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 37: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 38: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 39: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 40: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 41: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 42: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 43: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 44: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 45: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 46: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	6,  // 47: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 48: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 49: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 50: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 51: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 52: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 53: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 54: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 55: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 56: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 57: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 58: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 59: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	47, // [47:60] is the sub-list for method output_type
+	34, // [34:47] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -2803,7 +3203,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	CoordinatorService_ListTransfers_FullMethodName   = "/quota.v1.CoordinatorService/ListTransfers"
 	CoordinatorService_ResolveTransfer_FullMethodName = "/quota.v1.CoordinatorService/ResolveTransfer"
 	CoordinatorService_Rebalance_FullMethodName       = "/quota.v1.CoordinatorService/Rebalance"
+	CoordinatorService_PlanRebalance_FullMethodName   = "/quota.v1.CoordinatorService/PlanRebalance"
 	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
 	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
 )
@@ -60,6 +61,9 @@ type CoordinatorServiceClient interface {
 	ResolveTransfer(ctx context.Context, in *ResolveTransferRequest, opts ...grpc.CallOption) (*ResolveTransferResponse, error)
 	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
 	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceResponse, error)
+	// PlanRebalance answers what the automatic rebalancer would do next for each SKU of a sale,
+	// and why (each pool's demand and projection, what holds a move back). It moves nothing.
+	PlanRebalance(ctx context.Context, in *PlanRebalanceRequest, opts ...grpc.CallOption) (*PlanRebalanceResponse, error)
 	// PauseSale stops every region admitting new reservations of a sale (sku empty) or of one
 	// of its SKUs; Confirm, Release and expiry of existing holds go on. It records the pause in
 	// the ledger, then returns once every region it could reach has it durably, naming those it
@@ -178,6 +182,16 @@ func (c *coordinatorServiceClient) Rebalance(ctx context.Context, in *RebalanceR
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) PlanRebalance(ctx context.Context, in *PlanRebalanceRequest, opts ...grpc.CallOption) (*PlanRebalanceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlanRebalanceResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_PlanRebalance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *coordinatorServiceClient) PauseSale(ctx context.Context, in *PauseSaleRequest, opts ...grpc.CallOption) (*PauseSaleResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PauseSaleResponse)
@@ -225,6 +239,9 @@ type CoordinatorServiceServer interface {
 	ResolveTransfer(context.Context, *ResolveTransferRequest) (*ResolveTransferResponse, error)
 	// Rebalance plans (and unless dry_run runs) moves toward the regions selling fastest.
 	Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error)
+	// PlanRebalance answers what the automatic rebalancer would do next for each SKU of a sale,
+	// and why (each pool's demand and projection, what holds a move back). It moves nothing.
+	PlanRebalance(context.Context, *PlanRebalanceRequest) (*PlanRebalanceResponse, error)
 	// PauseSale stops every region admitting new reservations of a sale (sku empty) or of one
 	// of its SKUs; Confirm, Release and expiry of existing holds go on. It records the pause in
 	// the ledger, then returns once every region it could reach has it durably, naming those it
@@ -272,6 +289,9 @@ func (UnimplementedCoordinatorServiceServer) ResolveTransfer(context.Context, *R
 }
 func (UnimplementedCoordinatorServiceServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) PlanRebalance(context.Context, *PlanRebalanceRequest) (*PlanRebalanceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PlanRebalance not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) PauseSale(context.Context, *PauseSaleRequest) (*PauseSaleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PauseSale not implemented")
@@ -480,6 +500,24 @@ func _CoordinatorService_Rebalance_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_PlanRebalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlanRebalanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).PlanRebalance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_PlanRebalance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).PlanRebalance(ctx, req.(*PlanRebalanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _CoordinatorService_PauseSale_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PauseSaleRequest)
 	if err := dec(in); err != nil {
@@ -562,6 +600,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Rebalance",
 			Handler:    _CoordinatorService_Rebalance_Handler,
+		},
+		{
+			MethodName: "PlanRebalance",
+			Handler:    _CoordinatorService_PlanRebalance_Handler,
 		},
 		{
 			MethodName: "PauseSale",

@@ -1,0 +1,381 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// RebalanceMode is whether the automatic rebalancer moves a sale's stock.
+type RebalanceMode string
+
+// The rebalance modes of a sale.
+const (
+	// RebalanceAuto: the leader's rebalancer moves the sale's stock by itself (the default).
+	RebalanceAuto RebalanceMode = "auto"
+	// RebalanceManual: only operators move it (quotactl transfer, rebalance).
+	RebalanceManual RebalanceMode = "manual"
+)
+
+// CheckRebalanceMode refuses a mode other than auto and manual ("" is auto).
+func CheckRebalanceMode(m RebalanceMode) error {
+	switch m {
+	case "", RebalanceAuto, RebalanceManual:
+		return nil
+	}
+	return apierr.Invalid("rebalance", "%q: want auto or manual", m)
+}
+
+// AutoRebalance tunes the automatic rebalancer (Config.Auto).
+type AutoRebalance struct {
+	// Enabled is the global switch: without it no sale is rebalanced automatically,
+	// whatever its mode.
+	Enabled bool
+	// Every is how often the leader plans; default 250ms.
+	Every time.Duration
+	// Policy is the plan's rule: demand over Window, expected to go on for Horizon, moves of
+	// at least MinUnits (but near sell-out, transfer.Policy.AutoPlan); default 3s, 10s, 5.
+	Policy transfer.Policy
+	// MaxInFlight caps the unfinished transfers of one SKU, its own and any operator's; the
+	// rebalancer starts none while the SKU has as many; default 3.
+	MaxInFlight int
+	// Cooldown is how long the rebalancer waits after moving a SKU's units before it moves
+	// that SKU's again; default 500ms.
+	Cooldown time.Duration
+}
+
+// Default automatic rebalancer settings.
+const (
+	DefaultRebalanceEvery       = 250 * time.Millisecond
+	DefaultRebalanceWindow      = 3 * time.Second
+	DefaultRebalanceHorizon     = 10 * time.Second
+	DefaultRebalanceMinUnits    = 5
+	DefaultRebalanceMaxInFlight = 3
+	DefaultRebalanceCooldown    = 500 * time.Millisecond
+)
+
+// withDefaults fills in the unset settings and checks the set ones.
+func (a *AutoRebalance) withDefaults() error {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&a.Every, DefaultRebalanceEvery)
+	def(&a.Policy.Window, DefaultRebalanceWindow)
+	def(&a.Policy.Horizon, DefaultRebalanceHorizon)
+	def(&a.Cooldown, DefaultRebalanceCooldown)
+	if a.Policy.MinUnits == 0 {
+		a.Policy.MinUnits = DefaultRebalanceMinUnits
+	}
+	if a.MaxInFlight == 0 {
+		a.MaxInFlight = DefaultRebalanceMaxInFlight
+	}
+	switch {
+	case a.Every < 0 || a.Policy.Window < 0 || a.Policy.Horizon < 0 || a.Cooldown < 0:
+		return errors.New("auto rebalance: interval, window, horizon and cooldown must be positive")
+	case a.Policy.MinUnits < 0 || a.MaxInFlight < 0 || a.MaxInFlight > 100:
+		return errors.New("auto rebalance: min units must be positive, transfers in flight 1..100")
+	}
+	return nil
+}
+
+// PoolPlan is one pool in a plan: what was read of it and what the plan expects of it.
+type PoolPlan struct {
+	transfer.PoolDemand
+	Need       transfer.Units
+	Projection transfer.Projection
+}
+
+// SKUPlan is the automatic rebalancer's next step for one SKU and why.
+type SKUPlan struct {
+	SKU         string
+	Pools       []PoolPlan
+	NearSellOut bool
+	InFlight    int
+	// Moves is what the rebalancer would start now; Held says why it starts nothing even
+	// though Moves is not empty ("" when it would start them).
+	Moves []transfer.Move
+	Held  string
+}
+
+// SalePlan is the automatic rebalancer's next step for each SKU of a sale.
+type SalePlan struct {
+	Sale    string
+	Mode    RebalanceMode
+	Enabled bool // the global switch
+	At      time.Time
+	SKUs    []SKUPlan
+}
+
+// autoState is the leader's memory of its own moves: when it last moved each SKU, and a
+// sequence for its transfers' request ids. A new leader starts with the cooldown running.
+type autoState struct {
+	mu    sync.Mutex
+	moved map[skuKey]time.Time
+	since time.Time
+	seq   int64
+}
+
+// lastMove is when key last moved, or when this term began.
+func (s *autoState) lastMove(k skuKey) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.moved[k]; ok {
+		return t
+	}
+	return s.since
+}
+
+// moving records a move of key at now and answers its request id's sequence number.
+func (s *autoState) moving(k skuKey, now time.Time) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.moved[k] = now
+	s.seq++
+	return s.seq
+}
+
+// PlanRebalance is what the automatic rebalancer would do next for each SKU of sale, and
+// why: each pool's available units, recent demand, units on their way, need and projected
+// time to empty, the moves, and what holds them back (the sale's mode, the global switch, a
+// pause, the cap on transfers in flight, the cooldown). It reads; it moves nothing.
+func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan, error) {
+	s, err := c.GetSale(ctx, sale)
+	if err != nil {
+		return SalePlan{}, err
+	}
+	open, err := c.openTransfersOf(ctx, sale)
+	if err != nil {
+		return SalePlan{}, err
+	}
+	now := c.cfg.Clock.Now()
+	plan := SalePlan{Sale: sale, Mode: s.Rebalance, Enabled: c.cfg.Auto.Enabled, At: now}
+	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
+	for _, k := range s.SKUs {
+		pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: k.Unallocated}}, regions[k.SKU]...)
+		sp := c.planSKU(k.SKU, pools, open[k.SKU])
+		sp.Held = c.heldBecause(plan, s, sp, now)
+		plan.SKUs = append(plan.SKUs, sp)
+	}
+	return plan, nil
+}
+
+// planSKU is one SKU's plan from its pools and its unfinished transfers.
+func (c *Coordinator) planSKU(sku string, pools []transfer.PoolDemand, open []transfer.Transfer) SKUPlan {
+	p := c.cfg.Auto.Policy
+	for i := range pools {
+		for _, t := range open {
+			if t.To == pools[i].Pool {
+				pools[i].Incoming += t.Units
+			}
+			if t.From == pools[i].Pool && t.Stranded {
+				pools[i].Frozen = true
+			}
+		}
+	}
+	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: len(open), Moves: p.AutoPlan(pools)}
+	for _, d := range pools {
+		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: p.Need(d), Projection: p.Project(d)})
+	}
+	return sp
+}
+
+// heldBecause is why the rebalancer would start none of sp's moves now, or "".
+func (c *Coordinator) heldBecause(plan SalePlan, s Sale, sp SKUPlan, now time.Time) string {
+	if len(sp.Moves) == 0 {
+		return ""
+	}
+	switch {
+	case !plan.Enabled:
+		return "automatic rebalancing is off on this coordinator (quotad coordinator --auto-rebalance)"
+	case plan.Mode != RebalanceAuto:
+		return "the sale is rebalanced by operators only (--rebalance manual)"
+	case pausedSKU(s.Pauses, sp.SKU):
+		return "the SKU is paused"
+	case sp.InFlight >= c.cfg.Auto.MaxInFlight:
+		return fmt.Sprintf("%d transfers of this SKU in flight (at most %d)", sp.InFlight, c.cfg.Auto.MaxInFlight)
+	}
+	if st := c.auto.Load(); st != nil {
+		if wait := st.lastMove(skuKey{s.Terms.Sale, sp.SKU}).Add(c.cfg.Auto.Cooldown).Sub(now); wait > 0 {
+			return fmt.Sprintf("cooling down for %s after its last move", wait.Round(time.Millisecond))
+		}
+	}
+	return ""
+}
+
+// pausedSKU reports whether a pause in force stops new holds of sku (its own or the sale's).
+func pausedSKU(pauses []Pause, sku string) bool {
+	for _, p := range pauses {
+		if p.Paused && (p.SKU == "" || p.SKU == sku) {
+			return true
+		}
+	}
+	return false
+}
+
+// openTransfersOf is sale's unfinished transfers (requested or pending), by SKU.
+func (c *Coordinator) openTransfersOf(ctx context.Context, sale string) (map[string][]transfer.Transfer, error) {
+	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+		WHERE sale_id = $1 AND state IN ('requested', 'pending') ORDER BY created_at`, sale)
+	if err != nil {
+		return nil, fmt.Errorf("read the sale's transfers in flight: %w", err)
+	}
+	ts, err := pgx.CollectRows(rows, scanTransfer)
+	if err != nil {
+		return nil, fmt.Errorf("read the sale's transfers in flight: %w", err)
+	}
+	out := map[string][]transfer.Transfer{}
+	for _, t := range ts {
+		out[t.SKU] = append(out[t.SKU], t)
+	}
+	return out, nil
+}
+
+// readPoolDemand reads every region's available units and recent demand of sale, per SKU,
+// in the order of the configured regions. A region that cannot be read is left out of the
+// plan, neither source nor destination: its pool is never reassigned.
+func (c *Coordinator) readPoolDemand(ctx context.Context, sale string, since time.Time) map[string][]transfer.PoolDemand {
+	out := map[string][]transfer.PoolDemand{}
+	for _, r := range c.cfg.Regions {
+		avail, recent, err := c.poolsOf(ctx, r, sale, since)
+		if err != nil {
+			c.cfg.Logger.Warn("rebalance: region unreadable, left out of the plan", "region", r.Name, "sale", sale, "err", err)
+			continue
+		}
+		for sku, a := range avail {
+			out[sku] = append(out[sku], transfer.PoolDemand{Pool: r.Name, Available: a, Recent: recent[sku]})
+		}
+	}
+	for _, pools := range out {
+		sort.SliceStable(pools, func(i, j int) bool { return c.regionIndex(pools[i].Pool) < c.regionIndex(pools[j].Pool) })
+	}
+	return out
+}
+
+// poolsOf reads one region's available units and recent demand per SKU of sale, bounded in
+// time by CallTimeout.
+func (c *Coordinator) poolsOf(ctx context.Context, r RegionLink, sale string, since time.Time) (map[string]transfer.Units, map[string]transfer.Units, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	avail := map[string]transfer.Units{}
+	if r.Unsold != nil {
+		stock, err := r.Unsold(ctx, sale)
+		if err != nil {
+			return nil, nil, err
+		}
+		for sku, s := range stock {
+			avail[sku] = s.Available
+		}
+	} else {
+		books, err := r.Books(ctx, sale)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, p := range books.Pools {
+			avail[p.SKU] = p.Available
+		}
+	}
+	recent := map[string]transfer.Units{}
+	if r.Demand != nil {
+		var err error
+		if recent, err = r.Demand(ctx, sale, since); err != nil {
+			return nil, nil, err
+		}
+	}
+	return avail, recent, nil
+}
+
+// regionIndex is a region's place in the configuration.
+func (c *Coordinator) regionIndex(name string) int {
+	for i, r := range c.cfg.Regions {
+		if r.Name == name {
+			return i
+		}
+	}
+	return len(c.cfg.Regions)
+}
+
+// autoLoop is the automatic rebalancer while this coordinator leads with gen: every
+// Auto.Every it plans each auto sale and starts the moves nothing holds back.
+func (c *Coordinator) autoLoop(ctx context.Context, gen int64) {
+	defer c.wg.Done()
+	if !c.cfg.Auto.Enabled {
+		return
+	}
+	every(ctx, c.cfg.Auto.Every, func() {
+		if err := c.autoRound(ctx, gen); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Warn("automatic rebalance round failed; the next round tries again", "err", err)
+		}
+	})
+}
+
+// maxAutoSales bounds the sales one round plans, the most recently created first.
+const maxAutoSales = 64
+
+// autoRound plans every sale in auto mode that still has units to sell and starts its moves.
+// Each move is a fenced transfer like an operator's (I1..I4); a new leader resumes those
+// this one started (driveLoop) and plans from what the regions and the ledger then say.
+func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
+	rows, err := c.db.Query(ctx, `SELECT s.sale_id FROM sales s WHERE s.rebalance = 'auto'
+		AND EXISTS (SELECT 1 FROM skus k WHERE k.sale_id = s.sale_id)
+		ORDER BY s.created_at DESC LIMIT $1`, maxAutoSales)
+	if err != nil {
+		return fmt.Errorf("list the sales to rebalance: %w", err)
+	}
+	sales, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list the sales to rebalance: %w", err)
+	}
+	var errs []error
+	for _, sale := range sales {
+		plan, err := c.PlanRebalance(ctx, sale)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("plan sale %s: %w", sale, err))
+			continue
+		}
+		for _, sp := range plan.SKUs {
+			if err := c.startMoves(ctx, gen, sale, sp); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// startMoves starts sp's moves, as many as the cap on transfers in flight leaves room for,
+// unless something holds them back.
+func (c *Coordinator) startMoves(ctx context.Context, gen int64, sale string, sp SKUPlan) error {
+	if sp.Held != "" || len(sp.Moves) == 0 {
+		return nil
+	}
+	st := c.auto.Load()
+	room := c.cfg.Auto.MaxInFlight - sp.InFlight
+	for _, m := range sp.Moves[:min(room, len(sp.Moves))] {
+		seq := st.moving(skuKey{sale, sp.SKU}, c.cfg.Clock.Now())
+		id := fmt.Sprintf("auto-%d-%d-%d", gen, st.since.UnixMilli(), seq)
+		t, _, err := c.Transfer(ctx, TransferRequest{Sale: sale, SKU: sp.SKU, From: m.From, To: m.To, Units: m.Units, RequestID: id})
+		if err != nil {
+			return fmt.Errorf("automatic move of %d %s/%s %s → %s (request %s): %w", m.Units, sale, sp.SKU, m.From, m.To, id, err)
+		}
+		c.autoMoves.Add(1)
+		c.autoUnits.Add(int64(m.Units))
+		c.cfg.Logger.Info("automatic rebalance", "sale", sale, "sku", sp.SKU, "from", m.From, "to", m.To,
+			"units", m.Units, "transfer", t.ID, "state", t.State, "near_sell_out", sp.NearSellOut)
+	}
+	return nil
+}
+
+// AutoMoves is the transfers the automatic rebalancer started in this process's life, and
+// their units.
+func (c *Coordinator) AutoMoves() (moves, units int64) { return c.autoMoves.Load(), c.autoUnits.Load() }
+
+// AutoPolicy is the automatic rebalancer's policy, defaults filled in.
+func (c *Coordinator) AutoPolicy() transfer.Policy { return c.cfg.Auto.Policy }
