@@ -122,6 +122,47 @@ type autoState struct {
 	moved map[skuKey]time.Time
 	since time.Time
 	seq   int64
+	// idle is, per sale found without demand and without moves, when to plan it again:
+	// a sale that sold out or whose buyers are gone costs a plan every maxIdleWait, not
+	// every round. Bounded by the sales one round plans.
+	idle map[string]time.Time
+}
+
+// maxIdleWait is how long an idle sale waits between plans: how late the rebalancer may
+// notice its first buyers.
+const maxIdleWait = 2 * time.Second
+
+// due reports whether sale should be planned at now.
+func (s *autoState) due(sale string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !now.Before(s.idle[sale])
+}
+
+// planned records whether sale's plan at now found it idle.
+func (s *autoState) planned(sale string, idle bool, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if idle {
+		s.idle[sale] = now.Add(maxIdleWait)
+	} else {
+		delete(s.idle, sale)
+	}
+}
+
+// idlePlan reports whether a plan found no demand anywhere and nothing to move.
+func idlePlan(p SalePlan) bool {
+	for _, k := range p.SKUs {
+		if len(k.Moves) > 0 || k.InFlight > 0 {
+			return false
+		}
+		for _, d := range k.Pools {
+			if d.Recent > 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // lastMove is when key last moved, or when this term began.
@@ -335,12 +376,17 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 		return fmt.Errorf("list the sales to rebalance: %w", err)
 	}
 	var errs []error
+	st := c.auto.Load()
 	for _, sale := range sales {
+		if !st.due(sale, c.cfg.Clock.Now()) {
+			continue
+		}
 		plan, err := c.PlanRebalance(ctx, sale)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("plan sale %s: %w", sale, err))
 			continue
 		}
+		st.planned(sale, idlePlan(plan), plan.At)
 		for _, sp := range plan.SKUs {
 			if err := c.startMoves(ctx, gen, sale, sp); err != nil {
 				errs = append(errs, err)

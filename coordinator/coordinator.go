@@ -235,7 +235,7 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.gen, c.cancel = gen, cancel
 	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
 	c.auditedAt.Store(0)
-	c.auto.Store(&autoState{moved: map[skuKey]time.Time{}, since: c.cfg.Clock.Now()})
+	c.auto.Store(&autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, since: c.cfg.Clock.Now()})
 	c.wg.Add(6)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
