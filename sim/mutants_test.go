@@ -19,6 +19,7 @@ var (
 	flagPlanted      = flag.Bool("planted", false, "plant each known bug in a scratch copy of the tree and require the simulation to fail (make mutants)")
 	flagPlantedSeeds = flag.Int("planted-seeds", 1000, "seeds the simulation may take to catch each planted bug")
 	flagPlantedOnly  = flag.String("planted-only", "", "plant only the bug of this name")
+	flagPlantedAll   = flag.Bool("planted-all", false, "run every seed, not stopping at the first failure, and count the failing ones")
 )
 
 // plantedBug is a small textual change to one file of the tree: old must occur in it
@@ -89,12 +90,12 @@ func TestPlantedBugs(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			out, runErr := simIn(dir, *flagPlantedSeeds)
+			out, runErr := simIn(dir, *flagPlantedSeeds, !*flagPlantedAll)
 			seed, detail := firstFailure(out)
 			if runErr == nil || seed == 0 {
 				t.Fatalf("%s (%s): the simulation did not catch it in %d seeds (err %v):\n%s", b.name, b.what, *flagPlantedSeeds, runErr, out)
 			}
-			t.Logf("PLANTED %s: caught by seed %d (%s wall): %s", b.name, seed, time.Since(start).Round(time.Second), detail)
+			t.Logf("PLANTED %s: caught by seed %d%s (%s wall): %s", b.name, seed, failedOf(out), time.Since(start).Round(time.Second), detail)
 		})
 	}
 }
@@ -112,16 +113,27 @@ func plant(dir string, b plantedBug) error {
 	return os.WriteFile(path, []byte(strings.Replace(string(src), b.old, b.new, 1)), 0o644)
 }
 
-// simIn runs the simulation in module dir over seeds 1..seeds, stopping at the first
-// failure, bounded by 10 minutes.
-func simIn(dir string, seeds int) (string, error) {
+// simIn runs the simulation in module dir over seeds 1..seeds (with stop, none after the
+// first failure), bounded by 10 minutes.
+func simIn(dir string, seeds int, stop bool) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", "TestSimulation$", "./sim/",
-		"-args", "-seeds", strconv.Itoa(seeds), "-stop")
+		"-args", "-seeds", strconv.Itoa(seeds), "-stop="+strconv.FormatBool(stop))
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+var simLine = regexp.MustCompile(`SIM: (\d+) seeds \(\d+\.\.\d+\), (\d+) failed`)
+
+// failedOf is ", failing N of M seeds run" from a simulation's figures ("" without them).
+func failedOf(out string) string {
+	m := simLine.FindStringSubmatch(out)
+	if m == nil {
+		return ""
+	}
+	return fmt.Sprintf(", failing %s of %s seeds run", m[2], m[1])
 }
 
 var failedSeed = regexp.MustCompile(`(?m)seed (\d+), step (\d+) \(simulated [^)]*\): (.*(?:\n +[^ \n].*)?)$`)
