@@ -90,6 +90,8 @@ func (a *AutoRebalance) withDefaults() error {
 // PoolPlan is one pool in a plan: what was read of it and what the plan expects of it.
 type PoolPlan struct {
 	transfer.PoolDemand
+	// Need is what the pool should hold (transfer.Policy.Targets): its need over the horizon,
+	// or near sell-out its share of what is left by demand.
 	Need       transfer.Units
 	Projection transfer.Projection
 }
@@ -223,8 +225,9 @@ func (c *Coordinator) planSKU(sku string, pools []transfer.PoolDemand, open []tr
 		}
 	}
 	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: len(open), Moves: p.AutoPlan(pools)}
-	for _, d := range pools {
-		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: p.Need(d), Projection: p.Project(d)})
+	targets := p.Targets(pools)
+	for i, d := range pools {
+		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: targets[i], Projection: p.Project(d)})
 	}
 	return sp
 }

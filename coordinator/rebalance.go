@@ -24,6 +24,10 @@ type RebalanceRequest struct {
 	// a lost reply shows what the first call did and moves nothing more; default: one per
 	// minute.
 	RequestID string
+	// Auto plans with the automatic rebalancer's rule and settings (transfer.Policy.AutoPlan:
+	// units on their way, frozen pools, near sell-out sharing and crumbs) instead of Policy,
+	// which is then ignored: what the console's "apply" runs.
+	Auto bool
 }
 
 // RebalanceResult is the input the plan was made from, the plan, and the transfers run.
@@ -44,6 +48,9 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 	}
 	if why := transfer.CheckID(req.SKU); why != "" {
 		return res, apierr.Invalid("sku", "%s", why)
+	}
+	if req.Auto {
+		req.Policy = c.cfg.Auto.Policy
 	}
 	p := req.Policy
 	if p.Window <= 0 || p.Horizon <= 0 || p.MinUnits <= 0 {
@@ -81,6 +88,14 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 		}
 	}
 	res.Moves = p.Plan(res.Pools)
+	if req.Auto {
+		open, err := c.openTransfersOf(ctx, req.Sale)
+		if err != nil {
+			return res, err
+		}
+		sp := c.planSKU(req.SKU, res.Pools, open[req.SKU])
+		res.Moves = sp.Moves
+	}
 	if req.DryRun {
 		return res, nil
 	}

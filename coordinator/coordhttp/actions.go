@@ -43,8 +43,9 @@ type rebalanceJSON struct {
 	Replayed  bool           `json:"replayed"`
 }
 
-// rebalance runs the rebalancer's plan of one SKU (Coordinator.Rebalance). The page sends a
-// request id of its own per click, so a retry moves nothing more.
+// rebalance runs the automatic rebalancer's plan of one SKU now (Coordinator.Rebalance with
+// Auto), whatever holds it back (the sale's mode, the cooldown): an operator's decision. The
+// page sends a request id of its own per click, so a retry moves nothing more.
 func (h *handler) rebalance(w http.ResponseWriter, r *http.Request, s session) error {
 	var req struct {
 		SKU       string `json:"sku"`
@@ -59,7 +60,7 @@ func (h *handler) rebalance(w http.ResponseWriter, r *http.Request, s session) e
 	sale := r.PathValue("sale")
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
-	res, err := h.b.Rebalance(ctx, coordinator.RebalanceRequest{Sale: sale, SKU: req.SKU, Policy: h.opts.Policy,
+	res, err := h.b.Rebalance(ctx, coordinator.RebalanceRequest{Sale: sale, SKU: req.SKU, Auto: true,
 		RequestID: "console-" + req.RequestID})
 	h.opts.Logger.Info("console rebalance", "role", s.role, "name", s.name, "sale", sale, "sku", req.SKU,
 		"moves", len(res.Moves), "replayed", res.Replayed, "err", err)

@@ -58,6 +58,7 @@ type Backend interface {
 	RecentTransfers(ctx context.Context, sale string, limit int) ([]transfer.Transfer, error)
 	Regions() []coordinator.RegionLink
 	Rebalance(ctx context.Context, req coordinator.RebalanceRequest) (coordinator.RebalanceResult, error)
+	PlanRebalance(ctx context.Context, sale string) (coordinator.SalePlan, error)
 	Resolve(ctx context.Context, id string, refuse bool) (transfer.Transfer, error)
 	Audit(ctx context.Context, sale string) (coordinator.Report, error)
 	AuditViolations() int64
@@ -78,13 +79,7 @@ type Options struct {
 	Logger *slog.Logger
 	// Now tells the time; default time.Now.
 	Now func() time.Time
-	// Policy is the rebalancer's rule for the plan and its apply; default quotactl
-	// rebalance's (a minute's window and horizon, moves of at least 10 units).
-	Policy transfer.Policy
 }
-
-// DefaultPolicy is Options.Policy's default.
-var DefaultPolicy = transfer.Policy{Window: time.Minute, Horizon: time.Minute, MinUnits: 10}
 
 // Handler serves the console under Prefix.
 func Handler(b Backend, opts Options) http.Handler {
@@ -93,9 +88,6 @@ func Handler(b Backend, opts Options) http.Handler {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
-	}
-	if opts.Policy == (transfer.Policy{}) {
-		opts.Policy = DefaultPolicy
 	}
 	h := &handler{b: b, opts: opts, sessions: newSessions(), views: newViewCache()}
 	mux := http.NewServeMux()

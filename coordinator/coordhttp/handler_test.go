@@ -64,6 +64,13 @@ func (f *fakeBackend) Rebalance(_ context.Context, req coordinator.RebalanceRequ
 	return coordinator.RebalanceResult{Pools: []transfer.PoolDemand{{Pool: "us", Available: 40}}}, nil
 }
 
+func (f *fakeBackend) PlanRebalance(_ context.Context, sale string) (coordinator.SalePlan, error) {
+	return coordinator.SalePlan{Sale: sale, Mode: coordinator.RebalanceAuto, Enabled: true, SKUs: []coordinator.SKUPlan{{SKU: "phone",
+		Pools: []coordinator.PoolPlan{{PoolDemand: transfer.PoolDemand{Pool: "us", Available: 40, Recent: 20}, Need: 60,
+			Projection: transfer.Projection{PerSecond: 2, EmptyIn: 20 * time.Second}}},
+		Moves: []transfer.Move{{From: "eu", To: "us", Units: 20}}, Held: "cooling down"}}}, nil
+}
+
 func (f *fakeBackend) Resolve(_ context.Context, id string, _ bool) (transfer.Transfer, error) {
 	f.resolves.Add(1)
 	return transfer.Transfer{ID: id, Sale: "s", State: transfer.Posted}, nil
@@ -327,7 +334,14 @@ func TestSaleView(t *testing.T) {
 			ID, Reason string
 			Stranded   bool
 		}
-		Plans []struct{ SKU string }
+		Plans []struct {
+			SKU, Held string
+			Pools     []struct {
+				Need       int64
+				EmptyInSec *float64 `json:"empty_in_sec"`
+			}
+			Moves []struct{ Units int64 }
+		}
 		Audit struct{ OK, Ran bool }
 	}
 	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil || w.Code != 200 {
@@ -342,6 +356,10 @@ func TestSaleView(t *testing.T) {
 	}
 	if len(v.Transfers) != 1 || !v.Transfers[0].Stranded || v.Transfers[0].Reason == "" || len(v.Plans) != 1 || !v.Audit.Ran || !v.Audit.OK {
 		t.Fatalf("view %s", w.Body)
+	}
+	if p := v.Plans[0]; p.SKU != "phone" || p.Held != "cooling down" || len(p.Moves) != 1 || p.Moves[0].Units != 20 ||
+		len(p.Pools) != 1 || p.Pools[0].Need != 60 || p.Pools[0].EmptyInSec == nil || *p.Pools[0].EmptyInSec != 20 {
+		t.Fatalf("plan %+v; want the automatic rebalancer's: 20 eu → us held back, us needing 60, empty in 20 s", p)
 	}
 }
 

@@ -74,18 +74,28 @@ func toTransferJSON(t transfer.Transfer, now time.Time) transferJSON {
 		AgeSec: now.Sub(t.CreatedAt).Seconds(), Open: !t.State.Final()}
 }
 
+// planJSON is the automatic rebalancer's next step for one SKU (coordinator.SKUPlan).
 type planJSON struct {
-	SKU   string         `json:"sku"`
-	Pools []planPoolJSON `json:"pools"`
-	Moves []moveJSON     `json:"moves"`
-	Error string         `json:"error,omitempty"`
+	SKU         string         `json:"sku"`
+	Mode        string         `json:"mode"`
+	Enabled     bool           `json:"auto_rebalance"`
+	NearSellOut bool           `json:"near_sell_out"`
+	InFlight    int            `json:"in_flight"`
+	Held        string         `json:"held"`
+	Pools       []planPoolJSON `json:"pools"`
+	Moves       []moveJSON     `json:"moves"`
+	Error       string         `json:"error,omitempty"`
 }
 
 type planPoolJSON struct {
-	Pool      string `json:"pool"`
-	Available int64  `json:"available"`
-	Recent    int64  `json:"recent"`
-	Need      int64  `json:"need"`
+	Pool       string   `json:"pool"`
+	Available  int64    `json:"available"`
+	Incoming   int64    `json:"incoming"`
+	Recent     int64    `json:"recent"`
+	Need       int64    `json:"need"`
+	PerSecond  float64  `json:"per_second"`
+	EmptyInSec *float64 `json:"empty_in_sec"` // null: no demand, never empty
+	Frozen     bool     `json:"frozen"`
 }
 
 type moveJSON struct {

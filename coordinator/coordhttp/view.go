@@ -218,23 +218,31 @@ func toPoolView(region string, p transfer.PoolBooks, recent transfer.Units) pool
 	return pv
 }
 
-// readPlans asks the coordinator's rebalancer for its plan of each SKU (a dry run: nothing
-// moves), for the first maxPlanSKUs SKUs.
+// readPlans asks the coordinator's automatic rebalancer what it would do next for each SKU
+// and why (Coordinator.PlanRebalance: it reads, nothing moves), for the first maxPlanSKUs
+// SKUs.
 func (h *handler) readPlans(ctx context.Context, v *saleView) []planJSON {
 	plans := []planJSON{}
-	for i, k := range v.SKUs {
+	plan, err := h.b.PlanRebalance(ctx, v.Sale)
+	if err != nil {
+		return append(plans, planJSON{Pools: []planPoolJSON{}, Moves: []moveJSON{}, Error: err.Error()})
+	}
+	for i, k := range plan.SKUs {
 		if i == maxPlanSKUs {
 			break
 		}
-		p := planJSON{SKU: k.SKU, Pools: []planPoolJSON{}, Moves: []moveJSON{}}
-		res, err := h.b.Rebalance(ctx, coordinator.RebalanceRequest{Sale: v.Sale, SKU: k.SKU, Policy: h.opts.Policy, DryRun: true})
-		if err != nil {
-			p.Error = err.Error()
+		p := planJSON{SKU: k.SKU, Mode: string(plan.Mode), Enabled: plan.Enabled, NearSellOut: k.NearSellOut,
+			InFlight: k.InFlight, Held: k.Held, Pools: []planPoolJSON{}, Moves: []moveJSON{}}
+		for _, d := range k.Pools {
+			pp := planPoolJSON{Pool: d.Pool, Available: int64(d.Available), Incoming: int64(d.Incoming), Recent: int64(d.Recent),
+				Need: int64(d.Need), PerSecond: d.Projection.PerSecond, Frozen: d.Frozen}
+			if d.Projection.EmptyIn >= 0 {
+				secs := d.Projection.EmptyIn.Seconds()
+				pp.EmptyInSec = &secs
+			}
+			p.Pools = append(p.Pools, pp)
 		}
-		for _, d := range res.Pools {
-			p.Pools = append(p.Pools, planPoolJSON{d.Pool, int64(d.Available), int64(d.Recent), int64(h.opts.Policy.Need(d))})
-		}
-		for _, m := range res.Moves {
+		for _, m := range k.Moves {
 			p.Moves = append(p.Moves, moveJSON{m.From, m.To, int64(m.Units)})
 		}
 		plans = append(plans, p)

@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
+	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/transfer"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,7 +164,10 @@ func startConsoleCoordinator(t *testing.T, tc *testCluster) (*cluster.Coordinato
 	defer cancel()
 	n, err := cluster.StartCoordinator(ctx, cluster.CoordinatorConfig{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", DBURL: tc.ledger,
 		Regions: tc.eps, LeaseTTL: 2 * time.Second, StrandAfter: time.Nanosecond, RetryInterval: time.Hour,
-		TLS: certs, ConsoleKeys: keys, Logger: testLogger()}, tc.etcd)
+		TLS: certs, ConsoleKeys: keys, Logger: testLogger(),
+		// The rebalancer does not run by itself here; its plan reads a minute of demand, so
+		// the page's plan stands still while the test clicks.
+		Auto: coordinator.AutoRebalance{Policy: transfer.Policy{Window: time.Minute, Horizon: 10 * time.Minute, MinUnits: 5}}}, tc.etcd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,6 +285,36 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	samePools(t, op, tc)
 	screenshot(t, op, shots, "resolved")
+	applyFromPage(t, op, tc, c, shots)
+}
+
+// applyFromPage: a sale whose buyers all came to ap shows the rebalancer's plan of moves
+// toward ap; the operator's "apply now" starts them as fenced transfers, the pools then
+// match quotactl stock again and the audit is clean.
+func applyFromPage(t *testing.T, op context.Context, tc *testCluster, c quotav1.CoordinatorServiceClient, shots string) {
+	t.Helper()
+	createSale(t, c, "apply", 30, 5, time.Minute)
+	before := tc.stock("ap", "apply").GetAvailable()
+	if _, err := tc.region("ap").Reserve(context.Background(), &quotav1.ReserveRequest{SaleId: "apply", Sku: "phone", UserId: "buyer",
+		Quantity: 5, RequestKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	eval[string](t, op, `location.hash = '#/sale/apply'`)
+	step(t, op, "open the sale with demand at ap", chromedp.WaitVisible(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
+	screenshot(t, op, shots, "plan")
+	step(t, op, "apply the plan", chromedp.Click(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
+	waitFor(t, "the plan's transfers to ap", 15*time.Second, func() bool {
+		for _, tr := range listTransfers(t, c, "apply") {
+			if tr.GetFrom() != transfer.Unallocated && tr.GetTo() == "ap" && tr.GetState() == "posted" {
+				return true
+			}
+		}
+		return false
+	})
+	if after := tc.stock("ap", "apply").GetAvailable(); after <= before-5 {
+		t.Fatalf("ap has %d available after the apply (%d before the 5 held); want more", after, before)
+	}
+	auditOK(t, c, "apply")
 }
 
 // resolveFromPage clicks the transfer's resolve button until the ledger has it posted, as an

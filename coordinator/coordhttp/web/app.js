@@ -184,14 +184,21 @@ function transferRow(t) {
 
 function planSection(p) {
   const can = state.session.can_change && p.moves.length > 0;
+  const notes = [];
+  if (p.mode) notes.push(flag('rebalance ' + p.mode + (p.auto_rebalance ? '' : ' (off on this coordinator)'), p.mode === 'auto' && p.auto_rebalance ? 'ok' : ''));
+  if (p.near_sell_out) notes.push(flag('near sell-out', 'warn'));
+  if (p.in_flight) notes.push(flag(p.in_flight + ' in flight', ''));
   return el('div', { class: 'plan', 'data-sku': p.sku },
-    el('h3', {}, p.sku, can ? el('button', { class: 'action apply', 'data-sku': p.sku, onclick: () => apply(p.sku) }, 'apply') : ''),
+    el('h3', {}, p.sku || 'plan', ' ', notes, can ? el('button', { class: 'action apply', 'data-sku': p.sku, onclick: () => apply(p.sku) }, 'apply now') : ''),
     p.error ? el('p', { class: 'error' }, p.error) : '',
-    el('table', {}, el('tr', {}, el('th', {}, 'pool'), el('th', { class: 'num' }, 'available'),
-      el('th', { class: 'num' }, 'reserved in the window'), el('th', { class: 'num' }, 'needs')),
-    p.pools.map(d => el('tr', {}, el('td', {}, d.pool), el('td', { class: 'num' }, d.available),
-      el('td', { class: 'num' }, d.recent), el('td', { class: 'num' }, d.need)))),
-    el('p', {}, p.moves.length ? 'Moves: ' + p.moves.map(m => m.units + ' ' + m.from + ' → ' + m.to).join(', ') : 'No move planned.'));
+    el('table', {}, el('tr', {}, el('th', {}, 'pool'), el('th', { class: 'num' }, 'available'), el('th', { class: 'num' }, 'on its way'),
+      el('th', { class: 'num' }, 'reserved in the window'), el('th', { class: 'num' }, 'per second'), el('th', { class: 'num' }, 'needs'),
+      el('th', { class: 'num' }, 'empty in')),
+    p.pools.map(d => el('tr', {}, el('td', {}, d.pool, d.frozen ? ' ' : '', d.frozen ? flag('frozen: a stranded transfer left it', 'bad') : ''),
+      el('td', { class: 'num' }, d.available), el('td', { class: 'num' }, d.incoming), el('td', { class: 'num' }, d.recent),
+      el('td', { class: 'num' }, d.per_second.toFixed(1)), el('td', { class: 'num' }, d.need), el('td', { class: 'num' }, duration(d.empty_in_sec))))),
+    el('p', {}, p.moves.length ? 'Next: ' + p.moves.map(m => m.units + ' ' + m.from + ' → ' + m.to).join(', ') : 'Nothing to move.'),
+    p.held ? el('p', { class: 'muted held' }, 'Held back: ' + p.held) : '');
 }
 
 function auditSection(a) {
