@@ -2,12 +2,15 @@ package bench
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -223,5 +226,33 @@ func TestParsePidStat(t *testing.T) {
 		if _, ok := parsePidStat(bad); ok {
 			t.Errorf("parsePidStat(%q) ok, want not", bad)
 		}
+	}
+}
+
+// A run interrupted while (g) runs fails, and still stops its redis-server and removes its
+// directory.
+func TestRedisRunCanceledLeavesNothing(t *testing.T) {
+	redisPath(t)
+	before := scratchDirs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	cfg := Config{PGURL: testpg.AdminURL(), DBPrefix: "quota_t_redis_cancel", Concurrency: 4, Stock: 1_000_000,
+		Variants: []string{VariantRedisAlways}, Duration: 40 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Progress: func(m string) {
+			if strings.HasSuffix(m, "(g) running") {
+				go func() { time.Sleep(300 * time.Millisecond); cancel() }()
+			}
+		}}
+	_, err := Run(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("a run canceled during (g): %v, want the cancellation", err)
+	}
+	t.Log(err)
+	if n := liveRedis.Load(); n != 0 {
+		t.Fatalf("%d redis-server processes still running after a canceled run", n)
+	}
+	if after := scratchDirs(t); len(after) > len(before) {
+		t.Fatalf("scratch directories left: %v (before %v)", after, before)
 	}
 }
