@@ -214,8 +214,11 @@ func printBench(w io.Writer, rep *bench.Report) {
 	if s.SQLConnsPerRun {
 		pool = "min(callers, 64)"
 	}
-	fmt.Fprintf(w, "PostgreSQL %s (synchronous_commit %s); %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %s connections\n",
-		s.PostgreSQL, s.SynchronousCommit, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, pool)
+	pg := fmt.Sprintf("PostgreSQL %s (synchronous_commit %s)", s.PostgreSQL, s.SynchronousCommit)
+	if s.PostgreSQL == "" {
+		pg = "PostgreSQL not used"
+	}
+	fmt.Fprintf(w, "%s; %s, GOMAXPROCS %d, %d CPUs, %s; SQL pool %s connections\n", pg, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.GC, pool)
 	fmt.Fprintf(w, "region: %s\n", s.Region)
 	if s.RedisServer != "" {
 		fmt.Fprintf(w, "redis: %s, appendonly yes, save \"\"\n", s.RedisServer)
@@ -243,6 +246,9 @@ func printBench(w io.Writer, rep *bench.Report) {
 		fmt.Fprintf(w, "%-12s %-57s %9.0f %9.0f %8.2f %8.2f %8.2f %7d %8d %6d %7.2f %9.1f %6.1f %10.1f  %s\n", name, v.Label, v.ReservationsPerSec,
 			v.OpsPerSec, v.Latency.P50, v.Latency.P99, v.Latency.P999, v.Sold, v.Oversell, v.Errors, v.MeasuredSec, v.ProcessCPUPerOp,
 			v.MachineBusyPct, v.MachineCPUPerOp, v.Check)
+		if v.ServerCPUPerOp > 0 {
+			fmt.Fprintf(w, "     redis-server: %.1f µs of CPU per take (the client's is the cpu column)\n", v.ServerCPUPerOp)
+		}
 		if v.FirstError != "" {
 			fmt.Fprintf(w, "     first error: %s\n", v.FirstError)
 		}

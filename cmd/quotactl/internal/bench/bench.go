@@ -421,7 +421,10 @@ type VariantResult struct {
 	// Rate ≈ CPUs × MachineBusyPct/100 ÷ MachineCPUPerOp. The kernel counts it in 10 ms
 	// ticks, so it agrees with ProcessCPUPerOp (exact) to a few percent. 0: unknown.
 	MachineCPUPerOp float64 `json:"machine_cpu_us_per_op,omitempty"`
-	Skipped         string  `json:"skipped,omitempty"`
+	// ServerCPUPerOp, for (g) and (h), is the redis-server process's CPU during the variant
+	// per operation, in µs (Linux, 10 ms ticks): ProcessCPUPerOp is the client's side only.
+	ServerCPUPerOp float64 `json:"server_cpu_us_per_op,omitempty"`
+	Skipped        string  `json:"skipped,omitempty"`
 }
 
 // Report is a whole run: the setup, every variant, the best K of (c), and the ratios that

@@ -2,12 +2,15 @@ package bench
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -40,7 +43,7 @@ func TestRedisVariantsSellExactlyTheStock(t *testing.T) {
 	for _, v := range rep.Variants {
 		got = append(got, v.Variant)
 		checkVariant(t, v, stock)
-		if v.Variant != VariantRegion && (v.Reservations != int64(stock) || v.Errors != 0) {
+		if v.Variant != VariantRegion && (v.Reservations != int64(stock) || v.Errors != 0 || v.ServerCPUPerOp < 0) {
 			t.Errorf("(%s@%d): %d taken, %d errors, want %d and 0", v.Variant, v.Concurrency, v.Reservations, v.Errors, stock)
 		}
 	}
@@ -210,5 +213,46 @@ func TestRedisRatiosAtThePeak(t *testing.T) {
 	}
 	if h := ratioNamed(t, rep.Ratios, "d/h"); h.Value != 0.667 || h.Target != 0.6 || !h.Met {
 		t.Errorf("d/h %+v, want 0.667 against ≥ 0.6, met", h)
+	}
+}
+
+// parsePidStat reads utime + stime after the command name, which may hold spaces and ')'.
+func TestParsePidStat(t *testing.T) {
+	line := "4242 (redis server) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 5 0 100 1000 200"
+	if got, ok := parsePidStat(line); !ok || got != 2870*time.Millisecond {
+		t.Fatalf("parsePidStat = %s, %v; want 2.87s (287 ticks)", got, ok)
+	}
+	for _, bad := range []string{"", "4242 (x) S 1 2", "4242 (x) S 1 4242 4242 0 -1 4194560 100 0 0 0 nope 37"} {
+		if _, ok := parsePidStat(bad); ok {
+			t.Errorf("parsePidStat(%q) ok, want not", bad)
+		}
+	}
+}
+
+// A run interrupted while (g) runs fails, and still stops its redis-server and removes its
+// directory.
+func TestRedisRunCanceledLeavesNothing(t *testing.T) {
+	redisPath(t)
+	before := scratchDirs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	cfg := Config{PGURL: testpg.AdminURL(), DBPrefix: "quota_t_redis_cancel", Concurrency: 4, Stock: 1_000_000,
+		Variants: []string{VariantRedisAlways}, Duration: 40 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Progress: func(m string) {
+			if strings.HasSuffix(m, "(g) running") {
+				go func() { time.Sleep(300 * time.Millisecond); cancel() }()
+			}
+		}}
+	_, err := Run(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("a run canceled during (g): %v, want the cancellation", err)
+	}
+	t.Log(err)
+	if n := liveRedis.Load(); n != 0 {
+		t.Fatalf("%d redis-server processes still running after a canceled run", n)
+	}
+	if after := scratchDirs(t); len(after) > len(before) {
+		t.Fatalf("scratch directories left: %v (before %v)", after, before)
 	}
 }

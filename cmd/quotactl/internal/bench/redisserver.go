@@ -205,3 +205,36 @@ func (b *tailBuffer) String() string {
 	defer b.mu.Unlock()
 	return strings.TrimSpace(b.buf.String())
 }
+
+// cpu is the CPU (user and system) the server process has used so far, from
+// /proc/<pid>/stat in 10 ms ticks; ok is false where that cannot be read (not Linux).
+func (s *redisServer) cpu() (time.Duration, bool) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0, false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, false
+	}
+	return parsePidStat(string(b))
+}
+
+// parsePidStat reads utime and stime (fields 14 and 15) of a /proc/<pid>/stat line. The
+// command name (field 2) is in parentheses and may hold spaces, so fields are counted after
+// its closing parenthesis.
+func parsePidStat(text string) (time.Duration, bool) {
+	i := strings.LastIndexByte(text, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(text[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil || u < 0 || st < 0 {
+		return 0, false
+	}
+	return time.Duration(u+st) * (time.Second / userHZ), true
+}

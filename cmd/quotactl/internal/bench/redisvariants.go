@@ -217,7 +217,11 @@ func runRedis(ctx context.Context, cfg *Config, v redisVariant) (res VariantResu
 	}
 	cfg.progress("(%s) running", v.name)
 	prefix := v.name + strconv.FormatUint(cfg.Seed, 10) + "-"
+	cpu0, ok0 := srv.cpu()
 	res = cfg.stockLoad(func(int) attempt { return t.attempt(prefix) }).run(ctx)
+	if cpu1, ok1 := srv.cpu(); ok0 && ok1 && res.Ops > 0 {
+		res.ServerCPUPerOp = round1(float64(cpu1-cpu0) / float64(time.Microsecond) / float64(res.Ops))
+	}
 	res.Variant, res.Label, res.Stock = v.name, v.label, cfg.Stock
 	b, err := t.books(ctx)
 	if err != nil {
