@@ -44,6 +44,8 @@ type DevConfig struct {
 	// AuditInterval is the coordinator's continuous audit (CoordinatorConfig.AuditInterval);
 	// 0: none.
 	AuditInterval time.Duration
+	// NoMetrics runs the regions without their metrics (RegionConfig.NoMetrics).
+	NoMetrics bool
 	// Auto is the coordinator's automatic rebalancer (CoordinatorConfig.Auto).
 	Auto coordinator.AutoRebalance
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
@@ -259,7 +261,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		rc := cfg.Region
 		rc.Name = name
 		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-			LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger}, d.EtcdClient)
+			LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, d.EtcdClient)
 		if err != nil {
 			return err
 		}

@@ -41,6 +41,8 @@ type nodeMetrics struct {
 	http     *metrics.HTTP
 	takeover prometheus.Histogram
 	labels   prometheus.Labels // role and region
+	// off leaves the gRPC server without the metrics' interceptors (RegionConfig.NoMetrics).
+	off bool
 }
 
 // newNodeMetrics makes a node's registry: the Go and process collectors, the gRPC and HTTP
@@ -67,6 +69,9 @@ func (m *nodeMetrics) leader(leading func() bool) {
 
 // serverOptions adds the gRPC metrics' interceptors to opts.
 func (m *nodeMetrics) serverOptions(opts rpcserve.Options) rpcserve.Options {
+	if m.off {
+		return opts
+	}
 	opts.Unary = append(opts.Unary, m.grpc.UnaryServerInterceptor())
 	opts.Stream = append(opts.Stream, m.grpc.StreamServerInterceptor())
 	return opts

@@ -27,6 +27,9 @@ import (
 // RegionConfig configures one region process.
 type RegionConfig struct {
 	Region region.Config
+	// NoMetrics leaves out the region's counts and the gRPC server's metrics (its /metrics
+	// still serves the process's): for the benchmark that measures what metrics cost.
+	NoMetrics bool
 	// Listen is the gRPC address (host:port; port 0 picks one).
 	Listen string
 	// DBURL is the region's own database.
@@ -175,7 +178,9 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		cfg.Region.Tickets = keys.get
 	}
 	nm := newNodeMetrics(roleRegion, cfg.Region.Name)
-	cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
+	if nm.off = cfg.NoMetrics; !nm.off {
+		cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
+	}
 	r, db, err := openRegion(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -56,6 +56,9 @@ const (
 	VariantRedisAlways = "g"
 	// VariantRedisEverysec is the Redis take with appendfsync everysec (can lose the last second).
 	VariantRedisEverysec = "h"
+	// VariantRegionBare is (d) on a region without metrics: what the metrics cost the hot
+	// path, side by side.
+	VariantRegionBare = "i"
 )
 
 // Defaults of Config.Duration and Config.Warmup.
@@ -66,7 +69,7 @@ const (
 
 // AllVariants lists every variant in run order.
 var AllVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut,
-	VariantRedisAlways, VariantRedisEverysec}
+	VariantRedisAlways, VariantRedisEverysec, VariantRegionBare}
 
 // DefaultVariants are the ones a run without Variants runs: every one but the Redis peer,
 // which needs redis-server installed.
@@ -253,7 +256,7 @@ func (c *Config) checkVariants() error {
 	seen := map[string]bool{}
 	for _, v := range c.Variants {
 		if !slices.Contains(AllVariants, v) {
-			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f, g, h", v)
+			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f, g, h, i", v)
 		}
 		if seen[v] {
 			return fmt.Errorf("variants: %q listed twice", v)
@@ -512,6 +515,14 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 			return nil, err
 		}
 		out = append(out, res...)
+	}
+	if cfg.wants(VariantRegionBare) {
+		res, err := runBare(ctx, &cfg, dbs)
+		if err != nil {
+			return nil, fmt.Errorf("variant %s: %w", VariantRegionBare, err)
+		}
+		cfg.progress("%s", res.oneLine())
+		out = append(out, res)
 	}
 	for _, v := range cfg.redisVariants() {
 		res, err := runRedis(ctx, &cfg, v)

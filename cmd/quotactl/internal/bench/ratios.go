@@ -26,7 +26,7 @@ type ConcurrencyRatios struct {
 // compared are the variants (medians over the rounds) that one set of ratios compares, all
 // at one concurrency.
 type compared struct {
-	b, c, d, e, f, g, h *VariantResult
+	b, c, d, e, f, g, h, i *VariantResult
 }
 
 // finish computes the ratios whose variants all ran, over the variants' medians across the
@@ -78,7 +78,7 @@ func (r *Report) concurrencies() []int {
 func (r *Report) at(n int) compared {
 	return compared{b: r.medianAt(VariantConditional, n), c: r.bestBuckets(n), d: r.medianAt(VariantRegion, n),
 		e: r.medianAt(VariantNoop, n), f: r.medianAt(VariantSoldOut, n), g: r.medianAt(VariantRedisAlways, n),
-		h: r.medianAt(VariantRedisEverysec, n)}
+		h: r.medianAt(VariantRedisEverysec, n), i: r.medianAt(VariantRegionBare, n)}
 }
 
 // peak is the variant's median at the concurrency among ns where its throughput is highest.
@@ -136,6 +136,9 @@ func ratiosOf(x compared) []Ratio {
 	}
 	if x.d != nil && x.g != nil {
 		add("d/g", "reservations/s of (d) region over (g) Redis Lua take, appendfsync always", x.d.ReservationsPerSec, x.g.ReservationsPerSec, 1, false)
+	}
+	if x.d != nil && x.i != nil {
+		add("d/i", "reservations/s of (d) region over (i) the same region without metrics", x.d.ReservationsPerSec, x.i.ReservationsPerSec, 0.95, false)
 	}
 	if x.d != nil && x.h != nil {
 		add("d/h", "reservations/s of (d) region over (h) Redis Lua take, appendfsync everysec", x.d.ReservationsPerSec, x.h.ReservationsPerSec, 0.6, false)

@@ -42,7 +42,7 @@ type rig struct {
 // asked for.
 func runRegion(ctx context.Context, cfg *Config, dbs *databases) ([]VariantResult, error) {
 	cfg.progress("starting the in-process cluster (etcd, coordinator, region %s)", benchRegion)
-	g, err := startRig(ctx, cfg, dbs)
+	g, err := startRig(ctx, cfg, dbs, false)
 	if err != nil {
 		return nil, err
 	}
@@ -76,9 +76,23 @@ func runRegion(ctx context.Context, cfg *Config, dbs *databases) ([]VariantResul
 	return out, nil
 }
 
+// runBare runs (d) again on a cluster of its own whose region counts nothing for Prometheus
+// and whose gRPC server has no metrics interceptors: (i), the cost of the metrics.
+func runBare(ctx context.Context, cfg *Config, dbs *databases) (VariantResult, error) {
+	cfg.progress("starting the in-process cluster without metrics")
+	g, err := startRig(ctx, cfg, dbs, true)
+	if err != nil {
+		return VariantResult{}, err
+	}
+	defer g.close()
+	res, err := g.runReserve(ctx, cfg)
+	res.Variant, res.Label = VariantRegionBare, "region Reserve over gRPC, without metrics"
+	return res, err
+}
+
 // startRig starts an all-in-one cluster with one region on free ports, creates the sale with
 // cfg.Stock units in that region, and connects a client.
-func startRig(ctx context.Context, cfg *Config, dbs *databases) (g *rig, err error) {
+func startRig(ctx context.Context, cfg *Config, dbs *databases, noMetrics bool) (g *rig, err error) {
 	g = &rig{}
 	defer func() {
 		if err != nil {
@@ -89,6 +103,9 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases) (g *rig, err err
 		return nil, err
 	}
 	prefix := cfg.DBPrefix + "_cl"
+	if noMetrics {
+		prefix = cfg.DBPrefix + "_cb"
+	}
 	for _, role := range []string{"coordinator", benchRegion} {
 		name := cluster.DBName(prefix, role)
 		dbs.track(name)
@@ -97,7 +114,7 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases) (g *rig, err err
 		}
 	}
 	g.dev, err = cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{benchRegion}, PGURL: cfg.PGURL, DBPrefix: prefix,
-		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region,
+		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region, NoMetrics: noMetrics,
 		// The bench's private cluster on loopback runs plaintext gRPC, so its figures are
 		// comparable with those recorded before the servers served TLS.
 		Insecure: true})
