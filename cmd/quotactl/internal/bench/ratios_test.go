@@ -149,3 +149,17 @@ func TestSweepSizesTheSQLPoolPerConcurrency(t *testing.T) {
 		t.Errorf("given pool: %v, per concurrency %v; want 4 everywhere", err, given.sqlConnsDefault)
 	}
 }
+
+// The metrics' cost is (d) over (i), met at 0.95 or more.
+func TestMetricsCostRatio(t *testing.T) {
+	for _, tc := range []struct {
+		d, i float64
+		met  bool
+	}{{19000, 20000, true}, {18000, 20000, false}} {
+		rep := &Report{Variants: []VariantResult{sweepResult("d", 64, tc.d, 10), sweepResult("i", 64, tc.i, 10)}}
+		rep.finish()
+		if got := ratioNamed(t, rep.Ratios, "d/i"); got.Met != tc.met || got.Target != 0.95 {
+			t.Errorf("d %v, i %v: d/i %+v; want met %v", tc.d, tc.i, got, tc.met)
+		}
+	}
+}
