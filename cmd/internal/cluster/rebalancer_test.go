@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// testAuto is a quick automatic rebalancer for tests: it reads demand over 2 s and stocks
-// each region for 6 s of it.
+// testAuto is a quick automatic rebalancer for tests: it reads demand over 5 s and stocks
+// each region for 15 s of it.
 var testAuto = coordinator.AutoRebalance{Enabled: true, Every: 200 * time.Millisecond, Cooldown: 300 * time.Millisecond,
-	MaxInFlight: 3, Policy: transfer.Policy{Window: 2 * time.Second, Horizon: 6 * time.Second, MinUnits: 5}}
+	MaxInFlight: 3, Policy: transfer.Policy{Window: 5 * time.Second, Horizon: 15 * time.Second, MinUnits: 5}}
 
 // addAutoCoordinator starts a coordinator with the automatic rebalancer auto.
 func (tc *testCluster) addAutoCoordinator(auto coordinator.AutoRebalance) *cluster.CoordinatorNode {
@@ -88,7 +88,6 @@ func TestAutoRebalanceFollowsTheBuyers(t *testing.T) {
 	}
 	c := tc.coordinator(n)
 	createSale(t, c, "auto", 200, 1, time.Minute) // us 80, eu 70, ap 50
-	createManualSale(t, c, "fixed", 200)
 	bought := buyAt(t, tc.region("ap"), "auto", "ap-buyer", 20*time.Millisecond, 90*time.Second, nil)
 	if bought < 199 {
 		t.Fatalf("ap sold %d of 200 units; want at least 199 (99.5%%) with the rebalancer moving the rest to it", bought)
@@ -107,25 +106,20 @@ func TestAutoRebalanceFollowsTheBuyers(t *testing.T) {
 	}
 	auditOK(t, c, "auto")
 	t.Logf("ap sold %d of 200 units through %d automatic transfers", bought, auto)
-	// The manual sale's buyers at ap run dry at its 50 units: the plan would feed ap, but
-	// the sale's mode holds the moves back, and nothing moves.
-	stop, done := make(chan struct{}), make(chan int64)
-	go func() {
-		done <- buyAt(t, tc.region("ap"), "fixed", "fixed-buyer", 50*time.Millisecond, 20*time.Second, stop)
-	}()
-	waitFor(t, "ap's manual pool to run low", 15*time.Second, func() bool { return tc.stock("ap", "fixed").GetAvailable() <= 10 })
+	// The manual sale's buyers at ap take its 5 units at once: the plan would feed ap from
+	// the other regions, but the sale's mode holds the moves back, and nothing moves.
+	createManualSale(t, c, "fixed", 20) // us 8, eu 7, ap 5
+	if got := buyAt(t, tc.region("ap"), "fixed", "fixed-buyer", 10*time.Millisecond, time.Second, nil); got != 5 {
+		t.Fatalf("the manual sale sold %d units at ap; want its own 5", got)
+	}
 	plan, err := c.PlanRebalance(ctx, &quotav1.PlanRebalanceRequest{SaleId: "fixed"})
-	close(stop)
-	got := <-done
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sp := plan.GetSkus()[0]; plan.GetMode() != "manual" || len(sp.GetMoves()) == 0 || !strings.Contains(sp.GetHeld(), "manual") {
 		t.Fatalf("manual sale's plan %v; want moves toward ap held back by the manual mode", plan)
 	}
-	if got > 50 {
-		t.Fatalf("the manual sale sold %d units at ap; want at most its own 50", got)
-	}
+	time.Sleep(3 * testAuto.Every)
 	if n := len(listTransfers(t, c, "fixed")); n != 3 {
 		t.Fatalf("the manual sale has %d transfers; want only its 3 allocations", n)
 	}
@@ -151,13 +145,17 @@ func createManualSale(t *testing.T, c quotav1.CoordinatorServiceClient, sale str
 // region still sells at least 99.5% of the units.
 func TestAutoRebalanceSurvivesCoordinatorCrash(t *testing.T) {
 	tc := newTestCluster(t, "us", "eu", "ap")
-	first := tc.addAutoCoordinator(testAuto)
+	// Demand over 2 s stocked for 4 s: the rebalancer moves a little at a time, so it is
+	// moving when the leader dies.
+	auto := testAuto
+	auto.Policy = transfer.Policy{Window: 2 * time.Second, Horizon: 4 * time.Second, MinUnits: 5}
+	first := tc.addAutoCoordinator(auto)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := first.WaitLeading(ctx); err != nil {
 		t.Fatal(err)
 	}
-	standby := tc.addAutoCoordinator(testAuto)
+	standby := tc.addAutoCoordinator(auto)
 	createSale(t, tc.coordinator(first), "crash", 400, 1, time.Minute) // us 160, eu 140, ap 100
 	done := make(chan int64)
 	go func() { done <- buyAt(t, tc.region("ap"), "crash", "buyer", 15*time.Millisecond, 90*time.Second, nil) }()
@@ -185,13 +183,14 @@ func TestAutoRebalanceSurvivesCoordinatorCrash(t *testing.T) {
 		return true
 	})
 	auditOK(t, c, "crash")
-	moved := 0
+	moved, gens := 0, map[int64]int{}
 	for _, tr := range listTransfers(t, c, "crash") {
 		if tr.GetFrom() != transfer.Unallocated && tr.GetState() == "posted" {
 			moved++
+			gens[tr.GetGeneration()]++
 		}
 	}
-	t.Logf("ap sold %d of 400 units; %d automatic transfers posted across the crash", bought, moved)
+	t.Logf("ap sold %d of 400 units; %d automatic transfers posted across the crash, by generation %v", bought, moved, gens)
 	if bought < 398 {
 		t.Fatalf("ap sold %d of 400 units; want at least 398 (99.5%%) across the coordinator's crash", bought)
 	}
