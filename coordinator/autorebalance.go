@@ -204,16 +204,29 @@ func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan,
 	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
 	for _, k := range s.SKUs {
 		pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: k.Unallocated}}, regions[k.SKU]...)
-		sp := c.planSKU(k.SKU, pools, open[k.SKU])
+		sp := c.planSKU(c.salePolicy(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
 		sp.Held = c.heldBecause(plan, s, sp, now)
 		plan.SKUs = append(plan.SKUs, sp)
 	}
 	return plan, nil
 }
 
-// planSKU is one SKU's plan from its pools and its unfinished transfers.
-func (c *Coordinator) planSKU(sku string, pools []transfer.PoolDemand, open []transfer.Transfer) SKUPlan {
+// minRateWindow is the shortest window a rate is measured over (salePolicy).
+const minRateWindow = time.Second
+
+// salePolicy is the rebalancer's policy for a sale at now: its window shortened to the time
+// the sale has been open (but not below minRateWindow), so that the first seconds' rate is
+// not diluted over a window the sale was closed for most of: buyers rush in at the opening.
+func (c *Coordinator) salePolicy(opensAt, now time.Time) transfer.Policy {
 	p := c.cfg.Auto.Policy
+	if open := now.Sub(opensAt); open < p.Window {
+		p.Window = max(open, min(minRateWindow, p.Window))
+	}
+	return p
+}
+
+// planSKU is one SKU's plan under p from its pools and its unfinished transfers.
+func (c *Coordinator) planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, open []transfer.Transfer) SKUPlan {
 	for i := range pools {
 		for _, t := range open {
 			if t.To == pools[i].Pool {

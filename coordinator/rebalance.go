@@ -93,7 +93,7 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 		if err != nil {
 			return res, err
 		}
-		sp := c.planSKU(req.SKU, res.Pools, open[req.SKU])
+		sp := c.planSKU(c.salePolicy(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, res.Pools, open[req.SKU])
 		res.Moves = sp.Moves
 	}
 	if req.DryRun {
