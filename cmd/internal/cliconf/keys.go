@@ -19,7 +19,7 @@ func init() {
 		"concurrency", "config", "confirm", "coordinator", "cpuprofile", "data-dir", "db-prefix",
 		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "help",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "lease-ttl", "listen",
-		"log-level", "max-batch", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
+		"log-level", "max-batch", "max-keys-per-user", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "output", "overwrite", "payment", "peer-url", "per-user-limit", "pg-url", "probe-ops",
 		"quantity", "reason", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to",
