@@ -82,7 +82,7 @@ sim:
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
 	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
 
-## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/benchmarks.md)
+## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/http-benchmarks.md)
 http-bench: pg build
 	scripts/http-bench.sh
 
