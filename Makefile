@@ -96,7 +96,7 @@ sim:
 mutants:
 	$(GO) test -count=1 -v -run 'TestPlantedBugs$$' -timeout 30m ./sim/ -args -planted | grep -v '^=== RUN'
 
-## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/benchmarks.md)
+## http-bench: the storefront HTTP edge with wrk beside gRPC on one plaintext quotad dev (scripts/http-bench.sh; docs/http-benchmarks.md)
 http-bench: pg build
 	scripts/http-bench.sh
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The storefront HTTP edge's benchmark behind `make http-bench` (docs/http-bench.md). One
-# run, one server, one load shape: wrk with the same threads,
-# connections and duration against every HTTP variant, and the gRPC reserves from Go in the
+# The storefront HTTP edge's benchmark behind `make http-bench` (docs/http-benchmarks.md).
+# One run, one server, one load shape: wrk with the same threads, connections and duration
+# against every HTTP variant, and the gRPC reserves from Go in the
 # same run, then one table with the ratios against the targets:
 #
 #   (1) POST /v1/sales/{sale}/reservations on a sold-out SKU (409 SOLD_OUT)  >= 0.70 x ping
@@ -37,7 +37,7 @@ BASE=${HTTP_BENCH_BASE_PORT:-37400}
 # The set-up leaves about 600,000 waiting-room entries live in the region (three sales of
 # HTTP_BENCH_TICKETS each); at quotad's default Go memory limit (900MiB, with --gc-percent
 # 400) that keeps its collector at the limit and every request up to 3 times dearer
-# (docs/http-bench.md). The default here lifts the limit; HTTP_BENCH_QUOTAD_FLAGS=" " runs
+# (docs/http-benchmarks.md). The default here lifts the limit; HTTP_BENCH_QUOTAD_FLAGS=" " runs
 # quotad's defaults.
 read -r -a QUOTAD_FLAGS <<<"${HTTP_BENCH_QUOTAD_FLAGS:---memory-limit 4GiB}"
 

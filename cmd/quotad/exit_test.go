@@ -25,6 +25,8 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"dev", "--retain-closed", "-1m"},
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--standby-refresh", "-1s"},
 		{"dev", "--standby-refresh", "500us"},
+		{"dev", "--max-keys-per-user", "0"},
+		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-keys-per-user", "-1"},
 	} {
 		root := rootCmd()
 		root.SetArgs(args)

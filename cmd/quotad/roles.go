@@ -23,13 +23,14 @@ func addRegionTuning(cmd *cobra.Command) {
 	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
 	f.Duration("retain-closed", region.DefaultRetainClosed, "how long a region's leader keeps a closed hold whole in memory, so retries of it need no database read (afterwards only a digest of its key stays)")
 	f.Duration("standby-refresh", time.Second, "how often a region process that does not lead refreshes its copy of the region's state, so a takeover reads only what changed since (0: keep no copy; a takeover then loads every hold)")
+	f.Int32("max-keys-per-user", region.DefaultMaxKeysPerUser, "most request keys one buyer may use in one sale at a region; past it a reserve with a new key is answered TOO_MANY_KEYS (RESOURCE_EXHAUSTED)")
 	f.Bool("verify", false, "run expensive invariant checks after every region batch and crash on a breach (env QUOTA_VERIFY=1)")
 }
 
 func regionTuning(v *viper.Viper) (region.Config, error) {
 	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
 		SweepInterval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed"), Verify: v.GetBool("verify"),
-		StandbyRefresh: v.GetDuration("standby-refresh")}
+		StandbyRefresh: v.GetDuration("standby-refresh"), MaxKeysPerUser: v.GetInt32("max-keys-per-user")}
 	switch {
 	case c.StandbyRefresh == 0: // no copy; in a region.Config 0 means the default
 		c.StandbyRefresh = -1
@@ -38,6 +39,9 @@ func regionTuning(v *viper.Viper) (region.Config, error) {
 	}
 	if c.RetainClosed <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
 		return c, fmt.Errorf("retain-closed %s: must be positive (default %s)", c.RetainClosed, region.DefaultRetainClosed)
+	}
+	if c.MaxKeysPerUser <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
+		return c, fmt.Errorf("max-keys-per-user %d: must be positive (default %d)", c.MaxKeysPerUser, region.DefaultMaxKeysPerUser)
 	}
 	if err := c.Validate(); err != nil {
 		return c, err

@@ -22,7 +22,7 @@ var dbNamePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 func WithDatabase(baseURL, name string) (string, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil {
-		return "", fmt.Errorf("pg url: %w", err)
+		return "", fmt.Errorf("pg url %s: %w", redact(baseURL), urlError(err))
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return "", fmt.Errorf("pg url %q: scheme must be postgres://", redact(baseURL))
@@ -150,7 +150,15 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
 
+// dsnPassword matches the password of a key=value connection string, quoted or not.
+var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+
+// redact is s, a postgres:// URL or a key=value connection string, with any password
+// replaced by xxxxx, for errors and logs.
 func redact(s string) string {
+	if !strings.Contains(s, "://") {
+		return dsnPassword.ReplaceAllString(strings.TrimSpace(s), "${1}xxxxx")
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return "(unparsable url)"
@@ -158,7 +166,20 @@ func redact(s string) string {
 	if _, has := u.User.Password(); has {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
 	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
 	return strings.TrimSpace(u.String())
+}
+
+// urlError is err of url.Parse without the URL it quotes, which may carry a password.
+func urlError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // GrantRead grants role SELECT on every table of the database's public schema, now and for

@@ -5,14 +5,15 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
@@ -182,10 +183,21 @@ func TestStorefrontHTTPFlow(t *testing.T) {
 		{"no ticket", us, map[string]any{"sku": "phone", "quantity": 1, "request_key": "k5"}, 400, "INVALID_ARGUMENT"},
 		{"bad quantity", us, map[string]any{"ticket": ticket, "sku": "phone", "quantity": "two", "request_key": "k6"}, 400, "INVALID_ARGUMENT"},
 	}
+	dbs := regionDBs(t, d, "us", "eu")
+	before := map[string]map[string]string{"us": regionState(t, dbs["us"]), "eu": regionState(t, dbs["eu"])}
 	for _, r := range refusals {
 		got := call(t, c, "POST", r.url+"/v1/sales/drop/reservations", r.body)
 		if got.code != r.code || got.errCode() != r.reason || got.errField("message") == "" {
 			t.Errorf("%s: %d %v, want %d %s", r.name, got.code, got.body, r.code, r.reason)
+		}
+	}
+	// Nothing was written: each region's pools (available, held, sold) and its holds are as before.
+	for _, name := range []string{"us", "eu"} {
+		after := regionState(t, dbs[name])
+		for _, table := range []string{"pools", "holds"} {
+			if after[table] != before[name][table] {
+				t.Errorf("%s's %s after the refusals: %q, want %q as before", name, table, after[table], before[name][table])
+			}
 		}
 	}
 
@@ -209,6 +221,21 @@ func TestStorefrontHTTPFlow(t *testing.T) {
 	if bad := call(t, c, "POST", us+"/v1/sales/drop/admissions", map[string]string{"user": "x"}); bad.code != 400 || bad.errField("field") != "body" {
 		t.Fatalf("unknown field: %d %v", bad.code, bad.body)
 	}
+}
+
+// regionDBs are connections to the named regions' databases, closed when t ends.
+func regionDBs(t *testing.T, d *cluster.Dev, names ...string) map[string]*pgxpool.Pool {
+	t.Helper()
+	dbs := map[string]*pgxpool.Pool{}
+	for _, name := range names {
+		db, err := pgutil.Open(context.Background(), d.DBURLs[name], 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		dbs[name] = db
+	}
+	return dbs
 }
 
 // TestStorefrontHTTPRoles: the HTTP edge is authorized by the same table as gRPC.
