@@ -14,8 +14,9 @@ import (
 
 // Core is a region's decision logic without its database, network or clock: the in-memory
 // state and operations the leader's writer runs (reserve, confirm, release, expire: the
-// same op values and batch code) and the participant rules its SQL operations apply
-// (transfer.Admit, transfer.Decide*), over maps instead of tables. The deterministic
+// same op values and batch code), the per-sale fence (transfer.Admit) and the transfer
+// steps' decisions and effects its SQL operations write (transfer_effects.go), applied to
+// maps instead of tables. The deterministic
 // simulation (sim) runs each region as a Core; a Clone taken after a commit is
 // what a crash leaves behind.
 //

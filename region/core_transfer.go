@@ -6,9 +6,10 @@ import (
 	"github.com/quotaworks/quota/transfer"
 )
 
-// The Core's participant steps mirror creditOp, debitOp, refuseOp and transitionOut: the
-// fence first (raised even when the step then answers an error, as the SQL batch commits
-// it), then the shared transfer.Decide* rule, then the counters.
+// The Core's participant steps run the same decisions and effects as the writer's SQL
+// operations (transfer_effects.go): the fence first (raised even when the step then
+// answers an error, as the SQL batch commits it), then the step's effects, applied to the
+// Core's image by applyEffects instead of turned into statements.
 
 // record returns a copy of m[id] (nil: none), as the Decide rules take a record.
 func record[T any](m map[string]T, id string) *T {
@@ -19,8 +20,24 @@ func record[T any](m map[string]T, id string) *T {
 	return &v
 }
 
-// Credit is step 4 at this destination: available and credited_in rise once per transfer
-// id (I3, I5), fenced (I4).
+// applyEffects applies a step's effects to the Core's image: the pool's counters of sale
+// and sku, and the transfer records.
+func (c *Core) applyEffects(sale, sku string, eff transferEffects) {
+	if eff.poolRow {
+		p, b := c.pool(poolKey{sale, sku})
+		p.available += eff.pool.available
+		b.creditedIn += eff.pool.creditedIn
+		b.debitedOut += eff.pool.debitedOut
+	}
+	if eff.in != nil {
+		c.in[eff.in.ID] = *eff.in
+	}
+	if eff.out != nil {
+		c.out[eff.out.ID] = *eff.out
+	}
+}
+
+// Credit is step 4 at this destination (creditEffects), fenced (I4).
 func (c *Core) Credit(req CreditRequest) (transfer.InState, error) {
 	if err := c.admit(req.Sale, req.Generation); err != nil {
 		return "", err
@@ -32,35 +49,25 @@ func (c *Core) Credit(req CreditRequest) (transfer.InState, error) {
 	if !t.HasSKU(req.SKU) {
 		return "", fmt.Errorf("sku %q is not in sale %s: %w", req.SKU, req.Sale, ErrNotFound)
 	}
-	want := transfer.InboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, Units: req.Units}
-	st, add, err := transfer.DecideCredit(record(c.in, req.TransferID), want)
+	st, eff, err := creditEffects(record(c.in, req.TransferID), req)
 	if err != nil {
 		return "", transferErr(req.TransferID, err)
 	}
-	if add {
-		p, b := c.pool(poolKey{req.Sale, req.SKU})
-		p.available += req.Units
-		b.creditedIn += req.Units
-		want.State = st
-		c.in[req.TransferID] = want
-	}
+	c.applyEffects(req.Sale, req.SKU, eff)
 	return st, nil
 }
 
-// Refuse is the abort step at this destination: a refused tombstone unless it credited.
+// Refuse is the abort step at this destination (refuseEffects), fenced (I4).
 func (c *Core) Refuse(req CreditRequest) (transfer.InState, error) {
 	if err := c.admit(req.Sale, req.Generation); err != nil {
 		return "", err
 	}
-	st, tombstone := transfer.DecideRefuse(record(c.in, req.TransferID))
-	if tombstone {
-		c.in[req.TransferID] = transfer.InboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, Units: req.Units, State: st}
-	}
+	st, eff := refuseEffects(record(c.in, req.TransferID), req)
+	c.applyEffects(req.Sale, req.SKU, eff)
 	return st, nil
 }
 
-// Debit is step 2 at this source: available falls and debited_out rises once per transfer
-// id, or a refused tombstone is recorded (I1, I3, I5), fenced (I4).
+// Debit is step 2 at this source (debitEffects), fenced (I4).
 func (c *Core) Debit(req DebitRequest) (transfer.OutState, error) { return c.debit(req, false) }
 
 // RefuseDebit cancels a requested transfer at this source: a refused tombstone unless it was
@@ -71,27 +78,15 @@ func (c *Core) debit(req DebitRequest, refuse bool) (transfer.OutState, error) {
 	if err := c.admit(req.Sale, req.Generation); err != nil {
 		return "", err
 	}
-	have := record(c.out, req.TransferID)
-	pk := poolKey{req.Sale, req.SKU}
-	var avail transfer.Units
-	if p := c.m.pools[pk]; p != nil && !refuse {
+	var avail transfer.Units // a refused debit is decided as if the pool were empty
+	if p := c.m.pools[poolKey{req.Sale, req.SKU}]; p != nil && !refuse {
 		avail = p.available
 	}
-	want := transfer.OutboundRecord{ID: req.TransferID, Sale: req.Sale, SKU: req.SKU, To: req.To, Units: req.Units}
-	st, take, err := transfer.DecideDebit(have, want, avail)
+	st, eff, err := debitEffects(record(c.out, req.TransferID), req, avail)
 	if err != nil {
 		return "", transferErr(req.TransferID, err)
 	}
-	if have != nil {
-		return st, nil
-	}
-	if take {
-		p, b := c.pool(pk)
-		p.available -= req.Units
-		b.debitedOut += req.Units
-	}
-	want.State = st
-	c.out[req.TransferID] = want
+	c.applyEffects(req.Sale, req.SKU, eff)
 	return st, nil
 }
 
@@ -113,19 +108,12 @@ func (c *Core) transitionOut(ref TransferRef, to transfer.OutState) (transfer.Ou
 	if have != nil && have.Sale != ref.Sale {
 		return "", fmt.Errorf("transfer %s belongs to sale %s: %w", ref.TransferID, have.Sale, ErrConflict)
 	}
-	st, change, err := transfer.DecideOut(have, to)
+	st, eff, err := outEffects(have, to)
 	if err != nil {
 		return "", transferErr(ref.TransferID, err)
 	}
-	if !change {
-		return st, nil
+	if have != nil {
+		c.applyEffects(have.Sale, have.SKU, eff)
 	}
-	if to == transfer.OutVoided {
-		p, b := c.pool(poolKey{have.Sale, have.SKU})
-		p.available += have.Units
-		b.creditedIn += have.Units
-	}
-	have.State = to
-	c.out[ref.TransferID] = *have
 	return st, nil
 }

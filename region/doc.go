@@ -38,5 +38,7 @@
 //   - sweeper.go: the expiry sweeper; pause.go: the kill switch; verify.go: QUOTA_VERIFY
 //     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); migrate.go:
 //     the schema's migrations (Migrate).
+//   - transfer_effects.go: each transfer step's decision and effects, produced once: the
+//     participant ops turn them into SQL, Core applies them.
 //   - core.go, core_transfer.go: Core, the simulation's in-memory region.
 package region

@@ -176,28 +176,36 @@ func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, add, err := transfer.DecideCredit(have, transfer.InboundRecord{Sale: r.Sale, SKU: r.SKU, Units: r.Units})
+	st, eff, err := creditEffects(have, r)
 	if err != nil {
 		return nil, transferErr(r.TransferID, err), nil
 	}
-	if !add {
-		return creditResult{state: st}, nil, nil
+	if eff.poolRow {
+		var avail int64
+		err = tx.QueryRow(ctx, `INSERT INTO pools (sale_id, sku, available, held, sold, credited_in, debited_out)
+			VALUES ($1, $2, $3, 0, 0, $4, 0)
+			ON CONFLICT (sale_id, sku) DO UPDATE SET available = pools.available + excluded.available,
+				credited_in = pools.credited_in + excluded.credited_in
+			RETURNING available`, r.Sale, r.SKU, int64(eff.pool.available), int64(eff.pool.creditedIn)).Scan(&avail)
+		if err != nil {
+			return nil, nil, fmt.Errorf("credit pool: %w", err)
+		}
+		b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
 	}
-	var avail int64
-	err = tx.QueryRow(ctx, `INSERT INTO pools (sale_id, sku, available, held, sold, credited_in, debited_out)
-		VALUES ($1, $2, $3, 0, 0, $3, 0)
-		ON CONFLICT (sale_id, sku) DO UPDATE SET available = pools.available + excluded.available,
-			credited_in = pools.credited_in + excluded.credited_in
-		RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&avail)
-	if err != nil {
-		return nil, nil, fmt.Errorf("credit pool: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO transfers_in (transfer_id, sale_id, sku, units, state, generation, recorded_at)
-		VALUES ($1, $2, $3, $4, 'credited', $5, $6)`, r.TransferID, r.Sale, r.SKU, int64(r.Units), r.Generation, b.now); err != nil {
+	if err := insertIn(ctx, tx, b, eff.in, r.Generation); err != nil {
 		return nil, nil, fmt.Errorf("record credit: %w", err)
 	}
-	b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
-	return creditResult{state: transfer.InCredited}, nil, nil
+	return creditResult{state: st}, nil, nil
+}
+
+// insertIn writes a destination's new record of a transfer (nil: none).
+func insertIn(ctx context.Context, tx pgx.Tx, b *batch, rec *transfer.InboundRecord, gen int64) error {
+	if rec == nil {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO transfers_in (transfer_id, sale_id, sku, units, state, generation, recorded_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`, rec.ID, rec.Sale, rec.SKU, int64(rec.Units), string(rec.State), gen, b.now)
+	return err
 }
 
 // readIn reads a destination's record of a transfer (nil: none).
@@ -257,15 +265,11 @@ func (o *refuseOp) apply(ctx context.Context, b *batch) (any, error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, record := transfer.DecideRefuse(have)
-	if !record {
-		return st, nil, nil
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO transfers_in (transfer_id, sale_id, sku, units, state, generation, recorded_at)
-		VALUES ($1, $2, $3, $4, 'refused', $5, $6)`, r.TransferID, r.Sale, r.SKU, int64(r.Units), r.Generation, b.now); err != nil {
+	st, eff := refuseEffects(have, r)
+	if err := insertIn(ctx, tx, b, eff.in, r.Generation); err != nil {
 		return nil, nil, fmt.Errorf("record refusal: %w", err)
 	}
-	return transfer.InRefused, nil, nil
+	return st, nil, nil
 }
 
 // DebitRequest takes a transfer's units out of this region's pool (the source).
@@ -350,25 +354,25 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 			return nil, nil, fmt.Errorf("read pool: %w", err)
 		}
 	}
-	state, take, err := transfer.DecideDebit(have, transfer.OutboundRecord{Sale: r.Sale, SKU: r.SKU, To: r.To, Units: r.Units}, transfer.Units(avail))
+	state, eff, err := debitEffects(have, r, transfer.Units(avail))
 	if err != nil {
 		return nil, transferErr(r.TransferID, err), nil
 	}
-	if have != nil {
-		return state, nil, nil
-	}
-	if take {
+	if eff.poolRow {
 		var left int64
-		err = tx.QueryRow(ctx, `UPDATE pools SET available = available - $3, debited_out = debited_out + $3
-			WHERE sale_id = $1 AND sku = $2 AND available >= $3 RETURNING available`, r.Sale, r.SKU, int64(r.Units)).Scan(&left)
+		err = tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, debited_out = debited_out + $4
+			WHERE sale_id = $1 AND sku = $2 AND available + $3 >= 0 RETURNING available`,
+			r.Sale, r.SKU, int64(eff.pool.available), int64(eff.pool.debitedOut)).Scan(&left)
 		if err != nil {
 			return nil, nil, fmt.Errorf("debit pool (guard: %d were available): %w", avail, err)
 		}
 		b.setAvailable(pk, transfer.Units(left))
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, r.TransferID, r.Sale, r.SKU, r.To, int64(r.Units), string(state), r.Generation, b.now); err != nil {
-		return nil, nil, fmt.Errorf("record debit: %w", err)
+	if rec := eff.out; rec != nil && eff.newOut {
+		if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, rec.ID, rec.Sale, rec.SKU, rec.To, int64(rec.Units), string(rec.State), r.Generation, b.now); err != nil {
+			return nil, nil, fmt.Errorf("record debit: %w", err)
+		}
 	}
 	return state, nil, nil
 }
@@ -457,27 +461,28 @@ func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to
 	if rec != nil && rec.Sale != ref.Sale {
 		return nil, apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.Sale), nil
 	}
-	st, change, err := transfer.DecideOut(rec, to)
+	st, eff, err := outEffects(rec, to)
 	if err != nil {
 		return nil, transferErr(ref.TransferID, err), nil
 	}
-	if !change {
-		return st, nil, nil
-	}
-	if to == transfer.OutVoided {
+	if eff.poolRow {
 		var avail int64
-		if err := tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, credited_in = credited_in + $3
-			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.Sale, rec.SKU, int64(rec.Units)).Scan(&avail); err != nil {
+		if err := tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, credited_in = credited_in + $4
+			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.Sale, rec.SKU,
+			int64(eff.pool.available), int64(eff.pool.creditedIn)).Scan(&avail); err != nil {
 			return nil, nil, fmt.Errorf("restore pool: %w", err)
 		}
 		b.setAvailable(poolKey{rec.Sale, rec.SKU}, transfer.Units(avail))
 	}
+	if eff.out == nil {
+		return st, nil, nil
+	}
 	tag, err := tx.Exec(ctx, `UPDATE transfers_out SET state = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
-		ref.TransferID, string(to), b.now)
+		ref.TransferID, string(eff.out.State), b.now)
 	if err != nil || tag.RowsAffected() != 1 {
 		return nil, nil, fmt.Errorf("transfer %s → %s: guard (err %v)", ref.TransferID, to, err)
 	}
-	return to, nil, nil
+	return st, nil, nil
 }
 
 // TransferStatus is this region's durable knowledge of one transfer, as source and as

@@ -52,16 +52,31 @@ var plantedBugs = []plantedBug{
 		new: `		return fn(tx)`,
 	},
 	{
-		name: "credit-applied-twice", file: "region/core_transfer.go",
-		what: "a destination adds a transfer's units again when it is credited already",
-		old:  `	if add {`,
-		new:  `	if add || st == transfer.InCredited {`,
+		name: "credit-applied-twice", file: "region/transfer_effects.go",
+		what: "a destination's credit adds the units again when the transfer is credited already (in SQL and in the simulation alike)",
+		old: `	if err != nil || !add {
+		return st, transferEffects{}, err
+	}
+	want.State = st`,
+		new: `	if err == nil && !add && st == transfer.InCredited {
+		return st, transferEffects{poolRow: true, pool: countsDelta{available: req.Units, creditedIn: req.Units}}, nil
+	}
+	if err != nil || !add {
+		return st, transferEffects{}, err
+	}
+	want.State = st`,
 	},
 	{
 		name: "restore-without-refusal", file: "coordinator/drive.go",
 		what: "resolve --refuse restores the source whatever the destination answers (also when it credited)",
 		old:  `	if r.In == transfer.InRefused {`,
 		new:  `	if r.In != "" {`,
+	},
+	{
+		name: "settle-restores", file: "region/transfer_effects.go",
+		what: "a source's Settle returns the units to its pool as a Restore does: units back at the source without the destination's refusal",
+		old:  `	if to == transfer.OutVoided {`,
+		new:  `	if to == transfer.OutVoided || to == transfer.OutSettled {`,
 	},
 }
 
