@@ -38,7 +38,7 @@ type AutoRebalance struct {
 	// Enabled is the global switch: without it no sale is rebalanced automatically,
 	// whatever its mode.
 	Enabled bool
-	// Every is how often the leader plans; default 250ms.
+	// Every is how often the leader plans; default 200ms.
 	Every time.Duration
 	// Policy is the plan's rule: demand over Window, expected to go on for Horizon, moves of
 	// at least MinUnits (but near sell-out, transfer.Policy.AutoPlan); default 3s, 10s, 5.
@@ -47,18 +47,18 @@ type AutoRebalance struct {
 	// rebalancer starts none while the SKU has as many; default 3.
 	MaxInFlight int
 	// Cooldown is how long the rebalancer waits after moving a SKU's units before it moves
-	// that SKU's again; default 500ms.
+	// that SKU's again; default 200ms.
 	Cooldown time.Duration
 }
 
 // Default automatic rebalancer settings.
 const (
-	DefaultRebalanceEvery       = 250 * time.Millisecond
+	DefaultRebalanceEvery       = 200 * time.Millisecond
 	DefaultRebalanceWindow      = 3 * time.Second
 	DefaultRebalanceHorizon     = 10 * time.Second
 	DefaultRebalanceMinUnits    = 5
 	DefaultRebalanceMaxInFlight = 3
-	DefaultRebalanceCooldown    = 500 * time.Millisecond
+	DefaultRebalanceCooldown    = 200 * time.Millisecond
 )
 
 // withDefaults fills in the unset settings and checks the set ones.
