@@ -3,10 +3,11 @@
 # eu and ap, each with its own PostgreSQL database and storefront HTTP/JSON edge), create a
 # sale of 10,000 phones split 40/35/25 with a waiting room admitting 2,000 buyers a second at
 # each region, send 50,000 buyers at it through the edges (most nearest to us), each entering
-# its region's waiting room, polling until admitted and reserving with its ticket: the first
-# 9,000 empty us while eu and ap still have stock, a rebalance moves stock toward us, the
-# other 41,000 sell the rest (the rooms then answer SOLD_OUT); then abandoned holds expire,
-# the rooms admit again, a last wave buys what expiry returned, and the audit ends it.
+# its region's waiting room, polling until admitted and reserving with its ticket: us sells
+# fastest, and the coordinator's automatic rebalancer moves stock toward it from eu and ap
+# while the first 9,000 buy (its plan and transfers are shown), the other 41,000 sell the rest
+# (the rooms then answer SOLD_OUT); then abandoned holds expire, the rooms admit again, a last
+# wave buys what expiry returned, and the audit ends it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
@@ -58,14 +59,12 @@ echo "    its ticket, then pays (85%), cancels (5%) or abandons the hold (10%)"
 	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 1 --http "$EDGES"
 
 echo
-echo "==> us is empty, eu and ap are not: every buyer nearest to us is told REGION_EXHAUSTED"
+echo "==> us sold fastest: the automatic rebalancer moved stock to it from eu and ap as it went"
 ./bin/quotactl stock --sale "$SALE"
-
+./bin/quotactl transfers list --sale "$SALE"
 echo
-echo "==> rebalance: stock each region for 10 s at its rate of the last minute, moving the rest toward us"
-./bin/quotactl rebalance --sale "$SALE" --sku phone --window 1m --horizon 10s --min-units 50 --dry-run
-./bin/quotactl rebalance --sale "$SALE" --sku phone --window 1m --horizon 10s --min-units 50 --request-id "rebalance-$SALE"
-./bin/quotactl stock --sale "$SALE"
+echo "==> the rebalancer's next step and why (quotactl rebalance --plan)"
+./bin/quotactl rebalance --sale "$SALE" --plan
 
 echo
 echo "==> the other $(( BUYERS - FIRST )) buyers"
