@@ -310,6 +310,11 @@ func (c *Coordinator) readPoolDemand(ctx context.Context, sale string, since tim
 		for sku, a := range avail {
 			out[sku] = append(out[sku], transfer.PoolDemand{Pool: r.Name, Available: a, Recent: recent[sku]})
 		}
+		for sku, n := range recent { // buyers refused at a region that never had a pool of it
+			if _, ok := avail[sku]; !ok {
+				out[sku] = append(out[sku], transfer.PoolDemand{Pool: r.Name, Recent: n})
+			}
+		}
 	}
 	for _, pools := range out {
 		sort.SliceStable(pools, func(i, j int) bool { return c.regionIndex(pools[i].Pool) < c.regionIndex(pools[j].Pool) })

@@ -88,11 +88,15 @@ func readOutbound(ctx context.Context, tx pgx.Tx, sale string) (map[string]trans
 	return out, nil
 }
 
-// RecentDemand reads, per SKU, the units reserved in this region's pools of sale since
-// since (holds created since then, whatever their state now), straight from the region's
-// database, as the coordinator's rebalancing reads it.
+// RecentDemand reads, per SKU, the units buyers asked for at this region in the pools of sale
+// since since: the units of holds created since then (whatever their state now), and the units
+// refused for want of stock (the leader's counts, added to the demand table every second:
+// demand.go), so a pool that ran dry still shows the buyers it turns away. Straight from the
+// region's database, as the coordinator's rebalancing reads it.
 func RecentDemand(ctx context.Context, db *pgxpool.Pool, sale string, since time.Time) (map[string]transfer.Units, error) {
-	rows, err := db.Query(ctx, `SELECT sku, coalesce(sum(quantity), 0) FROM holds WHERE sale_id = $1 AND created_at >= $2 GROUP BY sku`, sale, since)
+	rows, err := db.Query(ctx, `SELECT sku, sum(q) FROM (
+			SELECT sku, quantity AS q FROM holds WHERE sale_id = $1 AND created_at >= $2
+			UNION ALL SELECT sku, units FROM demand WHERE sale_id = $1 AND at >= $2) d GROUP BY sku`, sale, since)
 	if err != nil {
 		return nil, fmt.Errorf("read recent demand: %w", err)
 	}

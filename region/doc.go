@@ -36,7 +36,7 @@
 //     isRetired, retireClosed).
 //   - load.go: loading memState from SQL on taking leadership; standby.go: the warm standby.
 //   - sweeper.go: the expiry sweeper; pause.go: the kill switch; verify.go: QUOTA_VERIFY
-//     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); migrate.go:
+//     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); demand.go: the demand counts; migrate.go:
 //     the schema's migrations (Migrate).
 //   - transfer_effects.go: each transfer step's decision and effects, produced once: the
 //     participant ops turn them into SQL, Core applies them.

@@ -184,6 +184,10 @@ type Region struct {
 	// selfStops counts failed writers stepping themselves down, so Close can wait for them.
 	selfStops sync.WaitGroup
 
+	// demand counts the units buyers asked for, for the rebalancer (demand.go; its own lock,
+	// taken alone).
+	demand demandBook
+
 	sales   sync.Map // sale id → SaleTerms
 	availMu sync.RWMutex
 	avail   map[poolKey]*atomic.Int64
@@ -267,7 +271,8 @@ func (r *Region) Lead(ctx context.Context, epoch int64) error {
 	r.mu.Lock()
 	r.w, r.cancel, r.stopped = w, cancel, make(chan struct{})
 	r.mu.Unlock()
-	r.wg.Add(1)
+	r.wg.Add(2)
+	go r.flushDemand(sctx)
 	holds := len(m.holds)
 	go func() {
 		// Off the takeover's path: measuring the live heap may take a collection.

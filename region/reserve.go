@@ -21,6 +21,7 @@ import (
 func (r *Region) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
 	res, err := r.reserve(ctx, req)
 	r.cfg.Metrics.Reserved(err)
+	r.demand.count(req, err)
 	return res, err
 }
 

@@ -195,3 +195,28 @@ func TestAutoRebalanceSurvivesCoordinatorCrash(t *testing.T) {
 		t.Fatalf("ap sold %d of 400 units; want at least 398 (99.5%%) across the coordinator's crash", bought)
 	}
 }
+
+// TestAutoRebalanceFeedsADryRegion: a region allocated nothing has only refused buyers; their
+// refusals count as its demand, so the rebalancer moves stock to it and they buy.
+func TestAutoRebalanceFeedsADryRegion(t *testing.T) {
+	tc := newTestCluster(t, "us", "eu", "ap")
+	n := tc.addAutoCoordinator(testAuto)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.WaitLeading(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := tc.coordinator(n)
+	if _, err := c.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "dry", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 100}},
+		PerUserLimit: 1, HoldTtlMs: time.Minute.Milliseconds()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Allocate(ctx, &quotav1.AllocateRequest{SaleId: "dry", RequestId: "alloc-dry", Weights: []*quotav1.RegionWeight{
+		{Region: "us", Weight: 50}, {Region: "eu", Weight: 50}, {Region: "ap", Weight: 0}}}); err != nil {
+		t.Fatal(err)
+	}
+	if bought := buyAt(t, tc.region("ap"), "dry", "ap-buyer", 20*time.Millisecond, 60*time.Second, nil); bought < 99 {
+		t.Fatalf("ap, allocated nothing, sold %d of 100 units; want its refused buyers to bring the stock to it", bought)
+	}
+	auditOK(t, c, "dry")
+}
