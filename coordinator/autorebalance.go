@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -51,6 +52,9 @@ type AutoRebalance struct {
 	Cooldown time.Duration
 }
 
+// minRebalanceEvery is the shortest interval between the rebalancer's rounds.
+const minRebalanceEvery = 50 * time.Millisecond
+
 // Default automatic rebalancer settings.
 const (
 	DefaultRebalanceEvery       = 200 * time.Millisecond
@@ -83,6 +87,8 @@ func (a *AutoRebalance) withDefaults() error {
 		return errors.New("auto rebalance: interval, window, horizon and cooldown must be positive")
 	case a.Policy.MinUnits < 0 || a.MaxInFlight < 0 || a.MaxInFlight > 100:
 		return errors.New("auto rebalance: min units must be positive, transfers in flight 1..100")
+	case a.Every < minRebalanceEvery:
+		return fmt.Errorf("auto rebalance: interval %s: at least %s (each round reads every region)", a.Every, minRebalanceEvery)
 	}
 	return nil
 }
@@ -126,13 +132,25 @@ type autoState struct {
 	seq   int64
 	// idle is, per sale found without demand and without moves, when to plan it again:
 	// a sale that sold out or whose buyers are gone costs a plan every maxIdleWait, not
-	// every round. Bounded by the sales one round plans.
+	// every round. Bounded by the sales one round plans (keepOnly); moved by the SKUs moved
+	// within a cooldown (moving).
 	idle map[string]time.Time
 }
 
 // maxIdleWait is how long an idle sale waits between plans: how late the rebalancer may
 // notice its first buyers.
 const maxIdleWait = 2 * time.Second
+
+// keepOnly forgets the idle marks of sales not in sales (those no round plans any more).
+func (s *autoState) keepOnly(sales []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sale := range s.idle {
+		if !slices.Contains(sales, sale) {
+			delete(s.idle, sale)
+		}
+	}
+}
 
 // due reports whether sale should be planned at now.
 func (s *autoState) due(sale string, now time.Time) bool {
@@ -177,10 +195,16 @@ func (s *autoState) lastMove(k skuKey) time.Time {
 	return s.since
 }
 
-// moving records a move of key at now and answers its request id's sequence number.
-func (s *autoState) moving(k skuKey, now time.Time) int64 {
+// moving records a move of key at now and answers its request id's sequence number. Moves
+// older than cooldown are forgotten: they hold nothing back any more.
+func (s *autoState) moving(k skuKey, now time.Time, cooldown time.Duration) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for old, at := range s.moved {
+		if now.Sub(at) > cooldown {
+			delete(s.moved, old)
+		}
+	}
 	s.moved[k] = now
 	s.seq++
 	return s.seq
@@ -195,11 +219,11 @@ func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan,
 	if err != nil {
 		return SalePlan{}, err
 	}
-	open, err := c.openTransfersOf(ctx, sale)
+	now := c.cfg.Clock.Now()
+	open, err := c.openTransfersOf(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
 	if err != nil {
 		return SalePlan{}, err
 	}
-	now := c.cfg.Clock.Now()
 	plan := SalePlan{Sale: sale, Mode: s.Rebalance, Enabled: c.cfg.Auto.Enabled, At: now}
 	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
 	for _, k := range s.SKUs {
@@ -226,18 +250,32 @@ func (c *Coordinator) salePolicy(opensAt, now time.Time) transfer.Policy {
 }
 
 // planSKU is one SKU's plan under p from its pools and its unfinished transfers.
-func (c *Coordinator) planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, open []transfer.Transfer) SKUPlan {
-	for i := range pools {
-		for _, t := range open {
-			if t.To == pools[i].Pool {
-				pools[i].Incoming += t.Units
-			}
-			if t.From == pools[i].Pool && t.Stranded {
-				pools[i].Frozen = true
+// Units of a requested transfer are counted as gone from its source and on their way to its
+// destination, those of a pending one as on their way; a posted one from another region
+// within the window marks its destination fed: it gives nothing back yet (no back and forth on
+// a noisy rate).
+func (c *Coordinator) planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent []transfer.Transfer) SKUPlan {
+	inFlight := 0
+	for _, t := range recent {
+		open := t.State == transfer.Requested || t.State == transfer.Pending
+		if open {
+			inFlight++
+		}
+		for i := range pools {
+			switch d := &pools[i]; {
+			case open && t.To == d.Pool:
+				d.Incoming += t.Units
+			case t.State == transfer.Requested && t.From == d.Pool:
+				d.Available = max(d.Available-t.Units, 0)
+				d.Frozen = d.Frozen || t.Stranded
+			case open && t.From == d.Pool:
+				d.Frozen = d.Frozen || t.Stranded
+			case t.State == transfer.Posted && t.To == d.Pool && t.From != transfer.Unallocated:
+				d.Fed = true
 			}
 		}
 	}
-	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: len(open), Moves: p.AutoPlan(pools)}
+	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: inFlight, Moves: p.AutoPlan(pools)}
 	targets := p.Targets(pools)
 	for i, d := range pools {
 		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: targets[i], Projection: p.Project(d)})
@@ -250,7 +288,10 @@ func (c *Coordinator) heldBecause(plan SalePlan, s Sale, sp SKUPlan, now time.Ti
 	if len(sp.Moves) == 0 {
 		return ""
 	}
+	_, notLeader := c.Generation()
 	switch {
+	case notLeader != nil:
+		return "this coordinator does not lead: its leader's rebalancer decides"
 	case !plan.Enabled:
 		return "automatic rebalancing is off on this coordinator (quotad coordinator --auto-rebalance)"
 	case plan.Mode != RebalanceAuto:
@@ -278,10 +319,12 @@ func pausedSKU(pauses []Pause, sku string) bool {
 	return false
 }
 
-// openTransfersOf is sale's unfinished transfers (requested or pending), by SKU.
-func (c *Coordinator) openTransfersOf(ctx context.Context, sale string) (map[string][]transfer.Transfer, error) {
+// openTransfersOf is sale's unfinished transfers (requested or pending) and those posted since
+// fedSince, by SKU.
+func (c *Coordinator) openTransfersOf(ctx context.Context, sale string, fedSince time.Time) (map[string][]transfer.Transfer, error) {
 	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
-		WHERE sale_id = $1 AND state IN ('requested', 'pending') ORDER BY created_at`, sale)
+		WHERE sale_id = $1 AND (state IN ('requested', 'pending') OR (state = 'posted' AND created_at >= $2))
+		ORDER BY created_at`, sale, fedSince)
 	if err != nil {
 		return nil, fmt.Errorf("read the sale's transfers in flight: %w", err)
 	}
@@ -398,6 +441,7 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 	}
 	var errs []error
 	st := c.auto.Load()
+	st.keepOnly(sales)
 	for _, sale := range sales {
 		if !st.due(sale, c.cfg.Clock.Now()) {
 			continue
@@ -426,7 +470,7 @@ func (c *Coordinator) startMoves(ctx context.Context, gen int64, sale string, sp
 	st := c.auto.Load()
 	room := c.cfg.Auto.MaxInFlight - sp.InFlight
 	for _, m := range sp.Moves[:min(room, len(sp.Moves))] {
-		seq := st.moving(skuKey{sale, sp.SKU}, c.cfg.Clock.Now())
+		seq := st.moving(skuKey{sale, sp.SKU}, c.cfg.Clock.Now(), c.cfg.Auto.Cooldown)
 		id := fmt.Sprintf("auto-%d-%d-%d", gen, st.since.UnixMilli(), seq)
 		t, _, err := c.Transfer(ctx, TransferRequest{Sale: sale, SKU: sp.SKU, From: m.From, To: m.To, Units: m.Units, RequestID: id})
 		if err != nil {

@@ -41,7 +41,7 @@ func TestAutoRebalanceSettings(t *testing.T) {
 		a.MaxInFlight != DefaultRebalanceMaxInFlight || a.Cooldown != DefaultRebalanceCooldown {
 		t.Fatalf("defaults %+v, %v", a, err)
 	}
-	for _, bad := range []AutoRebalance{{Every: -1}, {Cooldown: -1}, {MaxInFlight: 101}, {MaxInFlight: -1},
+	for _, bad := range []AutoRebalance{{Every: -1}, {Every: time.Millisecond}, {Cooldown: -1}, {MaxInFlight: 101}, {MaxInFlight: -1},
 		{Policy: transfer.Policy{MinUnits: -1}}, {Policy: transfer.Policy{Window: -time.Second}}} {
 		if err := bad.withDefaults(); err == nil {
 			t.Errorf("%+v accepted", bad)
@@ -54,5 +54,49 @@ func TestAutoRebalanceSettings(t *testing.T) {
 	}
 	if err := CheckRebalanceMode("sometimes"); err == nil {
 		t.Error("mode sometimes accepted")
+	}
+}
+
+// planSKU reads the SKU's transfers into its pools: a requested transfer's units are gone
+// from its source and on their way to its destination, a pending one's on their way, a
+// stranded one freezes its source, a transfer posted from another region within the window
+// marks its destination fed; only the unfinished ones count as in flight.
+func TestPlanSKUCountsTransfers(t *testing.T) {
+	c := &Coordinator{cfg: Config{Auto: AutoRebalance{}}}
+	if err := c.cfg.Auto.withDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	pools := []transfer.PoolDemand{{Pool: transfer.Unallocated}, {Pool: "us", Available: 50, Recent: 30},
+		{Pool: "eu", Available: 40}, {Pool: "ap", Available: 30}, {Pool: "sa", Available: 20}}
+	recent := []transfer.Transfer{
+		{From: "eu", To: "us", Units: 10, State: transfer.Requested},
+		{From: "ap", To: "us", Units: 5, State: transfer.Pending, Stranded: true},
+		{From: "us", To: "sa", Units: 7, State: transfer.Posted},
+		{From: transfer.Unallocated, To: "eu", Units: 40, State: transfer.Posted},
+	}
+	sp := c.planSKU(c.cfg.Auto.Policy, "phone", pools, recent)
+	got := map[string]transfer.PoolDemand{}
+	for _, p := range sp.Pools {
+		got[p.Pool] = p.PoolDemand
+	}
+	if sp.InFlight != 2 {
+		t.Errorf("in flight %d; want 2", sp.InFlight)
+	}
+	if us := got["us"]; us.Incoming != 15 || us.Frozen || us.Fed {
+		t.Errorf("us %+v; want 15 on their way", us)
+	}
+	if eu := got["eu"]; eu.Available != 30 || eu.Fed || eu.Frozen {
+		t.Errorf("eu %+v; want 30 available (10 requested away), not fed by the allocation", eu)
+	}
+	if ap := got["ap"]; !ap.Frozen || ap.Available != 30 {
+		t.Errorf("ap %+v; want frozen by its stranded transfer", ap)
+	}
+	if sa := got["sa"]; !sa.Fed {
+		t.Errorf("sa %+v; want fed", sa)
+	}
+	for _, m := range sp.Moves {
+		if m.From == "ap" || m.From == "sa" {
+			t.Errorf("move %v out of a frozen or fed pool", m)
+		}
 	}
 }

@@ -194,7 +194,8 @@ type Coordinator struct {
 	// their units, in this process's life.
 	autoMoves, autoUnits atomic.Int64
 
-	// auto is the automatic rebalancer's memory of this term (nil while not leading).
+	// auto is the automatic rebalancer's memory of its current or last term (nil before the
+	// first).
 	auto atomic.Pointer[autoState]
 }
 

@@ -87,17 +87,8 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 			return res, err
 		}
 	}
-	res.Moves = p.Plan(res.Pools)
-	if req.Auto {
-		open, err := c.openTransfersOf(ctx, req.Sale)
-		if err != nil {
-			return res, err
-		}
-		sp := c.planSKU(c.salePolicy(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, res.Pools, open[req.SKU])
-		res.Moves = sp.Moves
-	}
-	if req.DryRun {
-		return res, nil
+	if res.Moves, err = c.planMoves(ctx, req, sale, res.Pools); err != nil || req.DryRun {
+		return res, err
 	}
 	prefix := req.RequestID
 	if prefix == "" {
@@ -112,6 +103,25 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 		res.Transfers = append(res.Transfers, t)
 	}
 	return res, nil
+}
+
+// planMoves is a rebalance's moves: Policy.Plan's, or with Auto the automatic rebalancer's,
+// which like its own rounds moves nothing of a paused SKU and starts no more transfers than
+// the cap on transfers in flight leaves room for.
+func (c *Coordinator) planMoves(ctx context.Context, req RebalanceRequest, sale Sale, pools []transfer.PoolDemand) ([]transfer.Move, error) {
+	if !req.Auto {
+		return req.Policy.Plan(pools), nil
+	}
+	if pausedSKU(sale.Pauses, req.SKU) {
+		return nil, fmt.Errorf("sale %s sku %s is paused: the rebalancer moves none of its units: %w", req.Sale, req.SKU, apierr.ErrPaused)
+	}
+	open, err := c.openTransfersOf(ctx, req.Sale, c.cfg.Clock.Now().Add(-c.cfg.Auto.Policy.Window))
+	if err != nil {
+		return nil, err
+	}
+	sp := c.planSKU(c.salePolicy(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, pools, open[req.SKU])
+	room := max(c.cfg.Auto.MaxInFlight-sp.InFlight, 0)
+	return sp.Moves[:min(room, len(sp.Moves))], nil
 }
 
 // rebalanceTransfers are the transfers an earlier rebalance of req's sale and SKU made under

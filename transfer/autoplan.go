@@ -73,7 +73,7 @@ func (p Policy) Targets(pools []PoolDemand) []Units {
 
 // AutoPlan is the automatic rebalancer's plan: it matches what pools hold above their
 // Targets to what others lack, the lacks served in the order the pools would run out
-// (soonest first), frozen pools giving nothing, units already on their way counted at their
+// (soonest first), frozen and fed pools giving nothing, units already on their way counted at their
 // destination; near sell-out, the pools whose buyers went quiet give their last units
 // ("crumbs") to the pools whose buyers are still arriving, below MinUnits too. Only
 // available units move, never held ones (I2: a hold keeps its unit). Deterministic for the
@@ -84,7 +84,7 @@ func (p Policy) AutoPlan(pools []PoolDemand) []Move {
 	var donors, takers []side
 	for i, d := range pools {
 		have := d.Available + d.Incoming
-		if spare := min(have-targets[i], d.Available); spare > 0 && !d.Frozen {
+		if spare := min(have-targets[i], d.Available); spare > 0 && !d.Frozen && !d.Fed {
 			donors = append(donors, side{pool: d.Pool, units: spare, quiet: d.Recent == 0})
 		}
 		if d.Pool != Unallocated && targets[i] > have {

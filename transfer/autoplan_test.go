@@ -20,6 +20,9 @@ func TestAutoPlan(t *testing.T) {
 		{"units on their way count at their destination",
 			[]PoolDemand{{Pool: "us", Available: 10, Recent: 40, Incoming: 100}, {Pool: "eu", Available: 35}},
 			[]Move{{"eu", "us", 10}}},
+		{"a pool fed within the window gives nothing back yet",
+			[]PoolDemand{{Pool: "us", Available: 0, Recent: 40}, {Pool: "eu", Available: 35, Fed: true}, {Pool: "ap", Available: 20}},
+			[]Move{{"ap", "us", 20}}},
 		{"a frozen pool gives nothing",
 			[]PoolDemand{{Pool: "us", Available: 0, Recent: 40}, {Pool: "eu", Available: 35, Frozen: true}, {Pool: "ap", Available: 20}},
 			[]Move{{"ap", "us", 20}}},
@@ -81,6 +84,7 @@ func TestAutoPlanProperties(t *testing.T) {
 				d.Recent = Units(rapid.Int64Range(0, 300).Draw(t, "r"))
 				d.Incoming = Units(rapid.Int64Range(0, 100).Draw(t, "in"))
 				d.Frozen = rapid.Bool().Draw(t, "frozen")
+				d.Fed = rapid.Bool().Draw(t, "fed")
 			}
 			pools = append(pools, d)
 		}
@@ -94,8 +98,8 @@ func TestAutoPlanProperties(t *testing.T) {
 			switch {
 			case m.From == m.To || m.To == Unallocated || m.Units <= 0:
 				t.Fatalf("bad move %v", m)
-			case from.Frozen:
-				t.Fatalf("move %v out of a frozen pool", m)
+			case from.Frozen || from.Fed:
+				t.Fatalf("move %v out of a frozen or fed pool", m)
 			case m.Units < p.MinUnits && !(crumbs && from.Recent == 0):
 				t.Fatalf("move %v below the minimum %d", m, p.MinUnits)
 			}

@@ -17,6 +17,10 @@ type PoolDemand struct {
 	// Frozen is set when a stranded transfer left the pool: AutoPlan takes nothing from it
 	// until the transfer is resolved (Plan ignores it).
 	Frozen bool
+	// Fed is set when the pool received units from another region within the window:
+	// AutoPlan takes nothing from it yet, so a noisy rate does not send units back and forth
+	// (Plan ignores it).
+	Fed bool
 }
 
 // Policy is the rebalancer's rule: expect each region to keep selling at its recent rate

@@ -29,7 +29,9 @@ buyers by --demand, each buyer asking one unit at its region and paying at once.
 For each it prints the time to sell out, the sell-through, the buyers told REGION_EXHAUSTED,
 and of those the buyers told so while another region had at least one unit available at that
 moment (undersold), from the regions' own records: each region's available units over time are
-rebuilt from its credits, debits, restores and holds. Every database is dropped at the end.`,
+rebuilt from its credits, debits, restores and holds. The undersold are given as a share of
+all buyers (OF ALL) and of the buyers not told SOLD_OUT (BEFORE SO: those who came while the
+sale had units). Every database is dropped at the end.`,
 		Example: `  quotactl bench rebalance
   quotactl bench rebalance --stock 10000 --demand 100,0,0 -o json`,
 		Args: cobra.NoArgs,
@@ -104,13 +106,14 @@ func shareList(flag, s string) ([]int64, error) {
 func printRebalanceRows(w io.Writer, cfg bench.RebalanceConfig, rows []bench.RebalanceRow) {
 	fmt.Fprintf(w, "%d units split %v over us, eu, ap; %d buyers split %v, %g/s, %d in flight\n",
 		cfg.Stock, cfg.Allocation, cfg.Buyers, cfg.Demand, cfg.Rate, cfg.Concurrency)
-	fmt.Fprintf(w, "%-9s %12s %12s %10s %10s %10s %9s %6s %7s\n", "MODE", "SOLD OUT IN", "SELL-THRU", "BUYERS", "EXHAUSTED", "UNDERSOLD", "FRACTION", "MOVES", "UNITS")
+	fmt.Fprintf(w, "%-9s %12s %12s %10s %10s %10s %9s %9s %6s %7s\n", "MODE", "SOLD OUT IN", "SELL-THRU", "BUYERS", "EXHAUSTED", "UNDERSOLD",
+		"OF ALL", "BEFORE SO", "MOVES", "UNITS")
 	for _, r := range rows {
 		soldOut := "not sold out"
 		if r.SoldOutAfter >= 0 {
 			soldOut = r.SoldOutAfter.Round(10 * time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%-9s %12s %11.2f%% %10d %10d %10d %8.3f%% %6d %7d\n", r.Mode, soldOut, 100*r.SellThrough, r.Buyers,
-			r.Exhausted, r.Undersold, 100*r.UndersellFraction, r.Moves, r.MovedUnits)
+		fmt.Fprintf(w, "%-9s %12s %11.2f%% %10d %10d %10d %8.3f%% %8.3f%% %6d %7d\n", r.Mode, soldOut, 100*r.SellThrough, r.Buyers,
+			r.Exhausted, r.Undersold, 100*r.UndersellFraction, 100*r.UndersellOfUnsoldOut, r.Moves, r.MovedUnits)
 	}
 }

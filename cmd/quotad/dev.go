@@ -60,6 +60,9 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 	if err != nil {
 		return cluster.DevConfig{}, err
 	}
+	if err := checkRebalanceFlags(v); err != nil {
+		return cluster.DevConfig{}, err
+	}
 	c := cluster.DevConfig{
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),

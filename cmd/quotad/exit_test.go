@@ -27,6 +27,11 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"dev", "--standby-refresh", "500us"},
 		{"dev", "--max-keys-per-user", "0"},
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-keys-per-user", "-1"},
+		{"dev", "--rebalance-every", "1ms"},
+		{"dev", "--rebalance-max-in-flight", "0"},
+		{"dev", "--rebalance-min-units", "0"},
+		{"coordinator", "--db-url", "postgres://q@h/db", "--region", "us=a:1=postgres://q@h/r", "--insecure", "--rebalance-window", "0s"},
+		{"coordinator", "--db-url", "postgres://q@h/db", "--region", "us=a:1=postgres://q@h/r", "--insecure", "--rebalance-max-in-flight", "101"},
 	} {
 		root := rootCmd()
 		root.SetArgs(args)

@@ -199,6 +199,26 @@ func addRebalanceFlags(cmd *cobra.Command) {
 	f.Duration("rebalance-cooldown", coordinator.DefaultRebalanceCooldown, "the automatic rebalancer waits this long after moving a SKU's units before moving that SKU's again")
 }
 
+// checkRebalanceFlags refuses an automatic rebalancer setting out of its range, naming the
+// flag (each has a default, so a 0 was typed).
+func checkRebalanceFlags(v *viper.Viper) error {
+	for _, f := range []string{"rebalance-window", "rebalance-horizon", "rebalance-cooldown"} {
+		if d := v.GetDuration(f); d <= 0 {
+			return fmt.Errorf("%s %s: must be positive", f, d)
+		}
+	}
+	if d := v.GetDuration("rebalance-every"); d < 50*time.Millisecond {
+		return fmt.Errorf("rebalance-every %s: must be at least 50ms (each round reads every region)", d)
+	}
+	if n := v.GetInt64("rebalance-min-units"); n < 1 {
+		return fmt.Errorf("rebalance-min-units %d: must be at least 1", n)
+	}
+	if n := v.GetInt("rebalance-max-in-flight"); n < 1 || n > 100 {
+		return fmt.Errorf("rebalance-max-in-flight %d: must be 1..100", n)
+	}
+	return nil
+}
+
 // rebalanceConfig reads addRebalanceFlags' flags.
 func rebalanceConfig(v *viper.Viper) coordinator.AutoRebalance {
 	return coordinator.AutoRebalance{Enabled: v.GetBool("auto-rebalance"), Every: v.GetDuration("rebalance-every"),
@@ -239,6 +259,9 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	tlsm, err := security(v, log)
 	if err != nil {
+		return badUsage(err)
+	}
+	if err := checkRebalanceFlags(v); err != nil {
 		return badUsage(err)
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),

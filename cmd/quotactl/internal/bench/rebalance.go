@@ -68,6 +68,9 @@ type RebalanceRow struct {
 	// share of all buyers.
 	Undersold         int64   `json:"undersold"`
 	UndersellFraction float64 `json:"undersell_fraction"`
+	// UndersellOfUnsoldOut is Undersold over the buyers not told SOLD_OUT (those who came
+	// while the sale still had units): the stricter reading.
+	UndersellOfUnsoldOut float64 `json:"undersell_of_buyers_before_sell_out"`
 	// Moves is the transfers between regions and the units they moved.
 	Moves      int   `json:"moves"`
 	MovedUnits int64 `json:"moved_units"`
@@ -183,6 +186,7 @@ func operatorRebalance(ctx context.Context, coord quotav1.CoordinatorServiceClie
 	if mode != ModeOperator {
 		return func() {}
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -196,7 +200,7 @@ func operatorRebalance(ctx context.Context, coord quotav1.CoordinatorServiceClie
 			cfg.Logger.Warn("the operator's rebalance failed", "sale", sale, "err", err)
 		}
 	}()
-	return func() { <-done }
+	return func() { cancel(); <-done }
 }
 
 // measure reads what the regions recorded of the sale and scores the mode.
@@ -208,7 +212,7 @@ func measure(ctx context.Context, dev *cluster.Dev, coord quotav1.CoordinatorSer
 	}
 	timelines := map[string]timeline{}
 	for i, r := range dev.Regions {
-		tl, sold, err := readTimeline(ctx, r.DB, sale)
+		tl, sold, err := readTimeline(ctx, r.DB, sale, benchSKU)
 		if err != nil {
 			return row, fmt.Errorf("read region %s: %w", rebalanceRegions[i], err)
 		}
@@ -237,6 +241,9 @@ func measure(ctx context.Context, dev *cluster.Dev, coord quotav1.CoordinatorSer
 	if row.Buyers > 0 {
 		row.UndersellFraction = float64(row.Undersold) / float64(row.Buyers)
 	}
+	if before := st.Buyers - st.SoldOut; before > 0 {
+		row.UndersellOfUnsoldOut = float64(row.Undersold) / float64(before)
+	}
 	return row, nil
 }
 
@@ -263,13 +270,13 @@ func (tl timeline) at(t time.Time) int64 {
 // readTimeline rebuilds a region's available units of sale over time from its own durable
 // records: credits in, debits out and their restores, holds taken and holds that came back
 // (released or expired). It also answers the units sold there.
-func readTimeline(ctx context.Context, db *pgxpool.Pool, sale string) (timeline, int64, error) {
+func readTimeline(ctx context.Context, db *pgxpool.Pool, sale, sku string) (timeline, int64, error) {
 	rows, err := db.Query(ctx, `
-		SELECT recorded_at, units FROM transfers_in WHERE sale_id = $1 AND state = 'credited'
-		UNION ALL SELECT recorded_at, -units FROM transfers_out WHERE sale_id = $1 AND state IN ('pending', 'settled', 'voided')
-		UNION ALL SELECT updated_at, units FROM transfers_out WHERE sale_id = $1 AND state = 'voided'
-		UNION ALL SELECT created_at, -quantity FROM holds WHERE sale_id = $1
-		UNION ALL SELECT closed_at, quantity FROM holds WHERE sale_id = $1 AND state IN ('released', 'expired')`, sale)
+		SELECT recorded_at, units FROM transfers_in WHERE sale_id = $1 AND sku = $2 AND state = 'credited'
+		UNION ALL SELECT recorded_at, -units FROM transfers_out WHERE sale_id = $1 AND sku = $2 AND state IN ('pending', 'settled', 'voided')
+		UNION ALL SELECT updated_at, units FROM transfers_out WHERE sale_id = $1 AND sku = $2 AND state = 'voided'
+		UNION ALL SELECT created_at, -quantity FROM holds WHERE sale_id = $1 AND sku = $2
+		UNION ALL SELECT closed_at, quantity FROM holds WHERE sale_id = $1 AND sku = $2 AND state IN ('released', 'expired')`, sale, sku)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -292,7 +299,7 @@ func readTimeline(ctx context.Context, db *pgxpool.Pool, sale string) (timeline,
 		tl[i].after = n
 	}
 	var sold int64
-	err = db.QueryRow(ctx, `SELECT coalesce(sum(sold), 0) FROM pools WHERE sale_id = $1`, sale).Scan(&sold)
+	err = db.QueryRow(ctx, `SELECT coalesce(sum(sold), 0) FROM pools WHERE sale_id = $1 AND sku = $2`, sale, sku).Scan(&sold)
 	return tl, sold, err
 }
 
