@@ -175,9 +175,6 @@ func (d *Drive) Reply(ctx context.Context, r Reply) (Call, bool) {
 	return d.next(ctx)
 }
 
-// Done reports whether the drive has ended.
-func (d *Drive) Done() bool { return d.done }
-
 // Result is the transfer as the drive leaves it, and the error that ended it: a ledger write
 // that failed while stranding or settling it (ErrFenced to errors.Is when a newer
 // coordinator leads), or a region that is not configured; nil otherwise (an unfinished,

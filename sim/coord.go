@@ -136,8 +136,11 @@ func (c *coordNode) next(w *world, dr *driving, call coordinator.Call, ok bool) 
 	if t.Stranded && !dr.stranded {
 		w.stats.Ops["transfer stranded"]++
 	}
-	if errors.Is(err, coordinator.ErrFenced) {
+	switch {
+	case errors.Is(err, coordinator.ErrFenced): // a deposed coordinator's write: I4 at work
 		w.stats.Ops["coordinator write fenced"]++
+	case err != nil: // the simulated ledger fails no write but by its fence
+		w.failf("driver", "coordinator %s: transfer %s: %v", c.name, dr.transfer, err)
 	}
 }
 

@@ -99,8 +99,8 @@ func mapSet(m map[string]time.Time, k string, v time.Time) map[string]time.Time 
 // (stock returned to the centre, and allocated again), each drawn with the same odds.
 var pools = append([]string{transfer.Unallocated}, regionNames...)
 
-// operator moves stock by hand, rebalances by the policy, and now and then resolves a
-// stranded transfer with --refuse (Coordinator.Resolve: a pending one is refused at its
+// operator moves stock by hand, rebalances by the policy, runs rounds of the automatic
+// rebalancer, and now and then resolves a stranded transfer with --refuse (Coordinator.Resolve: a pending one is refused at its
 // destination, a requested one at its source).
 func (w *world) operator() {
 	switch x := w.rng.Float64(); {
@@ -113,6 +113,8 @@ func (w *world) operator() {
 		w.rebalance(pick(w, skus))
 	case x < 0.016:
 		w.resolveRefuse()
+	case x < 0.026:
+		w.autoRebalance(pick(w, skus))
 	}
 }
 
@@ -135,10 +137,16 @@ func (w *world) resolveRefuse() {
 	c.start(w, t, true, false)
 }
 
-// rebalance plans moves from the regions' durable books and recent reservations, as
-// `quotactl rebalance` does.
-func (w *world) rebalance(sku string) {
-	policy := transfer.Policy{Window: 5 * time.Second, Horizon: 10 * time.Second, MinUnits: 2}
+// rebalancePolicy is the rebalancers' rule in the simulation, scaled to its seconds.
+var rebalancePolicy = transfer.Policy{Window: 5 * time.Second, Horizon: 10 * time.Second, MinUnits: 2}
+
+// maxAutoInFlight caps the automatic rebalancer's moves: it starts none while a SKU has
+// that many transfers unfinished (the coordinator's Auto.MaxInFlight).
+const maxAutoInFlight = 4
+
+// demand is each region's available units of sku and its reservations within window, from
+// its durable books, as the rebalancers read them.
+func (w *world) demand(sku string, window time.Duration) []transfer.PoolDemand {
 	var pools []transfer.PoolDemand
 	for _, name := range regionNames {
 		d := transfer.PoolDemand{Pool: name}
@@ -148,15 +156,52 @@ func (w *world) rebalance(sku string) {
 			}
 		}
 		for _, h := range w.regions[name].durable.Holds() {
-			if h.SKU == sku && w.now.Sub(h.CreatedAt) <= policy.Window {
+			if h.SKU == sku && w.now.Sub(h.CreatedAt) <= window {
 				d.Recent += h.Quantity
 			}
 		}
 		pools = append(pools, d)
 	}
+	return pools
+}
+
+// rebalance plans moves from the regions' durable books and recent reservations, as
+// `quotactl rebalance` does.
+func (w *world) rebalance(sku string) {
 	w.stats.Ops["rebalance"]++
-	for _, m := range policy.Plan(pools) {
+	for _, m := range rebalancePolicy.Plan(w.demand(sku, rebalancePolicy.Window)) {
 		w.createTransfer(fmt.Sprintf("rebalance/%d", w.nextID()), sku, m.From, m.To, m.Units)
+	}
+}
+
+// autoRebalance is one round of the automatic rebalancer for sku: the unallocated pool and
+// the regions' demand, with the units of unfinished transfers counted at their destination
+// and a pool that a stranded transfer left frozen (as the coordinator's planSKU reads
+// them), planned by its rule (transfer.Policy.AutoPlan); its moves start as fenced
+// transfers, as many as the cap on transfers in flight leaves room for.
+func (w *world) autoRebalance(sku string) {
+	pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: w.ledger.unallocated[sku]}},
+		w.demand(sku, rebalancePolicy.Window)...)
+	open := 0
+	for _, t := range w.ledger.unfinished() {
+		if t.SKU != sku || t.State.Final() {
+			continue
+		}
+		open++
+		for i := range pools {
+			if t.To == pools[i].Pool {
+				pools[i].Incoming += t.Units
+			}
+			if t.From == pools[i].Pool && t.Stranded {
+				pools[i].Frozen = true
+			}
+		}
+	}
+	w.stats.Ops["auto-rebalance round"]++
+	moves := rebalancePolicy.AutoPlan(pools)
+	for _, m := range moves[:min(len(moves), max(0, maxAutoInFlight-open))] {
+		w.createTransfer(fmt.Sprintf("auto/%d", w.nextID()), sku, m.From, m.To, m.Units)
+		w.stats.Ops["auto-rebalance move"]++
 	}
 }
 
