@@ -21,8 +21,9 @@ func benchScaleCmd() *cobra.Command {
 		Short: "Measure how the system's costs grow with pools, sales, stored holds and transfers",
 		Long: `bench scale measures growth curves, each point measured, one curve after another in one run:
   pools        a region's durable reservations/s and p99 with --pools pools live in it (sales of up
-               to 10 SKUs, all their stock in the region), --pool-ops reservations spread
-               round-robin over them from --concurrency callers
+               to 10 SKUs, all their stock in the region): --pool-ops reservations from
+               --concurrency callers on one pool (hot), then as many spread round-robin over
+               every pool (spread)
   coordinator  with --sales idle sales (one SKU each, over three regions), the transactions per
                second each region database and the ledger commit (pg_stat_database xact_commit +
                xact_rollback deltas over --idle-window), and this process's CPU; once with the
@@ -47,14 +48,14 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f := cmd.Flags()
 	f.String("curves", strings.Join(bench.ScaleCurves, ","), "curves to run, of "+strings.Join(bench.ScaleCurves, ","))
 	f.String("pools", "1,10,100,1000", "pools curve: pools live in the region at each point")
-	f.Int64("pool-ops", 20000, "pools curve: reservations at each point")
+	f.Int64("pool-ops", 40000, "pools curve: reservations of each load at each point")
 	f.String("concurrency", "256", "pools curve: callers in flight at once")
-	f.String("sales", "1,10,100", "coordinator curve: idle sales at each point")
+	f.String("sales", "1,10,100,1000", "coordinator curve: idle sales at each point")
 	f.Duration("idle-window", 5*time.Second, "coordinator curve: how long each point is watched")
-	f.String("closed-holds", "10000,100000", "takeover curve: closed holds stored at each point")
+	f.String("closed-holds", "10000,100000,1000000", "takeover curve: closed holds stored at each point")
 	f.Int("live-ops", 1000, "takeover curve: reservations the old leader makes before the warm standby takes over")
 	f.String("transfers", "100,1000", "audit curve: the sale's transfers at each point")
-	f.String("audit-holds", "10000,100000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
+	f.String("audit-holds", "10000,100000,1000000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
 	f.Int("audit-runs", 3, "audit curve: audits timed at each point (the median is reported)")
 	f.Duration("duration", time.Minute, "cap on each point's reservation load")
 	f.Duration("curve-timeout", 15*time.Minute, "cap on each curve")
@@ -123,10 +124,10 @@ func printScale(w io.Writer, rep *bench.ScaleReport) {
 	fmt.Fprintf(w, "%d CPUs, GOMAXPROCS %d, %s, GC %s, PostgreSQL %s; load average %s before, %s after\n%s\n",
 		s.CPUs, s.GOMAXPROCS, s.GoVersion, s.GC, s.Postgres, s.LoadAvgStart, s.LoadAvgEnd, s.Placement)
 	if len(rep.Pools) > 0 {
-		fmt.Fprintf(w, "\nPOOLS: reservations spread over the pools of one region\n%7s %6s %8s %10s %9s %9s %9s %7s %9s\n",
-			"POOLS", "SALES", "CALLERS", "RES/S", "P50 MS", "P99 MS", "CPU µs", "BUSY%", "MACH µs")
+		fmt.Fprintf(w, "\nPOOLS: reservations on one pool (hot) or spread over every pool of one region\n%7s %6s %-7s %8s %10s %9s %9s %9s %7s %9s\n",
+			"POOLS", "SALES", "LOAD", "CALLERS", "RES/S", "P50 MS", "P99 MS", "CPU µs", "BUSY%", "MACH µs")
 		for _, p := range rep.Pools {
-			fmt.Fprintf(w, "%7d %6d %8d %10.0f %9.2f %9.2f %9.1f %7.1f %9.1f\n", p.Pools, p.Sales, p.Concurrency, p.ReservationsPerSec,
+			fmt.Fprintf(w, "%7d %6d %-7s %8d %10.0f %9.2f %9.2f %9.1f %7.1f %9.1f\n", p.Pools, p.Sales, p.Load, p.Concurrency, p.ReservationsPerSec,
 				p.P50Ms, p.P99Ms, p.ProcessCPUPerOp, p.MachineBusyPct, p.MachineCPUPerOp)
 		}
 	}

@@ -332,11 +332,18 @@ func inParallel(ctx context.Context, n, width int, f func(ctx context.Context, i
 	return first
 }
 
-// PoolsPoint is one point of the pools curve: reservations spread round-robin over Pools
-// pools, all live in one region.
+// The pools curve's two loads at each point.
+const (
+	LoadHot    = "hot"    // every reservation on one pool, the others idle
+	LoadSpread = "spread" // reservations round-robin over every pool
+)
+
+// PoolsPoint is one load at one point of the pools curve: Pools pools live in one region,
+// the reservations all on one of them (LoadHot) or spread round-robin over all (LoadSpread).
 type PoolsPoint struct {
-	Pools int `json:"pools"`
-	Sales int `json:"sales"`
+	Pools int    `json:"pools"`
+	Sales int    `json:"sales"`
+	Load  string `json:"load"`
 	// The load, as bench's variant results: rate and latency over the measured window.
 	Concurrency        int     `json:"concurrency"`
 	Reservations       int64   `json:"reservations"`
@@ -373,8 +380,8 @@ func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Poo
 	}
 	defer conn.Close()
 	rs := quotav1.NewRegionServiceClient(conn)
-	// Every pool gets enough units for every point's load, so none runs dry.
-	units := cfg.PoolOps*int64(len(cfg.Pools)) + int64(cfg.Concurrency)
+	// Every pool gets enough units for every point's loads, so none runs dry.
+	units := 2*cfg.PoolOps*int64(len(cfg.Pools)) + int64(cfg.Concurrency)
 	var pools []poolRef
 	var out []PoolsPoint
 	for _, n := range cfg.Pools {
@@ -382,14 +389,16 @@ func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Poo
 		if pools, sales, err = g.addPools(ctx, pools, n, units); err != nil {
 			return out, err
 		}
-		cfg.progress("pools: %d pools in %d sales, %d reservations from %d callers", n, sales, cfg.PoolOps, cfg.Concurrency)
-		p, err := reservePools(ctx, cfg, g, rs, pools)
-		if err != nil {
-			return out, err
+		for _, how := range []string{LoadHot, LoadSpread} {
+			cfg.progress("pools: %d pools in %d sales, %d reservations (%s) from %d callers", n, sales, cfg.PoolOps, how, cfg.Concurrency)
+			p, err := reservePools(ctx, cfg, g, rs, pools, how)
+			if err != nil {
+				return out, err
+			}
+			p.Sales = sales
+			cfg.progress("pools: %d pools, %s: %.0f reservations/s, p99 %.2f ms", n, how, p.ReservationsPerSec, p.P99Ms)
+			out = append(out, p)
 		}
-		p.Sales = sales
-		cfg.progress("pools: %d pools: %.0f reservations/s, p99 %.2f ms", n, p.ReservationsPerSec, p.P99Ms)
-		out = append(out, p)
 	}
 	return out, nil
 }
@@ -416,13 +425,17 @@ func (g *scaleRig) addPools(ctx context.Context, pools []poolRef, n int, units i
 }
 
 // reservePools makes cfg.PoolOps reservations of one unit each, by distinct users, the n-th
-// on pools[n mod len(pools)], and checks that each was granted.
-func reservePools(ctx context.Context, cfg *ScaleConfig, g *scaleRig, rs quotav1.RegionServiceClient, pools []poolRef) (PoolsPoint, error) {
-	prefix := "p" + strconv.Itoa(len(pools)) + "-"
+// on pools[n mod len(pools)] (spread) or pools[0] (hot), and checks that each was granted.
+func reservePools(ctx context.Context, cfg *ScaleConfig, g *scaleRig, rs quotav1.RegionServiceClient, pools []poolRef, how string) (PoolsPoint, error) {
+	prefix := how + strconv.Itoa(len(pools)) + "-"
+	spread := int64(len(pools))
+	if how == LoadHot {
+		spread = 1
+	}
 	l := load{concurrency: cfg.Concurrency, maxOps: cfg.PoolOps, duration: cfg.Duration, warmup: DefaultWarmup,
 		warmupOps: min(300, cfg.PoolOps/10), newAttempt: func(int) attempt {
 			return func(ctx context.Context, n int64) (outcome, error) {
-				p := pools[n%int64(len(pools))]
+				p := pools[n%spread]
 				_, err := rs.Reserve(ctx, &quotav1.ReserveRequest{SaleId: p.sale, Sku: p.sku, UserId: prefix + strconv.FormatInt(n, 10),
 					Quantity: 1, RequestKey: "k"})
 				if err != nil {
@@ -435,7 +448,7 @@ func reservePools(ctx context.Context, cfg *ScaleConfig, g *scaleRig, rs quotav1
 			}
 		}}
 	v := l.run(ctx)
-	p := PoolsPoint{Pools: len(pools), Concurrency: cfg.Concurrency, Reservations: v.Reservations, Errors: v.Errors + v.Refusals,
+	p := PoolsPoint{Pools: len(pools), Load: how, Concurrency: cfg.Concurrency, Reservations: v.Reservations, Errors: v.Errors + v.Refusals,
 		FirstError: v.FirstError, EndedBy: v.EndedBy, MeasuredSec: v.MeasuredSec, ReservationsPerSec: round1(v.ReservationsPerSec),
 		P50Ms: v.Latency.P50, P99Ms: v.Latency.P99, ProcessCPUPerOp: v.ProcessCPUPerOp, MachineBusyPct: v.MachineBusyPct, MachineCPUPerOp: v.MachineCPUPerOp}
 	if err := g.dev.Regions[0].DB.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&p.HoldRows); err != nil {
@@ -445,7 +458,7 @@ func reservePools(ctx context.Context, cfg *ScaleConfig, g *scaleRig, rs quotav1
 		return p, ctx.Err()
 	}
 	if p.Errors > 0 || p.Reservations != cfg.PoolOps {
-		return p, fmt.Errorf("%d pools: %d of %d reservations granted, %d errors (first: %s)", len(pools), p.Reservations, cfg.PoolOps, p.Errors, p.FirstError)
+		return p, fmt.Errorf("%d pools, %s: %d of %d reservations granted, %d errors (first: %s)", len(pools), how, p.Reservations, cfg.PoolOps, p.Errors, p.FirstError)
 	}
 	return p, nil
 }
