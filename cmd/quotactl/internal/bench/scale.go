@@ -169,34 +169,43 @@ type ScaleReport struct {
 }
 
 // RunScale runs the configured curves one after another, each on a cluster or database of
-// its own, and reports every point. Every database it creates is dropped before it returns,
-// also on error.
+// its own, and reports every point. Every database a curve creates is dropped when the curve
+// ends, also on error.
 func RunScale(ctx context.Context, cfg ScaleConfig) (rep *ScaleReport, err error) {
 	defer gcconf.Apply(gcconf.Apply(cfg.GC))
-	dbs := &databases{admin: cfg.PGURL}
-	defer func() { err = errors.Join(err, dbs.dropAll()) }()
 	rep = &ScaleReport{Setup: ScaleSetup{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: loadAvg(),
 		GoVersion: runtime.Version(), GC: cfg.GC.String(),
 		Placement: "load generator, regions, coordinator and etcd in this one process; PostgreSQL on the same machine"}}
 	if rep.Setup.Postgres, err = serverVersion(ctx, cfg.PGURL); err != nil {
 		return nil, err
 	}
-	runs := map[string]func(context.Context) error{
-		CurvePools:       func(ctx context.Context) (err error) { rep.Pools, err = runPoolsCurve(ctx, &cfg, dbs); return err },
-		CurveCoordinator: func(ctx context.Context) (err error) { rep.Coordinator, err = runIdleCurve(ctx, &cfg, dbs); return err },
-		CurveTakeover: func(ctx context.Context) (err error) {
+	runs := map[string]func(context.Context, *databases) error{
+		CurvePools: func(ctx context.Context, dbs *databases) (err error) {
+			rep.Pools, err = runPoolsCurve(ctx, &cfg, dbs)
+			return err
+		},
+		CurveCoordinator: func(ctx context.Context, dbs *databases) (err error) {
+			rep.Coordinator, err = runIdleCurve(ctx, &cfg, dbs)
+			return err
+		},
+		CurveTakeover: func(ctx context.Context, dbs *databases) (err error) {
 			rep.Takeover, err = runTakeoverCurve(ctx, &cfg, dbs)
 			return err
 		},
-		CurveAudit: func(ctx context.Context) (err error) { rep.Audit, err = runAuditCurve(ctx, &cfg, dbs); return err },
+		CurveAudit: func(ctx context.Context, dbs *databases) (err error) {
+			rep.Audit, err = runAuditCurve(ctx, &cfg, dbs)
+			return err
+		},
 	}
 	for _, k := range ScaleCurves {
 		if !slices.Contains(cfg.Curves, k) {
 			continue
 		}
+		dbs := &databases{admin: cfg.PGURL}
 		cctx, cancel := context.WithTimeout(ctx, cfg.CurveTimeout)
-		err := runs[k](cctx)
+		err := runs[k](cctx, dbs)
 		cancel()
+		err = errors.Join(err, dbs.dropAll())
 		if err != nil {
 			return rep, fmt.Errorf("%s curve: %w", k, err)
 		}
@@ -848,7 +857,7 @@ func takeoverPoint(ctx context.Context, cfg *ScaleConfig, db *pgxpool.Pool, epoc
 		return p, fmt.Errorf("cold takeover: %w", err)
 	}
 	cold := time.Since(t0)
-	p.ColdMs, p.HeapMiB = ms(cold), round1(float64(liveHeap()-heap0)/(1<<20))
+	p.ColdMs, p.HeapMiB = round1(ms(cold)), round1(float64(liveHeap()-heap0)/(1<<20))
 	b, err := region.New(region.Config{Name: benchRegion, StandbyRefresh: time.Second, Logger: cfg.Logger}, db)
 	if err != nil {
 		return p, err
@@ -873,7 +882,7 @@ func takeoverPoint(ctx context.Context, cfg *ScaleConfig, db *pgxpool.Pool, epoc
 	if err := b.Lead(ctx, *epoch); err != nil {
 		return p, fmt.Errorf("warm takeover: %w", err)
 	}
-	p.WarmMs = ms(time.Since(t1))
+	p.WarmMs = round1(ms(time.Since(t1)))
 	_, warm := b.Takeovers()
 	p.Warm = warm == 1
 	return p, nil
