@@ -366,19 +366,34 @@ type PoolsPoint struct {
 	ProcessCPUPerOp    float64 `json:"process_cpu_us_per_op"`
 	MachineBusyPct     float64 `json:"machine_busy_pct"`
 	MachineCPUPerOp    float64 `json:"machine_cpu_us_per_op"`
-	// HoldRows is the holds the region's database has afterwards, all points together.
+	// HoldRows is the holds the region's database has afterwards (the point's loads so far).
 	HoldRows int64 `json:"hold_rows"`
 }
 
 // poolRef is one pool: a sale's SKU.
 type poolRef struct{ sale, sku string }
 
-// runPoolsCurve runs, on a cluster of one region, the same reservation load over 1, 10, …
-// pools: before each point it creates sales (up to skusPerSale SKUs each, all their stock
-// in the region, manual mode) until the region holds that many pools.
+// runPoolsCurve runs the same reservation loads over 1, 10, … pools. Each point has a fresh
+// cluster of one region (so no point inherits the live holds, and the leader's heap, of the
+// one before) on which it creates sales (up to skusPerSale SKUs each, all their stock in the
+// region, manual mode) until the region holds that many pools.
 func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]PoolsPoint, error) {
+	var out []PoolsPoint
+	for i, n := range cfg.Pools {
+		pts, err := runPoolsPoint(ctx, cfg, dbs, "pl"+strconv.Itoa(i), n)
+		out = append(out, pts...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// runPoolsPoint starts a cluster of one region, creates n pools in it and runs the hot load,
+// then the spread one.
+func runPoolsPoint(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag string, n int) ([]PoolsPoint, error) {
 	cfg.progress("pools: starting a cluster of one region (%s)", benchRegion)
-	g, err := startScaleRig(ctx, cfg, dbs, "pl", []string{benchRegion}, false)
+	g, err := startScaleRig(ctx, cfg, dbs, tag, []string{benchRegion}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -389,25 +404,21 @@ func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Poo
 	}
 	defer conn.Close()
 	rs := quotav1.NewRegionServiceClient(conn)
-	// Every pool gets enough units for every point's loads, so none runs dry.
-	units := 2*cfg.PoolOps*int64(len(cfg.Pools)) + int64(cfg.Concurrency)
-	var pools []poolRef
+	// Every pool gets enough units for both loads, so none runs dry.
+	pools, sales, err := g.addPools(ctx, nil, n, 2*cfg.PoolOps+int64(cfg.Concurrency))
+	if err != nil {
+		return nil, err
+	}
 	var out []PoolsPoint
-	for _, n := range cfg.Pools {
-		var sales int
-		if pools, sales, err = g.addPools(ctx, pools, n, units); err != nil {
+	for _, how := range []string{LoadHot, LoadSpread} {
+		cfg.progress("pools: %d pools in %d sales, %d reservations (%s) from %d callers", n, sales, cfg.PoolOps, how, cfg.Concurrency)
+		p, err := reservePools(ctx, cfg, g, rs, pools, how)
+		if err != nil {
 			return out, err
 		}
-		for _, how := range []string{LoadHot, LoadSpread} {
-			cfg.progress("pools: %d pools in %d sales, %d reservations (%s) from %d callers", n, sales, cfg.PoolOps, how, cfg.Concurrency)
-			p, err := reservePools(ctx, cfg, g, rs, pools, how)
-			if err != nil {
-				return out, err
-			}
-			p.Sales = sales
-			cfg.progress("pools: %d pools, %s: %.0f reservations/s, p99 %.2f ms", n, how, p.ReservationsPerSec, p.P99Ms)
-			out = append(out, p)
-		}
+		p.Sales = sales
+		cfg.progress("pools: %d pools, %s: %.0f reservations/s, p99 %.2f ms", n, how, p.ReservationsPerSec, p.P99Ms)
+		out = append(out, p)
 	}
 	return out, nil
 }
