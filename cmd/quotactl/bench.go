@@ -84,6 +84,7 @@ reservations/s against 5,824 and 5,974 takes/s) and 0.688 and 0.632 at 256, over
 	f.String("cpuprofile", "", "write a CPU profile of the whole run (every variant, load generator and servers) to this file")
 	f.String("memprofile", "", "write a heap profile (allocations over the whole run, and what is live at its end) to this file")
 	cmd.AddCommand(benchRebalanceCmd())
+	cmd.AddCommand(benchScaleCmd())
 	return cmd
 }
 
