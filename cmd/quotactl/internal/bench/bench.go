@@ -509,21 +509,11 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 		cfg.progress("%s", res.oneLine())
 		out = append(out, res)
 	}
-	if cfg.wants(VariantRegion, VariantNoop, VariantSoldOut) {
-		res, err := runRegion(ctx, &cfg, dbs)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res...)
+	res, err := runRegions(ctx, &cfg, dbs, round)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.wants(VariantRegionBare) {
-		res, err := runBare(ctx, &cfg, dbs)
-		if err != nil {
-			return nil, fmt.Errorf("variant %s: %w", VariantRegionBare, err)
-		}
-		cfg.progress("%s", res.oneLine())
-		out = append(out, res)
-	}
+	out = append(out, res...)
 	for _, v := range cfg.redisVariants() {
 		res, err := runRedis(ctx, &cfg, v)
 		if err != nil {
@@ -534,6 +524,44 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 	}
 	for i := range out {
 		out[i].Round, out[i].Concurrency = round, cfg.Concurrency
+	}
+	return out, nil
+}
+
+// runRegions runs the in-process cluster's variants: (d)–(f) on one cluster, (i) on one of
+// its own. When both (d) and (i) run, even rounds run (i) first, so that neither always pays
+// for starting first (a fresh process's heap, a cold database).
+func runRegions(ctx context.Context, cfg *Config, dbs *databases, round int) ([]VariantResult, error) {
+	var out []VariantResult
+	region := func() error {
+		if !cfg.wants(VariantRegion, VariantNoop, VariantSoldOut) {
+			return nil
+		}
+		res, err := runRegion(ctx, cfg, dbs)
+		out = append(out, res...)
+		return err
+	}
+	bare := func() error {
+		if !cfg.wants(VariantRegionBare) {
+			return nil
+		}
+		res, err := runBare(ctx, cfg, dbs)
+		if err != nil {
+			return fmt.Errorf("variant %s: %w", VariantRegionBare, err)
+		}
+		cfg.progress("%s", res.oneLine())
+		out = append(out, res)
+		return nil
+	}
+	first, second := region, bare
+	if round%2 == 0 {
+		first, second = bare, region
+	}
+	if err := first(); err != nil {
+		return nil, err
+	}
+	if err := second(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
