@@ -256,10 +256,8 @@ a region with a stranded transfer out gives nothing until it is resolved.`,
 	return cmd
 }
 
-func runRebalance(e *env) error {
-	if e.v.GetBool("plan") {
-		return runRebalancePlan(e)
-	}
+// checkRebalanceFlags refuses a rebalance's missing or out-of-range flags (exit 2).
+func checkRebalanceFlags(e *env) error {
 	if e.v.GetString("sku") == "" {
 		return usage("--sku: required (see %s --help), unless --plan", e.cmd.CommandPath())
 	}
@@ -270,6 +268,16 @@ func runRebalance(e *env) error {
 	}
 	if n := e.v.GetInt64("min-units"); n <= 0 {
 		return usage("--min-units %d: must be positive", n)
+	}
+	return nil
+}
+
+func runRebalance(e *env) error {
+	if e.v.GetBool("plan") {
+		return runRebalancePlan(e)
+	}
+	if err := checkRebalanceFlags(e); err != nil {
+		return err
 	}
 	c, err := e.coordinator()
 	if err != nil {
