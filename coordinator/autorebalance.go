@@ -340,12 +340,26 @@ func (c *Coordinator) openTransfersOf(ctx context.Context, sale string, fedSince
 }
 
 // readPoolDemand reads every region's available units and recent demand of sale, per SKU,
-// in the order of the configured regions. A region that cannot be read is left out of the
+// in the order of the configured regions, the regions read at once. A region that cannot be read is left out of the
 // plan, neither source nor destination: its pool is never reassigned.
 func (c *Coordinator) readPoolDemand(ctx context.Context, sale string, since time.Time) map[string][]transfer.PoolDemand {
+	type read struct {
+		avail, recent map[string]transfer.Units
+		err           error
+	}
+	reads := make([]read, len(c.cfg.Regions))
+	var wg sync.WaitGroup
+	for i, r := range c.cfg.Regions { // at once: a region that hangs costs one CallTimeout, not one each
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reads[i].avail, reads[i].recent, reads[i].err = c.poolsOf(ctx, r, sale, since)
+		}()
+	}
+	wg.Wait()
 	out := map[string][]transfer.PoolDemand{}
-	for _, r := range c.cfg.Regions {
-		avail, recent, err := c.poolsOf(ctx, r, sale, since)
+	for i, r := range c.cfg.Regions {
+		avail, recent, err := reads[i].avail, reads[i].recent, reads[i].err
 		if err != nil {
 			c.cfg.Logger.Warn("rebalance: region unreadable, left out of the plan", "region", r.Name, "sale", sale, "err", err)
 			continue
