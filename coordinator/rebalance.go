@@ -72,10 +72,12 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 	}
 	since := c.cfg.Clock.Now().Add(-p.Window)
 	for _, r := range c.cfg.Regions {
-		d, ok := c.regionDemand(ctx, r, req.Sale, req.SKU, since)
-		if ok {
-			res.Pools = append(res.Pools, d)
+		avail, recent, err := c.poolsOf(ctx, r, req.Sale, since)
+		if err != nil {
+			c.cfg.Logger.Warn("rebalance: region unreadable, left out", "region", r.Name, "err", err)
+			continue
 		}
+		res.Pools = append(res.Pools, transfer.PoolDemand{Pool: r.Name, Available: avail[req.SKU], Recent: recent[req.SKU]})
 	}
 	if req.RequestID != "" && !req.DryRun {
 		earlier, err := c.rebalanceTransfers(ctx, req)
@@ -135,27 +137,4 @@ func (c *Coordinator) rebalanceTransfers(ctx context.Context, req RebalanceReque
 		return nil, fmt.Errorf("read the request id's transfers: %w", err)
 	}
 	return pgx.CollectRows(rows, scanTransfer)
-}
-
-func (c *Coordinator) regionDemand(ctx context.Context, r RegionLink, sale, sku string, since time.Time) (transfer.PoolDemand, bool) {
-	d := transfer.PoolDemand{Pool: r.Name}
-	books, err := r.Books(ctx, sale)
-	if err != nil {
-		c.cfg.Logger.Warn("rebalance: region unreadable, left out", "region", r.Name, "err", err)
-		return d, false
-	}
-	for _, p := range books.Pools {
-		if p.SKU == sku {
-			d.Available = p.Available
-		}
-	}
-	if r.Demand != nil {
-		recent, err := r.Demand(ctx, sale, since)
-		if err != nil {
-			c.cfg.Logger.Warn("rebalance: region demand unreadable, left out", "region", r.Name, "err", err)
-			return d, false
-		}
-		d.Recent = recent[sku]
-	}
-	return d, true
 }
