@@ -37,6 +37,20 @@ func (tc *testCluster) addAutoCoordinator(auto coordinator.AutoRebalance) *clust
 	return n
 }
 
+// autoLeader starts regions us, eu and ap and a coordinator leading them with testAuto,
+// and answers an operator's client of it.
+func autoLeader(t *testing.T) (*testCluster, quotav1.CoordinatorServiceClient) {
+	t.Helper()
+	tc := newTestCluster(t, "us", "eu", "ap")
+	n := tc.addAutoCoordinator(testAuto)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.WaitLeading(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return tc, tc.coordinator(n)
+}
+
 // buyAt has one buyer after another reserve and pay for one unit at region, about every
 // pace, until the region has answered SOLD_OUT, stop is closed, or d passes. It answers the
 // units bought there. An unexpected answer fails the test (t.Errorf: buyAt may run on a
@@ -82,14 +96,8 @@ func buyAt(t *testing.T, r quotav1.RegionServiceClient, sale, prefix string, pac
 // that region alone sells at least 99.5% of the units. The plan says why it moved, a sale in
 // manual mode is left alone, and the audit is clean.
 func TestAutoRebalanceFollowsTheBuyers(t *testing.T) {
-	tc := newTestCluster(t, "us", "eu", "ap")
-	n := tc.addAutoCoordinator(testAuto)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := n.WaitLeading(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := tc.coordinator(n)
+	tc, c := autoLeader(t)
+	ctx := context.Background()
 	createSale(t, c, "auto", 200, 1, time.Minute) // us 80, eu 70, ap 50
 	bought := buyAt(t, tc.region("ap"), "auto", "ap-buyer", 20*time.Millisecond, 90*time.Second, nil)
 	if bought < 199 {
@@ -202,14 +210,8 @@ func TestAutoRebalanceSurvivesCoordinatorCrash(t *testing.T) {
 // TestAutoRebalanceFeedsADryRegion: a region allocated nothing has only refused buyers; their
 // refusals count as its demand, so the rebalancer moves stock to it and they buy.
 func TestAutoRebalanceFeedsADryRegion(t *testing.T) {
-	tc := newTestCluster(t, "us", "eu", "ap")
-	n := tc.addAutoCoordinator(testAuto)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := n.WaitLeading(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := tc.coordinator(n)
+	tc, c := autoLeader(t)
+	ctx := context.Background()
 	if _, err := c.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: "dry", Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 100}},
 		PerUserLimit: 1, HoldTtlMs: time.Minute.Milliseconds()}); err != nil {
 		t.Fatal(err)
