@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 )
 
 // actionTimeout bounds one action: a resolve or a rebalance calls regions.
@@ -32,7 +33,7 @@ func (h *handler) resolve(w http.ResponseWriter, r *http.Request, s session) err
 		return fmt.Errorf("resolve %s: %w", id, err)
 	}
 	h.views.forget(t.Sale)
-	writeJSON(w, http.StatusOK, toTransferJSON(t, h.opts.Now()))
+	rpcserve.WriteJSON(w, http.StatusOK, toTransferJSON(t, h.opts.Now()))
 	return nil
 }
 
@@ -76,6 +77,6 @@ func (h *handler) rebalance(w http.ResponseWriter, r *http.Request, s session) e
 	for _, t := range res.Transfers {
 		out.Transfers = append(out.Transfers, toTransferJSON(t, now))
 	}
-	writeJSON(w, http.StatusOK, out)
+	rpcserve.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -16,12 +16,12 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -230,20 +230,7 @@ func secureHeaders(w http.ResponseWriter) {
 // writeError answers err in the one JSON error shape.
 func writeError(w http.ResponseWriter, err error) {
 	code, body := apierr.HTTP(err)
-	writeJSON(w, code, body)
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil { // only this package's types are written: a programmer error
-		panic(fmt.Sprintf("coordhttp: marshal %T: %v", v, err))
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
-	w.WriteHeader(code)
-	if _, err := w.Write(append(b, '\n')); err != nil {
-		return // the client went away; nothing to tell it
-	}
+	rpcserve.WriteJSON(w, code, body)
 }
 
 // decode reads a JSON body into v, refusing unknown fields and trailing data.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 )
 
@@ -59,7 +60,7 @@ func (h *handler) sessionOf(s session) sessionJSON {
 }
 
 func (h *handler) session(w http.ResponseWriter, _ *http.Request, s session) error {
-	writeJSON(w, http.StatusOK, h.sessionOf(s))
+	rpcserve.WriteJSON(w, http.StatusOK, h.sessionOf(s))
 	return nil
 }
 
@@ -91,7 +92,7 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request, _ session) error
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: Prefix, Expires: s.expires,
 		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 	h.opts.Logger.Info("console login", "role", tok.Role, "name", tok.Name, "key", tok.KeyID, "remote", r.RemoteAddr, "until", s.expires)
-	writeJSON(w, http.StatusOK, h.sessionOf(s))
+	rpcserve.WriteJSON(w, http.StatusOK, h.sessionOf(s))
 	return nil
 }
 
@@ -107,6 +108,6 @@ func (h *handler) logout(w http.ResponseWriter, r *http.Request, _ session) erro
 	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: Prefix, MaxAge: -1,
 		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
-	writeJSON(w, http.StatusOK, struct{}{})
+	rpcserve.WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -103,7 +104,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request, _ session) er
 	for _, s := range sales {
 		out.Sales = append(out.Sales, saleLineJSON{s.Sale, s.CreatedAt, s.OpensAt, s.SKUs, int64(s.Total), int64(s.Unallocated), s.Paused})
 	}
-	writeJSON(w, http.StatusOK, out)
+	rpcserve.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -127,7 +128,7 @@ func (h *handler) saleView(w http.ResponseWriter, r *http.Request, _ session) er
 	}
 	v := *e.view
 	v.Audit = e.audit
-	writeJSON(w, http.StatusOK, v)
+	rpcserve.WriteJSON(w, http.StatusOK, v)
 	return nil
 }
 

@@ -3,11 +3,13 @@ package rpcserve
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,4 +132,19 @@ func (b *httpBudget) connState(c net.Conn, s http.ConnState) {
 	}
 	release := func() { b.open.Add(-1) }
 	cnt.release.Store(&release)
+}
+
+// WriteJSON answers code with v as JSON and a new line, the one way the HTTP edges write a
+// body. v is one of the caller's own types, so a marshal error is a programmer error.
+func WriteJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("rpcserve: marshal %T: %v", v, err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return // the client went away; nothing to tell it
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"strconv"
 
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region/regionrpc"
 )
@@ -126,20 +127,7 @@ func writeError(w http.ResponseWriter, err error) {
 	if body.Error.RetryAfterMs > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt((body.Error.RetryAfterMs+999)/1000, 10))
 	}
-	writeJSON(w, code, body)
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil { // only the types of this package are written: a programmer error
-		panic(fmt.Sprintf("regionhttp: marshal %T: %v", v, err))
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
-	w.WriteHeader(code)
-	if _, err := w.Write(append(b, '\n')); err != nil {
-		return // the client went away; nothing to tell it
-	}
+	rpcserve.WriteJSON(w, code, body)
 }
 
 // decode reads a JSON body into v: unknown fields and trailing data are refused, naming the
@@ -183,6 +171,6 @@ func clientAddress(r *http.Request) string {
 }
 
 func (h *handler) ping(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, struct{}{})
+	rpcserve.WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 
@@ -148,7 +149,7 @@ func writeAdmission(w http.ResponseWriter, a *quotav1.Admission, created bool) {
 			code = http.StatusCreated
 		}
 	}
-	writeJSON(w, code, toAdmissionJSON(a))
+	rpcserve.WriteJSON(w, code, toAdmissionJSON(a))
 }
 
 func (h *handler) enter(w http.ResponseWriter, r *http.Request) error {
@@ -251,7 +252,7 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 	if out.Replayed {
 		code = http.StatusOK
 	}
-	writeJSON(w, code, out)
+	rpcserve.WriteJSON(w, code, out)
 	return nil
 }
 
@@ -260,7 +261,7 @@ func (h *handler) getHold(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
+	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
 	return nil
 }
 
@@ -287,7 +288,7 @@ func (h *handler) confirm(w http.ResponseWriter, r *http.Request) error {
 	if resp.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD {
 		out.Outcome = "sold"
 	}
-	writeJSON(w, http.StatusOK, out)
+	rpcserve.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -302,6 +303,6 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
+	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
 	return nil
 }
