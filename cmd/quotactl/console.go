@@ -1,11 +1,8 @@
 package main
 
 import (
-	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"time"
 
@@ -78,28 +75,7 @@ func runConsoleToken(e *env) error {
 }
 
 func runConsoleKeysCreate(e *env) error {
-	path := e.v.GetString("keys")
-	if _, err := os.Stat(path); err == nil && !e.v.GetBool("overwrite") {
-		return usage("--keys %s exists; pass --overwrite to replace it (tokens signed with its keys stop logging in)", path)
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	data, err := admission.NewKeyFile(rand.Reader)
-	if err != nil {
-		return err
-	}
-	return writeKeys(e, path, data, "created")
+	return createKeyFile(e, "keys", "tokens signed with its keys stop logging in")
 }
 
-func runConsoleKeysRotate(e *env) error {
-	path := e.v.GetString("keys")
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return usage("--keys: %v", err)
-	}
-	data, err := admission.RotateKeyFile(old, rand.Reader)
-	if err != nil {
-		return fmt.Errorf("--keys %s: %w", path, err)
-	}
-	return writeKeys(e, path, data, "rotated")
-}
+func runConsoleKeysRotate(e *env) error { return rotateKeyFile(e, "keys") }

@@ -61,3 +61,46 @@ func TestConsoleTokens(t *testing.T) {
 		t.Fatalf("token without a key file: exit %d (%v)\n%s; want a usage error saying how to make one", exitCode(err), err, out)
 	}
 }
+
+// TestKeyFiles: ticket-keys and console keys share one create and one rotate: each makes a
+// 0600 file of one key, refuses to replace it without --overwrite (naming its flag and what
+// replacing it ends), rotates it to two keys, and refuses to rotate a missing file naming the
+// flag.
+func TestKeyFiles(t *testing.T) {
+	for _, tc := range []struct{ cmd, flag, lost string }{
+		{"ticket-keys", "file", "tickets signed with its keys stop working"},
+		{"console keys", "keys", "tokens signed with its keys stop logging in"},
+	} {
+		path := filepath.Join(t.TempDir(), "k")
+		args := func(verb string, more ...string) []string {
+			return append(append(strings.Fields(tc.cmd), verb, "--"+tc.flag, path), more...)
+		}
+		if out, err := run(t, args("create")...); err != nil {
+			t.Fatalf("%s create: %v\n%s", tc.cmd, err, out)
+		}
+		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v, mode %v; want 0600", tc.cmd, err, st.Mode())
+		}
+		_, err := run(t, args("create")...)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--"+tc.flag) || !strings.Contains(err.Error(), tc.lost) {
+			t.Errorf("%s create over a file: exit %d (%v); want 2 naming --%s and %q", tc.cmd, exitCode(err), err, tc.flag, tc.lost)
+		}
+		if out, err := run(t, args("create", "--overwrite")...); err != nil {
+			t.Errorf("%s create --overwrite: %v\n%s", tc.cmd, err, out)
+		}
+		if out, err := run(t, args("rotate")...); err != nil {
+			t.Fatalf("%s rotate: %v\n%s", tc.cmd, err, out)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ring, err := admission.ParseKeyring(data); err != nil || len(ring.IDs()) != 2 {
+			t.Errorf("%s after a rotation: %v, %v; want two keys", tc.cmd, ring, err)
+		}
+		path += ".missing"
+		if _, err := run(t, args("rotate")...); exitCode(err) != 2 || !strings.Contains(err.Error(), "--"+tc.flag) {
+			t.Errorf("%s rotate of a missing file: exit %d (%v); want 2 naming --%s", tc.cmd, exitCode(err), err, tc.flag)
+		}
+	}
+}

@@ -34,9 +34,18 @@ is a secret: it is written with mode 0600.`
 }
 
 func runTicketKeysCreate(e *env) error {
-	path := e.v.GetString("file")
+	return createKeyFile(e, "file", "tickets signed with its keys stop working")
+}
+
+func runTicketKeysRotate(e *env) error { return rotateKeyFile(e, "file") }
+
+// createKeyFile writes a new key file (admission.NewKeyFile) at the path flag names; an
+// existing one is replaced only with --overwrite, and the refusal says what replacing it
+// ends (lost).
+func createKeyFile(e *env, flag, lost string) error {
+	path := e.v.GetString(flag)
 	if _, err := os.Stat(path); err == nil && !e.v.GetBool("overwrite") {
-		return usage("--file %s exists; pass --overwrite to replace it (tickets signed with its keys stop working)", path)
+		return usage("--%s %s exists; pass --overwrite to replace it (%s)", flag, path, lost)
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -47,15 +56,16 @@ func runTicketKeysCreate(e *env) error {
 	return writeKeys(e, path, data, "created")
 }
 
-func runTicketKeysRotate(e *env) error {
-	path := e.v.GetString("file")
+// rotateKeyFile rotates the key file at the path flag names (admission.RotateKeyFile).
+func rotateKeyFile(e *env, flag string) error {
+	path := e.v.GetString(flag)
 	old, err := os.ReadFile(path)
 	if err != nil {
-		return usage("--file: %v", err)
+		return usage("--%s: %v", flag, err)
 	}
 	data, err := admission.RotateKeyFile(old, rand.Reader)
 	if err != nil {
-		return fmt.Errorf("--file %s: %w", path, err)
+		return fmt.Errorf("--%s %s: %w", flag, path, err)
 	}
 	return writeKeys(e, path, data, "rotated")
 }
