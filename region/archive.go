@@ -7,19 +7,35 @@ import (
 	"time"
 )
 
-// A closed hold (sold, released, expired) never changes again, so the leader need not keep
-// it whole: once it has been closed for Config.RetainClosed (counted from its closed_at,
-// also for the holds a leader loads), the leader drops it from memory and keeps only a
-// 64-bit digest of its idempotency key, for as long as it leads. The leader's memory then
-// grows with the live holds, not with every hold ever made. What a closed hold still decides
-// is read from SQL:
+// A closed hold (sold, released, expired) never changes again, so neither the leader's
+// memory nor the holds table need keep it for long:
 //
-//   - a reserve whose key's digest is retired looks the key up in SQL (a retry is answered
-//     with its hold, a reuse with ALREADY_EXISTS, and a digest collision goes on as new);
-//   - a confirm or release of a hold not in memory reads the hold from SQL and is decided on
-//     that stored, closed hold by the writer (I5, I6 as before: a closed hold never reopens).
+//   - Retired: once it has been closed for Config.RetainClosed (counted from its closed_at,
+//     also for the holds a leader loads), the leader drops it from memory and keeps only its
+//     key's digest, in a Bloom filter of fixed size (keyFilter).
+//   - Archived: the archiver (archiveOp, run by the sweeper) then moves it from holds to
+//     holds_closed, in bounded batches, in one transaction of the writer that also adds it to
+//     its buyer's row of archived_users and its pool's row of archived_pools. A takeover reads
+//     holds and archived_pools, never holds_closed or archived_users, so it costs the same
+//     whatever the history.
 //
-// Per-user counts stay whole in memory (they are sums over held and sold holds, I2).
+// What a closed hold still decides is read from SQL, from both tables:
+//
+//   - a reserve whose key the filter may have looks the key up (a retry is answered with its
+//     hold, a reuse with ALREADY_EXISTS, a false positive goes on as new);
+//   - a confirm or release of a hold not in memory reads the hold and is decided on that
+//     stored, closed hold by the writer (I5, I6 as before: a closed hold never reopens).
+//
+// Per-buyer counts (I2: a buyer's held plus bought units, and the request keys a buyer has
+// used) are sums over the buyer's holds, archived ones included. A sale with an archive when
+// the state was loaded is lazy (memState.lazy): its buyers' archived counts are not in memory
+// until the writer first needs them, and a buyer's row of archived_users and archived keys
+// are then read (readBuyers) and added (resolve) before anything is decided for that buyer.
+// A buyer's archived rows change only when the writer archives one of the buyer's holds, and
+// the archiver resolves every buyer whose holds it moves in the same batch, so the rows of a
+// buyer the writer does not know do not change under it while it leads from one state.
+// The sold units of archived holds of buyers not yet resolved are kept per pool
+// (memState.archivedSold), so a pool's sold units are still the sum over its buyers'.
 
 // errHoldNotInMemory is the writer's answer for a hold id it does not have in memory: the
 // hold may be closed and retired, so the caller reads it from SQL and asks again with it.
@@ -39,25 +55,31 @@ type closedAt struct {
 // retireBatch bounds the holds one commit retires, so the writer never pauses long for it.
 const retireBatch = 4096
 
-// keyDigest is the in-memory trace of a retired hold's idempotency key.
+// keyDigest is the in-memory trace of a retired or archived hold's idempotency key.
 func (m *memState) keyDigest(k keyKey) uint64 { return maphash.Comparable(m.seed, k) }
 
-// isRetired tells whether k may be the key of a retired hold; safe from any goroutine.
-func (m *memState) isRetired(k keyKey) bool {
+// mayBeArchived tells whether k may be the key of a hold no longer in memory: its digest is in
+// the filter, or its buyer's archived holds are not in memory yet. Safe from any goroutine.
+func (m *memState) mayBeArchived(k keyKey) bool {
 	if !m.archive {
 		return false
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.retiredKey(k)
+	return !m.knowsBuyer(k.sale, k.user) || m.retiredKey(k)
 }
 
-// retiredKey is isRetired for the writer, which alone changes retired: no lock.
-func (m *memState) retiredKey(k keyKey) bool {
-	if len(m.retired) == 0 {
-		return false
+// retiredKey tells whether k may be a retired or archived hold's key, for the writer (which
+// alone changes the filter) or a caller holding mu.
+func (m *memState) retiredKey(k keyKey) bool { return m.retired.has(m.keyDigest(k)) }
+
+// knowsBuyer tells whether the buyer's counts in memory include the buyer's archived holds:
+// always, but in a lazy sale for a buyer not yet resolved. The writer, or a caller holding mu.
+func (m *memState) knowsBuyer(sale, user string) bool {
+	if !m.lazy[sale] {
+		return true
 	}
-	_, ok := m.retired[m.keyDigest(k)]
+	_, ok := m.resolved[saleUser{sale, user}]
 	return ok
 }
 
@@ -72,7 +94,14 @@ func (m *memState) retire(h *memHold) {
 	if m.keys[k] == h {
 		delete(m.keys, k)
 	}
-	m.retired[m.keyDigest(k)] = struct{}{}
+	m.retireKey(k)
+}
+
+// retireKey puts k's digest in the filter, once.
+func (m *memState) retireKey(k keyKey) {
+	if d := m.keyDigest(k); !m.retired.has(d) {
+		m.retired.add(d)
+	}
 }
 
 // retireClosed retires the committed closed holds that closed at or before cutoff, oldest

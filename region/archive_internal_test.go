@@ -164,9 +164,9 @@ func TestLoadedHoldClosedAheadOfTheClock(t *testing.T) {
 func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
 	r, ctx, sold, released, live := closeAndTakeOver(t, DefaultRetainClosed+time.Second)
 	m := r.state.Load()
-	if len(m.holds) != 1 || m.holds[live.ID] == nil || len(m.retired) != 2 || len(m.closing) != 0 {
+	if len(m.holds) != 1 || m.holds[live.ID] == nil || int(m.retired.added) != 2 || len(m.closing) != 0 {
 		t.Fatalf("after takeover: %d holds in memory (want only %s), %d retired (want 2), %d queued to retire (want 0)",
-			len(m.holds), live.ID, len(m.retired), len(m.closing))
+			len(m.holds), live.ID, int(m.retired.added), len(m.closing))
 	}
 	// ann has 6 bought and 1 held of a limit of 10.
 	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 4, RequestKey: "k3"}); !errors.Is(err, ErrLimitExceeded) {
@@ -188,8 +188,8 @@ func TestTakeoverLoadsOnlyLiveHolds(t *testing.T) {
 func TestTakeoverKeepsRecentlyClosedHolds(t *testing.T) {
 	r, ctx, sold, released, live := closeAndTakeOver(t, DefaultRetainClosed/2)
 	m := r.state.Load()
-	if in := memHolds(r, sold.ID, released.ID, live.ID); !in[sold.ID] || !in[released.ID] || !in[live.ID] || len(m.retired) != 0 || len(m.closing) != 2 {
-		t.Fatalf("after takeover: in memory %v (want all), %d retired (want 0), %d queued (want 2)", in, len(m.retired), len(m.closing))
+	if in := memHolds(r, sold.ID, released.ID, live.ID); !in[sold.ID] || !in[released.ID] || !in[live.ID] || int(m.retired.added) != 0 || len(m.closing) != 2 {
+		t.Fatalf("after takeover: in memory %v (want all), %d retired (want 0), %d queued (want 2)", in, int(m.retired.added), len(m.closing))
 	}
 	checkRetiredAnswers(t, r, ctx, sold, released) // answered from memory, and a commit
 	r.cfg.Clock.(*clock.Manual).Advance(DefaultRetainClosed / 2)
@@ -209,7 +209,7 @@ func TestRetiredDigestCollision(t *testing.T) {
 	m := r.state.Load()
 	k := keyKey{"s", "ann", "never-used"}
 	m.mu.Lock()
-	m.retired[m.keyDigest(k)] = struct{}{} // as if a retired hold's key hashed the same
+	m.retired.add(m.keyDigest(k)) // as if a retired hold's key hashed the same
 	m.mu.Unlock()
 	h := mustReserveIn(t, r, ctx, "ann", "never-used", 1)
 	res, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "never-used"})
@@ -220,7 +220,7 @@ func TestRetiredDigestCollision(t *testing.T) {
 	mustReserveIn(t, r, ctx, "zed", "k1", 9) // the last 9 of 10 units
 	k = keyKey{"s", "bob", "never-used"}
 	m.mu.Lock()
-	m.retired[m.keyDigest(k)] = struct{}{}
+	m.retired.add(m.keyDigest(k))
 	m.mu.Unlock()
 	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "bob", Quantity: 1, RequestKey: "never-used"}); !errors.Is(err, ErrRegionExhausted) {
 		t.Errorf("a new key colliding with a retired one, pool empty: %v, want ErrRegionExhausted", err)

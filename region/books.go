@@ -12,8 +12,9 @@ import (
 )
 
 // ReadBooks reads one consistent snapshot (one repeatable-read, read-only transaction) of a
-// region's durable state for sale: pool counters, the sums over its holds, and its inbound
-// transfer records. The auditor calls it on the region's database directly, so an audit
+// region's durable state for sale: pool counters, the sums over its holds (archived ones
+// included: a sold hold's units stay sold when it moves to holds_closed), and its transfer
+// records. The auditor calls it on the region's database directly, so an audit
 // needs no region process to be up.
 func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (transfer.RegionBooks, error) {
 	books := transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}, Outbound: map[string]transfer.OutboundRecord{}}
@@ -21,7 +22,8 @@ func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (tran
 		books.Pools, books.Inbound, books.Outbound = nil, map[string]transfer.InboundRecord{}, map[string]transfer.OutboundRecord{}
 		rows, err := tx.Query(ctx, `SELECT p.sku, p.available, p.held, p.sold, p.credited_in, p.debited_out,
 				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'held'), 0),
-				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
+				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0) +
+				coalesce((SELECT sum(quantity) FROM holds_closed h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
 			FROM pools p WHERE p.sale_id = $1 ORDER BY p.sku`, sale)
 		if err != nil {
 			return err

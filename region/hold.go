@@ -71,8 +71,10 @@ func submitForHold[T any](ctx context.Context, r *Region, holdID string, mk func
 	return submitAs[T](ctx, r, mk(&memHold{Hold: h}))
 }
 
+// readHold reads a hold as committed, from holds or the archive (holds_closed).
 func readHold(ctx context.Context, q rowQuerier, region, id string) (Hold, error) {
-	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+` FROM holds WHERE hold_id = $1`, id), region)
+	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+` FROM holds WHERE hold_id = $1
+		UNION ALL SELECT `+holdColumns+` FROM holds_closed WHERE hold_id = $1 LIMIT 1`, id), region)
 	if err == pgx.ErrNoRows {
 		return Hold{}, fmt.Errorf("hold_id %q: %w", id, ErrNotFound)
 	}
@@ -193,7 +195,7 @@ func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
 	return b.closeHold(h, Released, "").Hold, nil, nil
 }
 
-// GetReservation reads a hold as committed.
+// GetReservation reads a hold as committed, archived ones included.
 func (r *Region) GetReservation(ctx context.Context, holdID string) (Hold, error) {
 	if err := r.checkHoldID(holdID); err != nil {
 		return Hold{}, err

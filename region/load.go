@@ -13,10 +13,12 @@ import (
 	"github.com/quotaworks/quota/transfer"
 )
 
-// loadMem reads the region's state from SQL in one snapshot. A hold closed within retain of
-// now is kept whole and queued to retire like one closed by this leader, so a reload (after
-// a failed batch, or a quick takeover) leaves recent retries answered from memory; one closed
-// earlier is retired at once (archive.go).
+// loadMem reads the region's state from SQL in one snapshot: the pools, the pauses, which
+// sales have an archive (archived_pools), and every hold in holds; never the archive itself
+// (holds_closed, archived_users: archive.go), so its cost does not grow with the history. A
+// hold closed within retain of now is kept whole and queued to retire like one closed by this
+// leader, so a reload (after a failed batch, or a quick takeover) leaves recent retries
+// answered from memory; one closed earlier is retired at once.
 func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time, retain time.Duration) (*memState, error) {
 	m := newMemState()
 	m.archive = true
@@ -30,6 +32,9 @@ func loadMem(ctx context.Context, db *pgxpool.Pool, region string, now time.Time
 	}
 	if err := loadPauses(ctx, tx, m); err != nil {
 		return nil, err
+	}
+	if err := loadArchivedPools(ctx, tx, m); err != nil {
+		return nil, fmt.Errorf("load archived pools: %w", err)
 	}
 	if err := loadHolds(ctx, tx, m, region, now, retain); err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
@@ -50,6 +55,23 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 	var a, h, s int64
 	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &a, &h, &s}, func() error {
 		m.pools[k] = &memPool{available: transfer.Units(a), held: transfer.Units(h), sold: transfer.Units(s)}
+		return nil
+	})
+	return err
+}
+
+// loadArchivedPools reads, in tx's snapshot, the pools that have archived holds: their sales
+// are lazy (archive.go), and their archived sold units are not in any buyer's count yet.
+func loadArchivedPools(ctx context.Context, tx pgx.Tx, m *memState) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, sku, sold FROM archived_pools`)
+	if err != nil {
+		return err
+	}
+	var k poolKey
+	var sold int64
+	_, err = pgx.ForEachRow(rows, []any{&k.sale, &k.sku, &sold}, func() error {
+		m.lazy[k.sale] = true
+		m.archivedSold[k] = transfer.Units(sold)
 		return nil
 	})
 	return err
@@ -102,6 +124,7 @@ type loadedRow struct {
 	hold   Hold
 	hash   [16]byte
 	closed pgtype.Timestamptz // a value, not a pointer: no allocation per row
+	stamp  int64              // its changed stamp, 0 when NULL
 }
 
 // loadColumns are the columns of a hold a load reads (rowScanner).
@@ -138,8 +161,10 @@ func (s *rowScanner) scan(rows pgx.Rows, r *loadedRow) error {
 	}
 	h := &s.row.hold
 	h.Region, h.Quantity = s.region, transfer.Units(s.quantity)
+	s.row.stamp = 0
 	if s.stamp.Valid {
 		s.changed = max(s.changed, s.stamp.Int64)
+		s.row.stamp = s.stamp.Int64
 	}
 	h.Sale, h.SKU, h.State = s.names.ofBytes(s.sale), s.names.ofBytes(s.sku), HoldState(s.names.ofBytes(s.state))
 	var err error
@@ -215,7 +240,7 @@ func (f *filler) add(r *loadedRow) {
 		// Closed long enough: its user and key are not interned (a user's count keeps the
 		// user's first copy).
 		m.count(&memHold{Hold: h})
-		m.retired[m.keyDigest(keyKey{h.Sale, h.User, h.RequestKey})] = struct{}{}
+		m.retireKey(keyKey{h.Sale, h.User, h.RequestKey})
 		return
 	}
 	h.User, h.RequestKey = f.in.of(h.User), f.in.of(h.RequestKey)
@@ -253,7 +278,6 @@ func (m *memState) presize(ctx context.Context, tx pgx.Tx, keepAfter time.Time) 
 	m.users = make(map[userKey]*memUser, counted)
 	m.keysPer = make(map[saleUser]int32, counted)
 	m.tickets = map[uint64]uint64{}
-	m.retired = make(map[uint64]struct{}, total-kept)
 	m.due = make(expiryHeap, 0, held)
 	m.closing = make([]closedAt, 0, kept-held)
 	return kept, nil

@@ -56,9 +56,9 @@ func TestLoadRebuildsTheLeadersMemory(t *testing.T) {
 		t.Fatalf("within the retention: %d holds, %d queued to retire; want %d and %d", len(got.holds), len(got.closing), 2*users, closed)
 	}
 	live := 2*users - closed
-	if len(later.retired) != closed || len(later.closing) != 0 || len(later.holds) != live || len(later.keys) != live || len(later.due) != live {
+	if int(later.retired.added) != closed || len(later.closing) != 0 || len(later.holds) != live || len(later.keys) != live || len(later.due) != live {
 		t.Fatalf("past the retention: %d retired, %d queued, %d whole, %d keys, %d deadlines; want %d, 0, and %d of each",
-			len(later.retired), len(later.closing), len(later.holds), len(later.keys), len(later.due), closed, live)
+			int(later.retired.added), len(later.closing), len(later.holds), len(later.keys), len(later.due), closed, live)
 	}
 	for id, h := range later.holds {
 		if w := want.holds[id]; h.State != Held || w == nil || !sameHold(h.Hold, w.Hold) || h.hash != w.hash ||
@@ -125,8 +125,8 @@ func sameMemory(got, want *memState) error {
 			deadlines[h.ID] = h.ExpiresAt
 		}
 	}
-	if len(got.due) != len(deadlines) || len(got.retired) != 0 {
-		return fmt.Errorf("%d deadlines, %d retired; want one per held hold, %d, and none", len(got.due), len(got.retired), len(deadlines))
+	if len(got.due) != len(deadlines) || int(got.retired.added) != 0 {
+		return fmt.Errorf("%d deadlines, %d retired; want one per held hold, %d, and none", len(got.due), int(got.retired.added), len(deadlines))
 	}
 	for _, d := range got.due {
 		if at, ok := deadlines[d.id]; !ok || !at.Equal(d.at) {

@@ -48,28 +48,37 @@ type memState struct {
 	// archive is set for a state loaded from SQL: only then can a closed hold be dropped
 	// from memory (archive.go), since only then can it be read back. closing queues the
 	// committed closed holds still kept whole, oldest first; retired has the key digests of
-	// those dropped, under seed.
+	// those dropped or archived, under seed, in fixed memory (keyFilter).
 	archive bool
 	closing []closedAt
-	retired map[uint64]struct{}
+	retired keyFilter
 	seed    maphash.Seed
+	// lazy has the sales that had archived holds when the state was loaded: their buyers'
+	// archived counts come into memory one buyer at a time (resolved, archive.go).
+	// archivedSold is, per pool, the sold units of archived holds whose buyers are not
+	// resolved: a pool's sold units are its buyers' bought ones plus these. The writer
+	// changes lazy and resolved under mu (readers ask mayBeArchived).
+	lazy         map[string]bool
+	resolved     map[saleUser]struct{}
+	archivedSold map[poolKey]transfer.Units
 	// changed is at least the highest stamp stored in holds.changed: the highest loaded or
 	// caught up to, then (in a leader's state) the stamp of its last committed batch, holds or
 	// none. The writer stamps its next batch one higher, so stamps rise with every commit,
 	// across leaders too (a new leader loads after the old one is fenced). rows counts the
-	// stored holds, retired ones included, as loaded and caught up: a leader's writer does not
-	// keep it. Both are for a warm standby (standby.go).
+	// holds stored in the holds table (retired ones included, archived ones not), as loaded
+	// and caught up: a leader's writer does not keep it. Both are for a warm standby (standby.go).
 	changed int64
 	rows    int64
 	// keysPer counts the request keys each buyer has used in a sale at this region: every
-	// stored hold is one, whole or retired, since a key is never forgotten. The writer
+	// stored hold is one, whole, retired or archived (for a buyer resolved: archive.go), since
+	// a key is never forgotten. The writer
 	// refuses a new key past Config.MaxKeysPerUser, which bounds what a buyer's retries
 	// with fresh keys can make the leader keep.
 	keysPer map[saleUser]int32
 	// tickets records, for every stored hold made with an admission ticket, the digest of
 	// its request key under the digest of (sale, admission), so a ticket backs one request
-	// key (useTicket, ticketUsedBy). Kept for good, like keysPer: a ticket outlives the hold
-	// it made, and a digest per hold is what that costs.
+	// key (useTicket, ticketUsedBy). A hold is archived only once its ticket has expired
+	// (archiveCandidatesSQL), and its entry goes with it.
 	tickets map[uint64]uint64
 	// paused is what admits no new holds (pause.go): replaced, never changed, by the op
 	// that changes it, so the leader publishes it to readers as is.
@@ -149,5 +158,5 @@ func fingerprint(holdID string, hexHash []byte) ([16]byte, error) {
 // newMemState returns an empty state: no pools, users or holds.
 func newMemState() *memState {
 	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keysPer: map[saleUser]int32{}, tickets: map[uint64]uint64{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
-		retired: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
+		lazy: map[string]bool{}, resolved: map[saleUser]struct{}{}, archivedSold: map[poolKey]transfer.Units{}, seed: maphash.MakeSeed()}
 }

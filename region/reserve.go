@@ -65,17 +65,54 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
 		ticket: admitted}
 	res, err := r.reserveInWriter(ctx, w, k, o)
-	if errors.Is(err, errKeyRetired) {
-		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
-			return prior, err
+	for range maxLookups {
+		if !errors.Is(err, errKeyRetired) && !errors.Is(err, errBuyerArchived) {
+			return res, err
 		}
-		// SQL has no hold of this key: the digest was another key's. Between the two submits
-		// the key is not counted as in the writer, so a same-key request meanwhile may be
-		// answered by the empty-pool path as if it came first; no request is decided twice.
-		o.keyLookedUp = true
+		if err := r.lookUpArchived(ctx, req, k, o, errors.Is(err, errBuyerArchived)); err != nil {
+			return ReserveResult{}, err
+		}
+		if o.replay != nil {
+			return replayOf(o.replay, req)
+		}
 		res, err = r.reserveInWriter(ctx, w, k, o)
 	}
+	if errors.Is(err, errKeyRetired) || errors.Is(err, errBuyerArchived) {
+		// The leader reloaded its state between each read and its submit: say so, and let
+		// the client retry with the same key.
+		return ReserveResult{}, fmt.Errorf("%w: the region's state was reloaded while the request was looked up", ErrUnknownOutcome)
+	}
 	return res, err
+}
+
+// maxLookups bounds the SQL lookups one reserve makes for a key or a buyer the writer does
+// not have in memory (lookUpArchived).
+const maxLookups = 3
+
+// lookUpArchived reads from SQL what the writer asked for before it decides a reserve: the
+// hold of the request's key, in holds or the archive (found: o.replay, the answer), and, when
+// buyer is set, the buyer's archived rows (o.buyer), read for the state the writer leads from
+// now (o.from: rows read for another state may be stale and are not used, archive.go).
+// Between two submits the key is not counted as in the writer, so a same-key request
+// meanwhile may be answered by the empty-pool path as if it came first; no request is
+// decided twice.
+func (r *Region) lookUpArchived(ctx context.Context, req ReserveRequest, k keyKey, o *reserveOp, buyer bool) error {
+	from := r.state.Load()
+	prior, found, err := storedKey(ctx, r.pool, r.cfg.Name, k)
+	if err != nil || found {
+		o.replay = prior
+		return err
+	}
+	o.keyLookedUp = true // SQL has no hold of this key: a digest that matches it is another key's
+	if !buyer {
+		return nil
+	}
+	got, err := readBuyers(ctx, r.pool, []saleUser{{req.Sale, req.User}})
+	if err != nil {
+		return err
+	}
+	o.buyer, o.from = got[saleUser{req.Sale, req.User}], from
+	return nil
 }
 
 // CheckReserve validates a reserve request's fields on their own (no state needed), naming
@@ -104,10 +141,11 @@ func checkAgainstTerms(t SaleTerms, req ReserveRequest, now time.Time) error {
 }
 
 // reserveWhenEmpty answers a reserve the pool cannot satisfy without the writer and, but for
-// a retired key, without SQL. The key is not in the writer (checked first), so the committed
-// index has every hold it ever got (the writer publishes a hold before it answers), or its
-// digest once the hold retired: a retry of a granted request gets its hold back, a new one is
-// told the region is exhausted.
+// a key that may be a retired or archived hold's, without SQL. The key is not in the writer
+// (checked first), so the committed index has every hold it ever got (the writer publishes a
+// hold before it answers), or its digest once the hold retired or was archived, unless its
+// buyer's archived holds are not in memory yet: a retry of a granted request gets its hold
+// back, a new one is told the region is exhausted.
 func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k keyKey, avail transfer.Units) (ReserveResult, error) {
 	m := r.state.Load()
 	if m == nil {
@@ -118,7 +156,7 @@ func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k key
 	if prior, ok := m.committedKey(k); ok {
 		return replayOf(prior, req)
 	}
-	if m.isRetired(k) { // a hold that closed long ago, or a digest collision: SQL tells
+	if m.mayBeArchived(k) { // a hold that closed long ago, or a false positive: SQL tells
 		if prior, found, err := r.replayStored(ctx, req, k); found || err != nil {
 			return prior, err
 		}
@@ -178,11 +216,15 @@ func (r *Region) replayStored(ctx context.Context, req ReserveRequest, k keyKey)
 	return res, true, err
 }
 
-// storedKey reads the hold of an idempotency key from SQL, with its request fingerprint.
+// storedKey reads the hold of an idempotency key from SQL, in holds or the archive, with its
+// request fingerprint.
 func storedKey(ctx context.Context, q rowQuerier, region string, k keyKey) (*memHold, bool, error) {
 	var hash string
 	h, err := scanHold(q.QueryRow(ctx, `SELECT `+holdColumns+`, request_hash FROM holds
-		WHERE sale_id = $1 AND user_id = $2 AND request_key = $3`, k.sale, k.user, k.key), region, &hash)
+			WHERE sale_id = $1 AND user_id = $2 AND request_key = $3
+		UNION ALL SELECT `+holdColumns+`, request_hash FROM holds_closed
+			WHERE sale_id = $1 AND user_id = $2 AND request_key = $3
+		LIMIT 1`, k.sale, k.user, k.key), region, &hash)
 	if err == pgx.ErrNoRows {
 		return nil, false, nil
 	}
@@ -222,8 +264,13 @@ type reserveOp struct {
 	exhausted func(ReserveRequest, transfer.Units) error
 	maxKeys   int32 // Config.MaxKeysPerUser
 	// keyLookedUp says SQL has no hold of the request's key: a retired digest that matches it
-	// is another key's (a collision), not this one's.
+	// is another key's (a false positive), not this one's. replay is the hold SQL has of it.
 	keyLookedUp bool
+	replay      *memHold
+	// buyer is the buyer's archived rows, read for the state from (lookUpArchived), for a
+	// buyer whose archived holds the writer does not have in memory.
+	buyer *archivedBuyer
+	from  *memState
 	// ticket is the request's verified admission ticket, in a sale with a waiting room.
 	ticket admission.Ticket
 }
@@ -240,6 +287,14 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	if prior, ok := b.key(k); ok {
 		res, err := replayOf(prior, req)
 		return res, err, nil
+	}
+	if !b.m.knowsBuyer(req.Sale, req.User) {
+		if o.buyer == nil || o.from != b.m {
+			return nil, errBuyerArchived, nil // the caller reads the buyer's archived rows and asks again
+		}
+		b.m.mu.Lock()
+		b.m.resolve(o.buyer) // I2: the buyer's archived bought units and keys count from here on
+		b.m.mu.Unlock()
 	}
 	if !o.keyLookedUp && b.m.retiredKey(k) {
 		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again

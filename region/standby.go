@@ -168,8 +168,17 @@ type changes struct {
 	pools   map[poolKey]*memPool
 	paused  *pauseSet // every pause in force, as stored
 	holds   []loadedRow
-	changed int64 // the highest stamp among holds
-	rows    int64 // -1 when not counted
+	// archived are the holds moved to the archive after the given stamp, each with its
+	// archiving stamp (archive.go).
+	archived []archivedRow
+	changed  int64 // the highest stamp among holds and archived
+	rows     int64 // -1 when not counted
+}
+
+// archivedRow is a hold as read from the archive, with the stamp of the batch that moved it.
+type archivedRow struct {
+	loadedRow
+	archived int64
 }
 
 // readChanges reads, in tx's snapshot, the pools and the holds stamped after since; count
@@ -199,12 +208,39 @@ func readChanges(ctx context.Context, tx pgx.Tx, region string, since int64, cou
 		return nil, err
 	}
 	ch.changed = sc.changed
+	if err := readArchived(ctx, tx, region, since, ch); err != nil {
+		return nil, err
+	}
 	if count {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM holds`).Scan(&ch.rows); err != nil {
 			return nil, fmt.Errorf("count holds: %w", err)
 		}
 	}
 	return ch, nil
+}
+
+// readArchived reads, in tx's snapshot, the holds archived after since into ch (through
+// holds_closed_by_archived: what a refresh reads grows with what was archived since, not with
+// the archive).
+func readArchived(ctx context.Context, tx pgx.Tx, region string, since int64, ch *changes) error {
+	rows, err := tx.Query(ctx, `SELECT `+loadColumns+`, archived FROM holds_closed WHERE archived > $1`, since)
+	if err != nil {
+		return fmt.Errorf("read archived holds: %w", err)
+	}
+	defer rows.Close()
+	sc := newRowScanner(region)
+	var stamp int64
+	sc.dest = append(sc.dest, &stamp)
+	for rows.Next() {
+		var r archivedRow
+		if err := sc.scan(rows, &r.loadedRow); err != nil {
+			return fmt.Errorf("read archived holds: %w", err)
+		}
+		r.archived = stamp
+		ch.archived = append(ch.archived, r)
+		ch.changed = max(ch.changed, stamp)
+	}
+	return rows.Err()
 }
 
 // catchUp brings m, a state loaded earlier, up to the snapshot ch was read in: the pools as
@@ -219,6 +255,9 @@ func (m *memState) catchUp(ch *changes, now time.Time, retain time.Duration) err
 		if err := f.update(&ch.holds[i]); err != nil {
 			return err
 		}
+	}
+	if err := f.archived(ch.archived); err != nil {
+		return err
 	}
 	m.changed = max(m.changed, ch.changed)
 	m.pools, m.paused = ch.pools, ch.paused
@@ -272,6 +311,25 @@ func (f *filler) update(r *loadedRow) error {
 	return nil
 }
 
+// archived applies holds archived since m was loaded or last caught up, as the leader that
+// archived them did (dropArchived). A hold m has whole (held, or closed: then nothing changes)
+// or has never seen (its closing stamped after m's stamp, and not in m: held holds are always
+// whole) is first applied as a hold changed since, so that each hold is counted once, then
+// moved. One m has retired was seen closed.
+func (f *filler) archived(rows []archivedRow) error {
+	m := f.m
+	for i := range rows {
+		r := &rows[i]
+		if _, whole := m.holds[r.hold.ID]; whole || r.stamp > m.changed {
+			if err := f.update(&r.loadedRow); err != nil {
+				return err
+			}
+		}
+		m.dropArchived(&r.hold)
+	}
+	return nil
+}
+
 // uncount takes a hold's units off its user's counts (the reverse of count).
 func (m *memState) uncount(h *memHold) {
 	if h.State != Held && h.State != Sold {
@@ -306,9 +364,12 @@ func (m *memState) dropClosedDeadlines(now time.Time) {
 }
 
 // checkCaughtUp compares a caught-up copy with the snapshot it was caught up to (rows holds
-// stored) before a new leader serves from it: as many holds as stored, and each pool's held
-// and sold units equal to the sums over its users' counts (I2). A copy that missed a change (a writer that does not stamp holds, such
-// as a binary older than the changed column during a rolling upgrade) fails here.
+// stored in holds: live and recently closed ones, not the archive, so the count does not grow
+// with the history) before a new leader serves from it: as many holds as stored, and each
+// pool's held and sold units equal to the sums over its users' counts (I2), plus, for sold,
+// the archived units of buyers not resolved (archivedSold). A copy that missed a change (a
+// writer that does not stamp holds, such as a binary older than the changed column during a
+// rolling upgrade) fails here.
 func (m *memState) checkCaughtUp(rows int64) error {
 	if rows != m.rows {
 		return fmt.Errorf("%d holds stored, %d in the copy", rows, m.rows)
@@ -320,9 +381,14 @@ func (m *memState) checkCaughtUp(rows int64) error {
 		s.held, s.sold = s.held+u.held, s.sold+u.bought
 		got[poolKey{k.sale, k.sku}] = s
 	}
+	for k, a := range m.archivedSold {
+		s := got[k]
+		s.sold += a // sold units of archived holds whose buyers the copy has not resolved
+		got[k] = s
+	}
 	for k, p := range m.pools {
 		if s := got[k]; s.held != p.held || s.sold != p.sold {
-			return fmt.Errorf("pool %s/%s stores %d held and %d sold, the copy's users %d and %d", k.sale, k.sku, p.held, p.sold, s.held, s.sold)
+			return fmt.Errorf("pool %s/%s stores %d held and %d sold, the copy's users (and archive) %d and %d", k.sale, k.sku, p.held, p.sold, s.held, s.sold)
 		}
 		delete(got, k)
 	}

@@ -6,7 +6,8 @@ import (
 )
 
 // sweep expires holds past their deadline, in batches through the writer, until ctx ends.
-// When a sweep fills its batch it goes again at once.
+// When a sweep fills its batch it goes again at once. Then it moves the holds closed past the
+// retention to the archive (archiver.go).
 func (r *Region) sweep(ctx context.Context, w *writer) {
 	defer r.wg.Done()
 	t := time.NewTicker(r.cfg.SweepInterval)
@@ -28,6 +29,9 @@ func (r *Region) sweep(ctx context.Context, w *writer) {
 			if n.(int) < r.cfg.SweepBatch {
 				break
 			}
+		}
+		if _, err := r.archive(ctx, w.submit); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
 		}
 	}
 }

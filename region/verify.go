@@ -24,7 +24,8 @@ func (r *Region) verifyCommitted(b *batch) {
 			var a, h, s, ci, do, hh, sh int64
 			err := tx.QueryRow(ctx, `SELECT available, held, sold, credited_in, debited_out,
 				coalesce((SELECT sum(quantity) FROM holds WHERE sale_id = $1 AND sku = $2 AND state = 'held'), 0),
-				coalesce((SELECT sum(quantity) FROM holds WHERE sale_id = $1 AND sku = $2 AND state = 'sold'), 0)
+				coalesce((SELECT sum(quantity) FROM holds WHERE sale_id = $1 AND sku = $2 AND state = 'sold'), 0) +
+				coalesce((SELECT sum(quantity) FROM holds_closed WHERE sale_id = $1 AND sku = $2 AND state = 'sold'), 0)
 				FROM pools WHERE sale_id = $1 AND sku = $2`, k.sale, k.sku).Scan(&a, &h, &s, &ci, &do, &hh, &sh)
 			if err == pgx.ErrNoRows {
 				continue // a reserve against a pool this region never received

@@ -47,6 +47,9 @@ type batch struct {
 	// this batch's changes to it, applied once the batch commits (aside.go).
 	aside      *asideBook
 	asideDelta map[poolKey]transfer.Units
+	// archived are the holds this batch moved to the archive (archiveOp): they leave memory
+	// once it commits.
+	archived []Hold
 }
 
 // begin opens the batch's transaction on first use, first passing the epoch fence (I4): a
@@ -420,6 +423,7 @@ func (w *writer) commit(ps []*request) {
 		return
 	}
 	w.m.publish(b.overlay, b.now)
+	w.m.dropArchivedAll(b.archived)
 	w.m.changed = b.stamp
 	w.m.retireClosed(b.now.Add(-w.retain))
 	w.onCommit(b)
