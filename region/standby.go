@@ -165,9 +165,9 @@ func (r *Region) dropWarm() {
 // changes are what a catch-up reads in one snapshot: every pool's counters, the holds stamped
 // after a given stamp, and, for a takeover's check, how many holds are stored.
 type changes struct {
-	pools   map[poolKey]*memPool
-	paused  *pauseSet // every pause in force, as stored
-	holds   []loadedRow
+	pools  map[poolKey]*memPool
+	paused *pauseSet // every pause in force, as stored
+	holds  []loadedRow
 	// archived are the holds moved to the archive after the given stamp, each with its
 	// archiving stamp (archive.go).
 	archived []archivedRow
