@@ -283,12 +283,14 @@ func TestTakeoverThatCannotReadKeepsTheCopy(t *testing.T) {
 	}
 }
 
-// checkPoolBooks compares every pool's stored counters with the sums over its holds (I2).
+// checkPoolBooks compares every pool's stored counters with the sums over its holds, archived
+// ones included (I2).
 func checkPoolBooks(ctx context.Context, r *Region) error {
 	var bad int
 	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM pools p WHERE held <> coalesce((SELECT sum(quantity) FROM holds h
 		WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND state = 'held'), 0) OR sold <> coalesce((SELECT sum(quantity)
-		FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND state = 'sold'), 0)`).Scan(&bad)
+		FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND state = 'sold'), 0) + coalesce((SELECT sum(quantity)
+		FROM holds_closed h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND state = 'sold'), 0)`).Scan(&bad)
 	if err == nil && bad != 0 {
 		err = fmt.Errorf("%d pools whose counters differ from their holds", bad)
 	}
