@@ -29,9 +29,11 @@ func benchScaleCmd() *cobra.Command {
                xact_rollback deltas over --idle-window), and this process's CPU; once with the
                rebalancer off and manual sales (the sold-out loop alone), once with it on and
                auto sales (both loops); a point with no sale first
-  takeover     a region database with --closed-holds closed holds of an earlier sale: a cold
-               takeover (every hold read) and a warm standby's (its copy caught up) after the
-               old leader made --live-ops reservations
+  takeover     a region database with --takeover-live held holds of a running sale and
+               --closed-holds archived closed holds of an earlier sale (holds_closed, as the
+               archiver leaves them): --takeover-runs cold takeovers (every hold in the holds
+               table read; the median, and its ratio to the first point's) and a warm
+               standby's (its copy caught up) after the old leader made --live-ops reservations
   audit        the coordinator's Audit of one sale over three regions with --transfers transfers,
                then with --audit-holds sold holds stored in its pools (the median of --audit-runs)
 Each curve runs on an in-process cluster (embedded etcd, plaintext gRPC) or a database of its
@@ -41,7 +43,8 @@ match. Every point must run cleanly (every reservation granted, every transfer p
 audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`,
 		Example: `  quotactl bench scale
   quotactl bench scale --curves pools --pools 1,10,100,1000,5000 --pool-ops 50000
-  quotactl bench scale --curves takeover,audit --closed-holds 10000,100000,1000000 --audit-holds 10000,100000,1000000 -o json`,
+  quotactl bench scale --curves takeover,audit --closed-holds 10000,100000,1000000 --audit-holds 10000,100000,1000000 -o json
+  quotactl bench scale --curves takeover --takeover-live 1000000 --closed-holds 0,10000000 --takeover-runs 3`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runBenchScale),
 	}
@@ -52,7 +55,9 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f.String("concurrency", "256", "pools curve: callers in flight at once")
 	f.String("sales", "1,10,100,1000", "coordinator curve: idle sales at each point")
 	f.Duration("idle-window", 5*time.Second, "coordinator curve: how long each point is watched")
-	f.String("closed-holds", "10000,100000,1000000", "takeover curve: closed holds stored at each point")
+	f.String("closed-holds", "0,100000,1000000", "takeover curve: archived closed holds stored at each point")
+	f.Int64("takeover-live", 100000, "takeover curve: held holds stored before the first point")
+	f.Int("takeover-runs", 1, "takeover curve: cold takeovers timed at each point (the median is reported)")
 	f.Int("live-ops", 1000, "takeover curve: reservations the old leader makes before the warm standby takes over")
 	f.String("transfers", "100,1000", "audit curve: the sale's transfers at each point")
 	f.String("audit-holds", "10000,100000,1000000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
@@ -88,7 +93,7 @@ func runBenchScale(e *env) error {
 func benchScaleConfig(e *env) (bench.ScaleConfig, error) {
 	cfg := bench.ScaleConfig{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Curves: splitList(e.v.GetString("curves")),
 		PoolOps: e.v.GetInt64("pool-ops"), IdleWindow: e.v.GetDuration("idle-window"), LiveOps: e.v.GetInt("live-ops"),
-		AuditRuns: e.v.GetInt("audit-runs"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
+		AuditRuns: e.v.GetInt("audit-runs"), TakeoverLive: e.v.GetInt64("takeover-live"), TakeoverRuns: e.v.GetInt("takeover-runs"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)
@@ -144,10 +149,11 @@ func printScale(w io.Writer, rep *bench.ScaleReport) {
 
 func printScaleHistory(w io.Writer, rep *bench.ScaleReport) {
 	if len(rep.Takeover) > 0 {
-		fmt.Fprintf(w, "\nTAKEOVER: a region database with closed holds of an earlier sale\n%12s %10s %10s %10s %10s %6s\n",
-			"CLOSED", "LIVE", "COLD MS", "HEAP MiB", "WARM MS", "WARM")
+		fmt.Fprintf(w, "\nTAKEOVER: a region database with archived closed holds of an earlier sale\n%12s %10s %10s %10s %8s %10s %10s %6s\n",
+			"ARCHIVED", "HOLDS ROWS", "LIVE", "COLD MS", "×FIRST", "HEAP MiB", "WARM MS", "WARM")
 		for _, p := range rep.Takeover {
-			fmt.Fprintf(w, "%12d %10d %10.1f %10.1f %10.1f %6v\n", p.ClosedHolds, p.LiveHolds, p.ColdMs, p.HeapMiB, p.WarmMs, p.Warm)
+			fmt.Fprintf(w, "%12d %10d %10d %10.1f %8.2f %10.1f %10.1f %6v\n", p.ArchivedRows, p.HoldRows, p.LiveHolds, p.ColdMs, p.ColdVsFirst,
+				p.HeapMiB, p.WarmMs, p.Warm)
 		}
 	}
 	if len(rep.Audit) > 0 {

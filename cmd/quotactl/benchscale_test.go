@@ -23,7 +23,7 @@ func TestBenchScaleRunsEveryPoint(t *testing.T) {
 	_, _ = rand.Read(b[:])
 	prefix := "quota_t_scale_" + hex.EncodeToString(b[:])
 	out, err := run(t, "bench", "scale", "--pg-url", testpg.AdminURL(), "--db-prefix", prefix, "--pools", "1,10", "--pool-ops", "300",
-		"--concurrency", "8", "--sales", "1,2", "--idle-window", "1s", "--closed-holds", "100,1000", "--live-ops", "20",
+		"--concurrency", "8", "--sales", "1,2", "--idle-window", "1s", "--closed-holds", "0,1000", "--takeover-live", "50", "--takeover-runs", "2", "--live-ops", "20",
 		"--transfers", "4,8", "--audit-holds", "30,90", "--audit-runs", "2", "--duration", "20s", "--curve-timeout", "90s", "-o", "json")
 	if err != nil {
 		t.Fatalf("bench scale: %v\n%s", err, out)
@@ -85,14 +85,20 @@ func checkIdleCurve(t *testing.T, pts []bench.IdlePoint) {
 	}
 }
 
+// checkTakeoverCurve: the archived history is in holds_closed, never in the holds table a
+// cold takeover reads, which holds the live holds (and the warm part's reservations) alone.
 func checkTakeoverCurve(t *testing.T, pts []bench.TakeoverPoint) {
 	t.Helper()
-	if len(pts) != 2 || pts[0].ClosedHolds != 100 || pts[1].ClosedHolds != 1000 {
-		t.Fatalf("takeover curve %+v: want points at 100 and 1000 closed holds", pts)
+	if len(pts) != 2 || pts[0].ClosedHolds != 0 || pts[1].ClosedHolds != 1000 {
+		t.Fatalf("takeover curve %+v: want points at 0 and 1000 archived holds", pts)
 	}
 	for i, p := range pts {
-		if p.ColdMs <= 0 || p.WarmMs <= 0 || !p.Warm || p.LiveHolds != int64(20*(i+1)) {
-			t.Errorf("takeover point %+v: want a cold and a warm time, the standby's takeover warm, %d live holds", p, 20*(i+1))
+		reserved := int64(20 * i) // the warm part of each point before reserves 20
+		if p.ArchivedRows != p.ClosedHolds || p.HoldRows != 50+reserved || len(p.ColdRuns) != 2 || p.ColdMs <= 0 || p.ColdVsFirst <= 0 {
+			t.Errorf("takeover point %+v: want %d archived rows, %d rows in holds (the live ones), two cold runs and a ratio", p, p.ClosedHolds, 50+reserved)
+		}
+		if p.WarmMs <= 0 || !p.Warm || p.LiveHolds != 50+reserved+20 {
+			t.Errorf("takeover point %+v: want a warm time, the standby's takeover warm, %d live holds", p, 50+reserved+20)
 		}
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
-	"github.com/quotaworks/quota/region"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -29,7 +28,7 @@ import (
 const (
 	CurvePools       = "pools"       // a region's reservations/s and p99 against the pools it holds
 	CurveCoordinator = "coordinator" // the coordinator's idle queries per region database against the sales
-	CurveTakeover    = "takeover"    // a region takeover, cold and warm, against the closed holds stored
+	CurveTakeover    = "takeover"    // a region takeover, cold and warm, against the archived closed holds
 	CurveAudit       = "audit"       // the audit's time against the transfers and holds of a sale
 )
 
@@ -62,10 +61,14 @@ type ScaleConfig struct {
 	// none comes first); each point is watched for IdleWindow.
 	Sales      []int
 	IdleWindow time.Duration
-	// ClosedHolds are the closed holds stored in the region's table at each takeover point;
-	// LiveOps the reservations the old leader makes before the warm standby takes over.
-	ClosedHolds []int64
-	LiveOps     int
+	// ClosedHolds are the archived closed holds stored at each takeover point (holds_closed);
+	// TakeoverLive the held holds stored before the first point; TakeoverRuns the cold
+	// takeovers timed at each point (the median is reported); LiveOps the reservations the
+	// old leader makes before the warm standby takes over.
+	ClosedHolds  []int64
+	TakeoverLive int64
+	TakeoverRuns int
+	LiveOps      int
 	// Transfers and AuditHolds are the audit curve's points: the sale's transfers, then the
 	// holds stored over its three regions (with every transfer made).
 	Transfers  []int
@@ -96,6 +99,9 @@ func (c *ScaleConfig) Validate() error {
 	if c.AuditRuns == 0 {
 		c.AuditRuns = 3
 	}
+	if c.TakeoverRuns == 0 {
+		c.TakeoverRuns = 1
+	}
 	for _, k := range c.Curves {
 		if !slices.Contains(ScaleCurves, k) {
 			return fmt.Errorf("--curves: %q is not one of %v", k, ScaleCurves)
@@ -114,6 +120,8 @@ func (c *ScaleConfig) Validate() error {
 		return fmt.Errorf("--idle-window %s: must be 1s..5m", c.IdleWindow)
 	case c.LiveOps < 1 || c.LiveOps > 1_000_000 || c.AuditRuns < 1 || c.AuditRuns > 20:
 		return fmt.Errorf("--live-ops %d, --audit-runs %d: must be 1..1000000 and 1..20", c.LiveOps, c.AuditRuns)
+	case c.TakeoverLive < 0 || c.TakeoverLive > 20_000_000 || c.TakeoverRuns < 1 || c.TakeoverRuns > 20:
+		return fmt.Errorf("--takeover-live %d, --takeover-runs %d: must be 0..20000000 and 1..20", c.TakeoverLive, c.TakeoverRuns)
 	case c.GC.Validate() != nil:
 		return fmt.Errorf("--gc-percent, --memory-limit: %w", c.GC.Validate())
 	case c.Duration <= 0 || c.CurveTimeout <= 0:
@@ -772,149 +780,4 @@ func insertClosedHolds(ctx context.Context, db *pgxpool.Pool, sale, sku, tag str
 		}
 	}
 	return nil
-}
-
-// TakeoverPoint is one point of the takeover curve: a region's database with ClosedHolds
-// closed holds of an earlier sale and the live holds of a running one.
-type TakeoverPoint struct {
-	ClosedHolds int64 `json:"closed_holds"`
-	// LiveHolds is the held holds stored when the warm standby took over.
-	LiveHolds int64 `json:"live_holds"`
-	// ColdMs is a cold takeover (Region.Lead of a process with no copy of the state: the
-	// epoch raised, every stored hold read).
-	ColdMs float64 `json:"cold_ms"`
-	// HeapMiB is the Go heap the cold leader's state holds (live heap after its load, less
-	// before, each after a collection).
-	HeapMiB float64 `json:"cold_leader_heap_mib"`
-	// WarmMs is the warm standby's takeover after the old leader made CaughtUp reservations
-	// and stepped down; Warm says the standby did take over from its copy.
-	WarmMs   float64 `json:"warm_ms"`
-	CaughtUp int     `json:"warm_reservations_before"`
-	Warm     bool    `json:"warm"`
-}
-
-// takeover curve's sales: the closed history and the running sale.
-const (
-	closedSale = "closed"
-	liveSale   = "live"
-)
-
-// runTakeoverCurve grows the closed holds of a region database of its own and, at each
-// point, times a cold takeover and a warm standby's.
-func runTakeoverCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]TakeoverPoint, error) {
-	url, err := dbs.create(ctx, cfg.DBPrefix+"_to")
-	if err != nil {
-		return nil, err
-	}
-	db, err := pgutil.Open(ctx, url, 16)
-	if err != nil {
-		return nil, err
-	}
-	defer db.Close()
-	if err := region.Migrate(ctx, db); err != nil {
-		return nil, fmt.Errorf("migrate the takeover database: %w", err)
-	}
-	if err := createTakeoverSales(ctx, db); err != nil {
-		return nil, err
-	}
-	var out []TakeoverPoint
-	var stored, epoch int64
-	for _, n := range cfg.ClosedHolds {
-		cfg.progress("takeover: storing %d closed holds", n)
-		if err := insertClosedHolds(ctx, db, closedSale, "sku", "c", stored, n, false); err != nil {
-			return out, err
-		}
-		stored = max(stored, n)
-		if _, err := db.Exec(ctx, `VACUUM ANALYZE holds`); err != nil {
-			return out, fmt.Errorf("vacuum holds: %w", err)
-		}
-		p, err := takeoverPoint(ctx, cfg, db, &epoch, stored)
-		if err != nil {
-			return out, err
-		}
-		cfg.progress("takeover: %d closed holds: cold %.0f ms, warm %.0f ms (warm: %v)", n, p.ColdMs, p.WarmMs, p.Warm)
-		out = append(out, p)
-	}
-	return out, nil
-}
-
-// createTakeoverSales stores the terms and the pools of the closed and the live sale.
-func createTakeoverSales(ctx context.Context, db *pgxpool.Pool) error {
-	if _, err := db.Exec(ctx, `INSERT INTO sales (sale_id, skus, per_user_limit, hold_ttl_ms, opens_at)
-			VALUES ($1, '{sku}', 1, 3600000, now() - interval '1 day'), ($2, '{sku}', 1, 3600000, now() - interval '1 day')`,
-		closedSale, liveSale); err != nil {
-		return fmt.Errorf("create the takeover sales: %w", err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO pools (sale_id, sku, available, held, sold, credited_in, debited_out)
-			VALUES ($1, 'sku', 0, 0, 0, 0, 0), ($2, 'sku', 100000000, 0, 0, 100000000, 0)`, closedSale, liveSale); err != nil {
-		return fmt.Errorf("create the takeover pools: %w", err)
-	}
-	return nil
-}
-
-// takeoverPoint times a cold takeover, then a warm standby's after the cold leader made
-// cfg.LiveOps reservations and stepped down.
-func takeoverPoint(ctx context.Context, cfg *ScaleConfig, db *pgxpool.Pool, epoch *int64, closed int64) (TakeoverPoint, error) {
-	p := TakeoverPoint{ClosedHolds: closed, CaughtUp: cfg.LiveOps}
-	a, err := region.New(region.Config{Name: benchRegion, StandbyRefresh: -1, Logger: cfg.Logger}, db)
-	if err != nil {
-		return p, err
-	}
-	defer a.Close()
-	heap0 := liveHeap()
-	*epoch++
-	t0 := time.Now()
-	if err := a.Lead(ctx, *epoch); err != nil {
-		return p, fmt.Errorf("cold takeover: %w", err)
-	}
-	cold := time.Since(t0)
-	p.ColdMs, p.HeapMiB = round1(ms(cold)), round1(float64(liveHeap()-heap0)/(1<<20))
-	b, err := region.New(region.Config{Name: benchRegion, StandbyRefresh: time.Second, Logger: cfg.Logger}, db)
-	if err != nil {
-		return p, err
-	}
-	defer b.Close()
-	wctx, stopWarm := context.WithCancel(ctx)
-	defer stopWarm()
-	go b.KeepWarm(wctx)
-	// The standby's first copy is a load as long as the cold one; give it twice that.
-	if err := sleepCtx(ctx, 2*cold+time.Second); err != nil {
-		return p, err
-	}
-	if err := reserveLive(ctx, a, *epoch, cfg.LiveOps); err != nil {
-		return p, err
-	}
-	a.Close()
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM holds WHERE state = 'held'`).Scan(&p.LiveHolds); err != nil {
-		return p, fmt.Errorf("count the live holds: %w", err)
-	}
-	*epoch++
-	t1 := time.Now()
-	if err := b.Lead(ctx, *epoch); err != nil {
-		return p, fmt.Errorf("warm takeover: %w", err)
-	}
-	p.WarmMs = round1(ms(time.Since(t1)))
-	_, warm := b.Takeovers()
-	p.Warm = warm == 1
-	return p, nil
-}
-
-// reserveLive makes n reservations of the live sale at leader r, 64 at a time.
-func reserveLive(ctx context.Context, r *region.Region, epoch int64, n int) error {
-	return inParallel(ctx, n, 64, func(ctx context.Context, i int) error {
-		_, err := r.Reserve(ctx, region.ReserveRequest{Sale: liveSale, SKU: "sku", User: "e" + strconv.FormatInt(epoch, 10) + "-" + strconv.Itoa(i),
-			Quantity: 1, RequestKey: "k"})
-		if err != nil {
-			return fmt.Errorf("reserve at the leader: %w", err)
-		}
-		return nil
-	})
-}
-
-// liveHeap is the Go heap in use after a collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
