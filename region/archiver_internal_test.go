@@ -69,7 +69,9 @@ func resolvedCounts(ctx context.Context, t *testing.T, r *Region, m *memState) s
 	return c
 }
 
-func (c stateCounts) String() string { return fmt.Sprintf("users %v, keys %v, pools %v", c.users, c.keysPer, c.pools) }
+func (c stateCounts) String() string {
+	return fmt.Sprintf("users %v, keys %v, pools %v", c.users, c.keysPer, c.pools)
+}
 
 func sameCounts(a, b stateCounts) bool {
 	return maps.Equal(a.users, b.users) && maps.Equal(a.keysPer, b.keysPer) && maps.Equal(a.pools, b.pools)
