@@ -33,7 +33,9 @@
 //   - flush.go: a batch's writes to SQL (writes.flush, execAll, flushOnce).
 //   - mem.go: the leader's in-memory state (memState).
 //   - archive.go: retiring closed holds from memory (errKeyRetired, errHoldNotInMemory,
-//     isRetired, retireClosed).
+//     mayBeArchived, retireClosed); archiver.go: moving them to holds_closed (archiveOp) and
+//     reading a buyer's archived counts when first needed (readBuyers, resolve);
+//     keyfilter.go: the fixed-size filter of retired keys.
 //   - load.go: loading memState from SQL on taking leadership; standby.go: the warm standby.
 //   - sweeper.go: the expiry sweeper; pause.go: the kill switch; verify.go: QUOTA_VERIFY
 //     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); demand.go: the demand counts; migrate.go:

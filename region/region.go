@@ -50,9 +50,9 @@ type Config struct {
 	SweepBatch int
 	// RetainClosed is how long the leader keeps a closed (sold, released, expired) hold
 	// whole in memory after it closed, so retries of it are answered without SQL; afterwards
-	// it keeps only a digest of its key and reads the hold from SQL when asked (archive.go).
-	// The time counts from the hold's stored closed_at, also for the holds a leader loads.
-	// Default 10m.
+	// it keeps only a digest of its key and reads the hold from SQL when asked, and the
+	// sweeper moves the hold to the archive table holds_closed (archive.go). The time counts
+	// from the hold's stored closed_at, also for the holds a leader loads. Default 10m.
 	RetainClosed time.Duration
 	// StandbyRefresh is how often a process that does not lead refreshes its warm copy of
 	// the region's state (KeepWarm), so that taking over reads only what changed since.

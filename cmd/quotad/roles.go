@@ -21,7 +21,7 @@ func addRegionTuning(cmd *cobra.Command) {
 	f.Int("max-batch", 256, "most operations one region transaction commits")
 	f.Duration("batch-window", 0, "how long a region's writer waits for more operations after the first (0: commit what is queued)")
 	f.Duration("sweep-interval", time.Second, "how often expired holds are looked for")
-	f.Duration("retain-closed", region.DefaultRetainClosed, "how long a region's leader keeps a closed hold whole in memory, so retries of it need no database read (afterwards only a digest of its key stays)")
+	f.Duration("retain-closed", region.DefaultRetainClosed, "how long a region's leader keeps a closed hold whole in memory, so retries of it need no database read (afterwards only a digest of its key stays, and the hold moves to the archive table holds_closed)")
 	f.Duration("standby-refresh", time.Second, "how often a region process that does not lead refreshes its copy of the region's state, so a takeover reads only what changed since (0: keep no copy; a takeover then loads every hold)")
 	f.Int32("max-keys-per-user", region.DefaultMaxKeysPerUser, "most request keys one buyer may use in one sale at a region; past it a reserve with a new key is answered TOO_MANY_KEYS (RESOURCE_EXHAUSTED)")
 	f.Bool("verify", false, "run expensive invariant checks after every region batch and crash on a breach (env QUOTA_VERIFY=1)")
