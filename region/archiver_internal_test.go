@@ -134,6 +134,11 @@ func TestArchiveMovesClosedHolds(t *testing.T) {
 	if !m.lazy["s"] || len(m.holds) != 1 || m.rows != 1 {
 		t.Fatalf("after takeover: sale lazy %v, %d holds in memory, %d rows; want lazy, 1 and 1", m.lazy["s"], len(m.holds), m.rows)
 	}
+	// The last batch only archived: the new leader's stamps still rise above it.
+	var archivedStamp int64
+	if err := r.pool.QueryRow(ctx, `SELECT max(archived) FROM holds_closed`).Scan(&archivedStamp); err != nil || m.changed < archivedStamp {
+		t.Fatalf("the new leader's stamp %d, the archive's %d (%v): want at least as high", m.changed, archivedStamp, err)
+	}
 	// ann has 6 bought (archived) and 1 held of a limit of 10: her archived row is read.
 	if _, err := r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 4, RequestKey: "k3"}); !errors.Is(err, ErrLimitExceeded) {
 		t.Errorf("ann over her limit after takeover: %v, want ErrLimitExceeded", err)

@@ -61,8 +61,14 @@ func loadPools(ctx context.Context, tx pgx.Tx, m *memState) error {
 }
 
 // loadArchivedPools reads, in tx's snapshot, the pools that have archived holds: their sales
-// are lazy (archive.go), and their archived sold units are not in any buyer's count yet.
+// are lazy (archive.go), and their archived sold units are not in any buyer's count yet. It
+// also takes the highest archiving stamp (through holds_closed_by_archived) into m.changed: a
+// batch that only archived stamped no row of holds, and the next leader's stamps must still
+// rise above it (standby.go).
 func loadArchivedPools(ctx context.Context, tx pgx.Tx, m *memState) error {
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(archived), 0) FROM holds_closed`).Scan(&m.changed); err != nil {
+		return err
+	}
 	rows, err := tx.Query(ctx, `SELECT sale_id, sku, sold FROM archived_pools`)
 	if err != nil {
 		return err
