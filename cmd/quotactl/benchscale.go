@@ -32,8 +32,9 @@ func benchScaleCmd() *cobra.Command {
   takeover     a region database with --takeover-live held holds of a running sale and
                --closed-holds archived closed holds of an earlier sale (holds_closed, as the
                archiver leaves them): --takeover-runs cold takeovers (every hold in the holds
-               table read; the median, and its ratio to the first point's) and a warm
-               standby's (its copy caught up) after the old leader made --live-ops reservations
+               table read; the median), each just after one of a database with the same live
+               holds and no history (the ratio of the two medians), and a warm standby's (its
+               copy caught up) after the old leader made --live-ops reservations
   audit        the coordinator's Audit of one sale over three regions with --transfers transfers,
                then with --audit-holds sold holds stored in its pools (the median of --audit-runs)
 Each curve runs on an in-process cluster (embedded etcd, plaintext gRPC) or a database of its
@@ -149,11 +150,11 @@ func printScale(w io.Writer, rep *bench.ScaleReport) {
 
 func printScaleHistory(w io.Writer, rep *bench.ScaleReport) {
 	if len(rep.Takeover) > 0 {
-		fmt.Fprintf(w, "\nTAKEOVER: a region database with archived closed holds of an earlier sale\n%12s %10s %10s %10s %8s %10s %10s %6s\n",
-			"ARCHIVED", "HOLDS ROWS", "LIVE", "COLD MS", "×FIRST", "HEAP MiB", "WARM MS", "WARM")
+		fmt.Fprintf(w, "\nTAKEOVER: a region database with archived closed holds of an earlier sale, against one without\n%10s %10s %10s %9s %9s %7s %9s %9s %9s %5s  %s\n",
+			"ARCHIVED", "HOLDS ROWS", "LIVE", "COLD MS", "BASE MS", "×BASE", "HEAP MiB", "BASE MiB", "WARM MS", "WARM", "COLD RUNS / BASE RUNS")
 		for _, p := range rep.Takeover {
-			fmt.Fprintf(w, "%12d %10d %10d %10.1f %8.2f %10.1f %10.1f %6v\n", p.ArchivedRows, p.HoldRows, p.LiveHolds, p.ColdMs, p.ColdVsFirst,
-				p.HeapMiB, p.WarmMs, p.Warm)
+			fmt.Fprintf(w, "%10d %10d %10d %9.1f %9.1f %7.2f %9.1f %9.1f %9.1f %5v  %v / %v\n", p.ArchivedRows, p.HoldRows, p.LiveHolds, p.ColdMs,
+				p.BaselineMs, p.ColdVsBaseline, p.HeapMiB, p.BaselineHeapMiB, p.WarmMs, p.Warm, p.ColdRuns, p.BaselineRuns)
 		}
 	}
 	if len(rep.Audit) > 0 {

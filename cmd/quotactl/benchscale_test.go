@@ -94,8 +94,10 @@ func checkTakeoverCurve(t *testing.T, pts []bench.TakeoverPoint) {
 	}
 	for i, p := range pts {
 		reserved := int64(20 * i) // the warm part of each point before reserves 20
-		if p.ArchivedRows != p.ClosedHolds || p.HoldRows != 50+reserved || len(p.ColdRuns) != 2 || p.ColdMs <= 0 || p.ColdVsFirst <= 0 {
-			t.Errorf("takeover point %+v: want %d archived rows, %d rows in holds (the live ones), two cold runs and a ratio", p, p.ClosedHolds, 50+reserved)
+		if p.ArchivedRows != p.ClosedHolds || p.HoldRows != 50+reserved || len(p.ColdRuns) != 2 || len(p.BaselineRuns) != 2 ||
+			p.ColdMs <= 0 || p.BaselineMs <= 0 || p.ColdVsBaseline <= 0 {
+			t.Errorf("takeover point %+v: want %d archived rows, %d rows in holds (the live ones), two cold runs of each database and a ratio",
+				p, p.ClosedHolds, 50+reserved)
 		}
 		if p.WarmMs <= 0 || !p.Warm || p.LiveHolds != 50+reserved+20 {
 			t.Errorf("takeover point %+v: want a warm time, the standby's takeover warm, %d live holds", p, 50+reserved+20)

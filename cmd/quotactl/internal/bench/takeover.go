@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strconv"
@@ -15,7 +16,8 @@ import (
 
 // TakeoverPoint is one point of the takeover curve: a region's database with ClosedHolds
 // archived closed holds of an earlier sale (holds_closed, as the archiver leaves them) and
-// the live holds of a running one.
+// the live holds of a running one, beside a baseline database with the same live holds and
+// no history.
 type TakeoverPoint struct {
 	ClosedHolds int64 `json:"closed_holds"`
 	// HoldRows is the rows of the holds table a cold takeover reads (the live sale's), and
@@ -26,13 +28,18 @@ type TakeoverPoint struct {
 	LiveHolds int64 `json:"live_holds"`
 	// ColdMs is a cold takeover (Region.Lead of a process with no copy of the state: the
 	// epoch raised, every hold in the holds table read): the median of ColdRuns.
-	ColdMs   float64   `json:"cold_ms"`
-	ColdRuns []float64 `json:"cold_runs_ms"`
-	// ColdVsFirst is ColdMs over the first point's: the growth with the history.
-	ColdVsFirst float64 `json:"cold_vs_first"`
+	// BaselineMs is the same on the baseline database, each of its runs taken just before
+	// one of ColdRuns, so both see the same machine; ColdVsBaseline is ColdMs over it.
+	ColdMs         float64   `json:"cold_ms"`
+	ColdRuns       []float64 `json:"cold_runs_ms"`
+	BaselineMs     float64   `json:"baseline_cold_ms"`
+	BaselineRuns   []float64 `json:"baseline_cold_runs_ms"`
+	ColdVsBaseline float64   `json:"cold_vs_baseline"`
 	// HeapMiB is the Go heap the cold leader's state holds (live heap after its load, less
-	// before, each after a collection), in the last cold run.
-	HeapMiB float64 `json:"cold_leader_heap_mib"`
+	// before, each after a collection), in the last cold run; BaselineHeapMiB the same on
+	// the baseline database.
+	HeapMiB         float64 `json:"cold_leader_heap_mib"`
+	BaselineHeapMiB float64 `json:"baseline_leader_heap_mib"`
 	// WarmMs is the warm standby's takeover after the old leader made CaughtUp reservations
 	// and stepped down; Warm says the standby did take over from its copy.
 	WarmMs   float64 `json:"warm_ms"`
@@ -46,11 +53,16 @@ const (
 	liveSale   = "live"
 )
 
-// runTakeoverCurve stores cfg.TakeoverLive held holds of the running sale in a region
-// database of its own, then grows the archived closed holds of an earlier sale and, at each
-// point, times cold takeovers and a warm standby's.
-func runTakeoverCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]TakeoverPoint, error) {
-	url, err := dbs.create(ctx, cfg.DBPrefix+"_to")
+// takeoverDB is one database of the takeover curve and the last epoch raised in it.
+type takeoverDB struct {
+	db    *pgxpool.Pool
+	epoch int64
+}
+
+// openTakeoverDB creates, migrates and opens a database of the takeover curve with the two
+// sales and live held holds of the running one.
+func openTakeoverDB(ctx context.Context, cfg *ScaleConfig, dbs *databases, name string, live int64) (*takeoverDB, error) {
+	url, err := dbs.create(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -58,46 +70,60 @@ func runTakeoverCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]
 	if err != nil {
 		return nil, err
 	}
-	defer db.Close()
+	t := &takeoverDB{db: db}
 	if err := region.Migrate(ctx, db); err != nil {
+		db.Close()
 		return nil, fmt.Errorf("migrate the takeover database: %w", err)
 	}
 	if err := createTakeoverSales(ctx, db); err != nil {
+		db.Close()
 		return nil, err
 	}
-	cfg.progress("takeover: storing %d live holds", cfg.TakeoverLive)
-	if err := insertLiveHolds(ctx, db, cfg.TakeoverLive); err != nil {
+	cfg.progress("takeover: storing %d live holds in %s", live, name)
+	if err := insertLiveHolds(ctx, db, live); err != nil {
+		db.Close()
 		return nil, err
 	}
+	return t, nil
+}
+
+// runTakeoverCurve stores cfg.TakeoverLive held holds of the running sale in two region
+// databases of their own, then grows the archived closed holds of an earlier sale in one of
+// them and, at each point, times cold takeovers of both, alternately, and a warm standby's.
+func runTakeoverCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]TakeoverPoint, error) {
+	hist, err := openTakeoverDB(ctx, cfg, dbs, cfg.DBPrefix+"_to", cfg.TakeoverLive)
+	if err != nil {
+		return nil, err
+	}
+	defer hist.db.Close()
+	base, err := openTakeoverDB(ctx, cfg, dbs, cfg.DBPrefix+"_tb", cfg.TakeoverLive)
+	if err != nil {
+		return nil, err
+	}
+	defer base.db.Close()
 	var out []TakeoverPoint
-	var stored, epoch int64
+	var stored int64
 	for _, n := range cfg.ClosedHolds {
 		cfg.progress("takeover: archiving %d closed holds", n)
-		if err := insertArchivedHolds(ctx, db, closedSale, "sku", "c", stored, n); err != nil {
+		if err := insertArchivedHolds(ctx, hist.db, closedSale, "sku", "c", stored, n); err != nil {
 			return out, err
 		}
 		stored = max(stored, n)
-		if _, err := db.Exec(ctx, `VACUUM ANALYZE holds, holds_closed, archived_users, archived_pools`); err != nil {
-			return out, fmt.Errorf("vacuum holds: %w", err)
+		for _, t := range []*takeoverDB{hist, base} {
+			if _, err := t.db.Exec(ctx, `VACUUM ANALYZE holds, holds_closed, archived_users, archived_pools`); err != nil {
+				return out, fmt.Errorf("vacuum holds: %w", err)
+			}
 		}
-		p, err := takeoverPoint(ctx, cfg, db, &epoch, stored)
+		p, err := takeoverPoint(ctx, cfg, hist, base, stored)
 		if err != nil {
 			return out, err
 		}
-		if len(out) > 0 && out[0].ColdMs > 0 {
-			p.ColdVsFirst = round2(p.ColdMs / out[0].ColdMs)
-		} else {
-			p.ColdVsFirst = 1
-		}
-		cfg.progress("takeover: %d archived holds: cold %.0f ms (%.2f× the first point), heap %.0f MiB, warm %.0f ms (warm: %v)",
-			n, p.ColdMs, p.ColdVsFirst, p.HeapMiB, p.WarmMs, p.Warm)
+		cfg.progress("takeover: %d archived holds: cold %.0f ms (%.2f× the %.0f ms without history), heap %.0f MiB (%.0f without), warm %.0f ms (warm: %v)",
+			n, p.ColdMs, p.ColdVsBaseline, p.BaselineMs, p.HeapMiB, p.BaselineHeapMiB, p.WarmMs, p.Warm)
 		out = append(out, p)
 	}
 	return out, nil
 }
-
-// round2 keeps two decimals.
-func round2(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }
 
 // createTakeoverSales stores the terms and the pools of the closed and the live sale.
 func createTakeoverSales(ctx context.Context, db *pgxpool.Pool) error {
@@ -163,11 +189,12 @@ func insertArchivedHolds(ctx context.Context, db *pgxpool.Pool, sale, sku, tag s
 	return nil
 }
 
-// takeoverPoint times cfg.TakeoverRuns cold takeovers, then a warm standby's after the last
-// cold leader made cfg.LiveOps reservations and stepped down.
-func takeoverPoint(ctx context.Context, cfg *ScaleConfig, db *pgxpool.Pool, epoch *int64, closed int64) (TakeoverPoint, error) {
+// takeoverPoint times cfg.TakeoverRuns cold takeovers of hist, each just after one of base,
+// then a warm standby's of hist after the last cold leader made cfg.LiveOps reservations and
+// stepped down.
+func takeoverPoint(ctx context.Context, cfg *ScaleConfig, hist, base *takeoverDB, closed int64) (TakeoverPoint, error) {
 	p := TakeoverPoint{ClosedHolds: closed, CaughtUp: cfg.LiveOps}
-	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM holds), (SELECT count(*) FROM holds_closed)`).Scan(&p.HoldRows, &p.ArchivedRows); err != nil {
+	if err := hist.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM holds), (SELECT count(*) FROM holds_closed)`).Scan(&p.HoldRows, &p.ArchivedRows); err != nil {
 		return p, fmt.Errorf("count the stored holds: %w", err)
 	}
 	var a *region.Region
@@ -178,26 +205,50 @@ func takeoverPoint(ctx context.Context, cfg *ScaleConfig, db *pgxpool.Pool, epoc
 	}()
 	var cold time.Duration
 	for i := range cfg.TakeoverRuns {
+		b, d, heap, err := coldTakeover(ctx, cfg, base)
+		if b != nil {
+			b.Close()
+		}
+		if err != nil {
+			return p, fmt.Errorf("cold takeover %d without history: %w", i+1, err)
+		}
+		p.BaselineRuns, p.BaselineHeapMiB = append(p.BaselineRuns, round1(ms(d))), heap
 		if a != nil {
 			a.Close() // steps down: the next run's takeover is cold again
 		}
-		var err error
-		if a, err = region.New(region.Config{Name: benchRegion, StandbyRefresh: -1, Logger: cfg.Logger}, db); err != nil {
-			return p, err
-		}
-		heap0 := liveHeap()
-		*epoch++
-		t0 := time.Now()
-		if err := a.Lead(ctx, *epoch); err != nil {
+		a, cold, p.HeapMiB, err = coldTakeover(ctx, cfg, hist)
+		if err != nil {
 			return p, fmt.Errorf("cold takeover %d: %w", i+1, err)
 		}
-		cold = time.Since(t0)
 		p.ColdRuns = append(p.ColdRuns, round1(ms(cold)))
-		p.HeapMiB = round1(float64(liveHeap()-heap0) / (1 << 20))
 	}
-	runs := slices.Sorted(slices.Values(p.ColdRuns))
-	p.ColdMs = runs[len(runs)/2]
-	return p, warmTakeover(ctx, cfg, db, a, epoch, cold, &p)
+	p.ColdMs, p.BaselineMs = median(p.ColdRuns), median(p.BaselineRuns)
+	p.ColdVsBaseline = round2(p.ColdMs / p.BaselineMs)
+	return p, warmTakeover(ctx, cfg, hist.db, a, &hist.epoch, cold, &p)
+}
+
+// coldTakeover has a new region process with no copy of the state lead t's database, and
+// returns it (to be closed by the caller, also on error), how long Lead took and the Go heap
+// its state holds, in MiB.
+func coldTakeover(ctx context.Context, cfg *ScaleConfig, t *takeoverDB) (*region.Region, time.Duration, float64, error) {
+	r, err := region.New(region.Config{Name: benchRegion, StandbyRefresh: -1, Logger: cfg.Logger}, t.db)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	heap0 := liveHeap()
+	t.epoch++
+	t0 := time.Now()
+	if err := r.Lead(ctx, t.epoch); err != nil {
+		return r, 0, 0, err
+	}
+	d := time.Since(t0)
+	return r, d, round1(float64(liveHeap()-heap0) / (1 << 20)), nil
+}
+
+// median is the middle of xs (the upper one of an even count).
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	return s[len(s)/2]
 }
 
 // warmTakeover starts a warm standby beside leader a, lets it load its copy, has a make
@@ -252,3 +303,6 @@ func liveHeap() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// round2 keeps two decimals.
+func round2(x float64) float64 { return math.Round(x*100) / 100 }
