@@ -205,6 +205,9 @@ func takeoverPoint(ctx context.Context, cfg *ScaleConfig, hist, base *takeoverDB
 	}()
 	var cold time.Duration
 	for i := range cfg.TakeoverRuns {
+		if a != nil {
+			a.Close() // steps down, and its state goes: each run's takeover is cold, alone in the process
+		}
 		b, d, heap, err := coldTakeover(ctx, cfg, base)
 		if b != nil {
 			b.Close()
@@ -213,9 +216,6 @@ func takeoverPoint(ctx context.Context, cfg *ScaleConfig, hist, base *takeoverDB
 			return p, fmt.Errorf("cold takeover %d without history: %w", i+1, err)
 		}
 		p.BaselineRuns, p.BaselineHeapMiB = append(p.BaselineRuns, round1(ms(d))), heap
-		if a != nil {
-			a.Close() // steps down: the next run's takeover is cold again
-		}
 		a, cold, p.HeapMiB, err = coldTakeover(ctx, cfg, hist)
 		if err != nil {
 			return p, fmt.Errorf("cold takeover %d: %w", i+1, err)
