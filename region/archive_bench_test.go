@@ -14,7 +14,7 @@ import (
 // BenchmarkArchive measures the archiver: QUOTA_BENCH_HOLDS (default 100,000) holds of one
 // sale, each of its own buyer, sold an hour ago (past Config.RetainClosed) and still in the
 // holds table (as after the migration that added the archive), moved to holds_closed by one
-// ArchiveNow through the leader's writer, in batches of 4,096. It reports archived holds per
+// ArchiveNow through the leader's writer, in batches of 1,024. It reports archived holds per
 // second. Run:
 //
 //	go test -run '^$' -bench BenchmarkArchive -benchtime 1x ./region/

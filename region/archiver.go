@@ -17,9 +17,10 @@ import (
 // again with them.
 var errBuyerArchived = errors.New("buyer's archived holds not in memory")
 
-// archiveBatch bounds the holds one archiving batch moves, so the writer never pauses long
-// for it (a few tens of milliseconds at most).
-const archiveBatch = 4096
+// archiveBatch bounds the holds one archiving batch moves, so the writer never pauses long for
+// it: about 50 ms a batch of 1,024 over a backlog on a loaded 2-core machine (BenchmarkArchive:
+// 20,300 holds/s), against 130 ms for 4,096 (30,800 holds/s).
+const archiveBatch = 1024
 
 // archivedBuyer is what the archive holds of one buyer in one sale: per SKU, the holds and the
 // units sold, and the request keys of those holds.
@@ -281,11 +282,11 @@ func archiveDue(ctx context.Context, db *pgxpool.Pool, cutoff time.Time) (bool, 
 	return len(ids) > 0, err
 }
 
-// archive moves every hold due to the archive, a batch at a time through the writer, and
-// returns how many it moved.
-func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (any, error)) (int, error) {
-	total := 0
-	for {
+// archive moves the holds due to the archive, a batch at a time through the writer, until none
+// is due or, with a budget, once it has spent it; it returns how many it moved.
+func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (any, error), budget time.Duration) (int, error) {
+	total, start := 0, time.Now()
+	for budget <= 0 || time.Since(start) < budget {
 		due, err := archiveDue(ctx, r.pool, r.cfg.Clock.Now().Add(-r.cfg.RetainClosed))
 		if err != nil || !due {
 			return total, err
@@ -299,11 +300,12 @@ func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (
 			return total, nil
 		}
 	}
+	return total, nil
 }
 
 // ArchiveNow moves every closed hold past the retention to the archive now, and returns how
 // many it moved. Tests and operators use it instead of waiting for the sweeper.
-func (r *Region) ArchiveNow(ctx context.Context) (int, error) { return r.archive(ctx, r.submit) }
+func (r *Region) ArchiveNow(ctx context.Context) (int, error) { return r.archive(ctx, r.submit, 0) }
 
 // dropArchivedAll takes a committed batch's archived holds out of the state, under mu.
 func (m *memState) dropArchivedAll(hs []Hold) {

@@ -403,3 +403,44 @@ func checkWarmTakeover(ctx context.Context, t *testing.T, old, sb *Region, epoch
 	}
 	checkArchivedCounts(ctx, t, sb)
 }
+
+// TestSweeperArchives: the leader's sweeper moves closed holds past the retention to the
+// archive on its own, and leaves in holds those closed within it (one released, one the
+// sweeper itself expires, its deadline long past).
+func TestSweeperArchives(t *testing.T) {
+	old, ctx := newInternalRegion(t)
+	sold, recent := mustReserveIn(t, old, ctx, "ann", "k1", 1), mustReserveIn(t, old, ctx, "bob", "k1", 1)
+	live := mustReserveIn(t, old, ctx, "cat", "k1", 1)
+	if _, err := old.Confirm(ctx, sold.ID, "pay-1"); err != nil {
+		t.Fatal(err)
+	}
+	clk := old.cfg.Clock.(*clock.Manual)
+	clk.Advance(DefaultRetainClosed + time.Second)
+	if _, err := old.Release(ctx, recent.ID); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	r, err := New(Config{Name: "us", Clock: clk, SweepInterval: 10 * time.Millisecond, Logger: old.cfg.Logger}, old.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if err := r.Lead(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, a := tableRows(ctx, t, r)
+		if l == 2 && a == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows in holds, %d archived after 10 s of sweeps; want 2 (%s expired now, %s released within the retention) and 1 (%s)",
+				l, a, live.ID, recent.ID, sold.ID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h, err := r.GetReservation(ctx, sold.ID); err != nil || h.State != Sold {
+		t.Fatalf("the archived hold: %+v, %v", h, err)
+	}
+}

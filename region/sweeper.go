@@ -7,7 +7,9 @@ import (
 
 // sweep expires holds past their deadline, in batches through the writer, until ctx ends.
 // When a sweep fills its batch it goes again at once. Then it moves the holds closed past the
-// retention to the archive (archiver.go).
+// retention to the archive (archiver.go), for at most half the sweep interval, so that over a
+// backlog (the history still in holds after the migration that added the archive) the next
+// sweep's expiries still come on time.
 func (r *Region) sweep(ctx context.Context, w *writer) {
 	defer r.wg.Done()
 	t := time.NewTicker(r.cfg.SweepInterval)
@@ -30,7 +32,7 @@ func (r *Region) sweep(ctx context.Context, w *writer) {
 				break
 			}
 		}
-		if _, err := r.archive(ctx, w.submit); err != nil && ctx.Err() == nil {
+		if _, err := r.archive(ctx, w.submit, r.cfg.SweepInterval/2); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
 		}
 	}
