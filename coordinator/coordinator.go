@@ -89,6 +89,10 @@ type RegionLink struct {
 	Resolve func() string
 	// Unsold feeds the sold-out flags.
 	Unsold UnsoldReader
+	// Watch, when set, tells of the sales whose stock at this region may have changed
+	// (region.WatchStock), so the sold-out loop and the rebalancer read a region's idle sales
+	// only when they change; without it every sale is read every round.
+	Watch ChangeWatcher
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.
@@ -236,11 +240,15 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.gen, c.cancel = gen, cancel
 	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
 	c.auditedAt.Store(0)
-	c.auto.Store(&autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, since: c.cfg.Clock.Now()})
+	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, since: c.cfg.Clock.Now()}
+	feed := newChangeFeed(c.changeSources(), st.wake)
+	st.live = feed.live
+	c.auto.Store(st)
+	c.watchChanges(dctx, feed)
 	c.wg.Add(6)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
-	go c.soldOutLoop(dctx)
+	go c.soldOutLoop(dctx, feed)
 	go c.pauseLoop(dctx, gen)
 	go c.auditLoop(dctx)
 	go c.autoLoop(dctx, gen)

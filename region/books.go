@@ -136,3 +136,15 @@ func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]
 	}
 	return out, rows.Err()
 }
+
+// StockChannel is the notification channel on which a region's database names a sale whose
+// stock may have changed its sold-out or drained state (migration 11): a pool created,
+// emptied or refilled, or refused demand recorded.
+const StockChannel = "quota_stock"
+
+// WatchStock calls changed with the sale of each notification on StockChannel, after ready
+// once the subscription is in place (pgutil.Listen): whoever must miss no change reads every
+// sale in ready. It returns when ctx ends or the connection fails; the caller listens again.
+func WatchStock(ctx context.Context, db *pgxpool.Pool, ready func(), changed func(sale string)) error {
+	return pgutil.Listen(ctx, db, StockChannel, ready, changed)
+}

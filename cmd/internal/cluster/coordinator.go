@@ -195,6 +195,9 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			},
 			Unsold: func(ctx context.Context, sale string) (map[string]transfer.Stock, error) {
 				return region.ReadUnsold(ctx, db, sale)
+			},
+			Watch: func(ctx context.Context, ready func(), changed func(string)) error {
+				return region.WatchStock(ctx, db, ready, changed)
 			}})
 	}
 	return links, nil
