@@ -59,6 +59,7 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f.Int("live-ops", 1000, "takeover curve: reservations the old leader makes before the warm standby takes over")
 	f.String("transfers", "100,1000", "audit curve: the sale's transfers at each point")
 	f.String("audit-holds", "10000,100000,1000000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
+	f.Int("transfers-in-flight", 64, "audit curve: transfers asked of the coordinator at once")
 	f.Int("audit-runs", 3, "audit curve: audits timed at each point (the median is reported)")
 	f.Duration("duration", time.Minute, "cap on each point's reservation load")
 	f.Duration("curve-timeout", 15*time.Minute, "cap on each curve")
@@ -92,7 +93,7 @@ func benchScaleConfig(e *env) (bench.ScaleConfig, error) {
 	cfg := bench.ScaleConfig{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Curves: splitList(e.v.GetString("curves")),
 		PoolOps: e.v.GetInt64("pool-ops"), IdleWindow: e.v.GetDuration("idle-window"), IdleSKUs: e.v.GetInt("idle-skus"),
 		AuditInterval: e.v.GetDuration("audit-interval"), LiveOps: e.v.GetInt("live-ops"),
-		AuditRuns: e.v.GetInt("audit-runs"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
+		AuditRuns: e.v.GetInt("audit-runs"), TransfersInFlight: e.v.GetInt("transfers-in-flight"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)

@@ -73,8 +73,11 @@ type ScaleConfig struct {
 	// holds stored over its three regions (with every transfer made).
 	Transfers  []int
 	AuditHolds []int64
-	// AuditRuns is how many times each audit point is timed (the median is reported).
-	AuditRuns int
+	// AuditRuns is how many times each audit point is timed (the median is reported);
+	// TransfersInFlight how many of the audit curve's transfers are asked for at once
+	// (default 64).
+	AuditRuns         int
+	TransfersInFlight int
 	// Duration caps each reservation load; CurveTimeout each curve.
 	Duration     time.Duration
 	CurveTimeout time.Duration
@@ -99,6 +102,9 @@ func (c *ScaleConfig) Validate() error {
 	if c.AuditRuns == 0 {
 		c.AuditRuns = 3
 	}
+	if c.TransfersInFlight == 0 {
+		c.TransfersInFlight = 64
+	}
 	if c.IdleSKUs == 0 {
 		c.IdleSKUs = skusPerSale
 	}
@@ -122,6 +128,8 @@ func (c *ScaleConfig) Validate() error {
 		return fmt.Errorf("--idle-skus %d: must be 1..100", c.IdleSKUs)
 	case c.AuditInterval < 0 || c.AuditInterval > time.Hour:
 		return fmt.Errorf("--audit-interval %s: must be 0 (none) ..1h", c.AuditInterval)
+	case c.TransfersInFlight < 1 || c.TransfersInFlight > 256:
+		return fmt.Errorf("--transfers-in-flight %d: must be 1..256", c.TransfersInFlight)
 	case c.LiveOps < 1 || c.LiveOps > 1_000_000 || c.AuditRuns < 1 || c.AuditRuns > 20:
 		return fmt.Errorf("--live-ops %d, --audit-runs %d: must be 1..1000000 and 1..20", c.LiveOps, c.AuditRuns)
 	case c.GC.Validate() != nil:
@@ -679,7 +687,7 @@ func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Aud
 	var out []AuditPoint
 	made := len(scaleRegions) // the allocation's
 	for _, n := range cfg.Transfers {
-		if err := g.transfers(ctx, made, n); err != nil {
+		if err := g.transfers(ctx, made, n, cfg.TransfersInFlight); err != nil {
 			return out, err
 		}
 		made = max(made, n)
@@ -705,11 +713,11 @@ func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Aud
 }
 
 // transfers makes transfers from..to-1 of one unit each, region i%3 to region (i+1)%3.
-func (g *scaleRig) transfers(ctx context.Context, from, to int) error {
+func (g *scaleRig) transfers(ctx context.Context, from, to, width int) error {
 	if to <= from {
 		return nil
 	}
-	return inParallel(ctx, to-from, 16, func(ctx context.Context, i int) error {
+	return inParallel(ctx, to-from, width, func(ctx context.Context, i int) error {
 		n := from + i
 		src, dst := scaleRegions[n%3], scaleRegions[(n+1)%3]
 		tr, err := g.coord.Transfer(ctx, &quotav1.TransferRequest{SaleId: auditSale, Sku: "sku", From: src, To: dst, Units: 1,
