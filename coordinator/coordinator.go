@@ -77,12 +77,19 @@ type Participant interface {
 // from the region's database (region.ReadBooks), so audits need no live region process.
 type BooksReader func(ctx context.Context, sale string) (transfer.RegionBooks, error)
 
+// BooksOfReader is BooksReader of several sales in one snapshot (region.ReadBooksOf), at most
+// transfer.MaxBooksSales at a time; every sale asked for is in the answer.
+type BooksOfReader func(ctx context.Context, sales []string) (map[string]transfer.RegionBooks, error)
+
 // RegionLink is everything the coordinator knows of one region.
 type RegionLink struct {
 	Name        string
 	Address     string
 	Participant Participant
 	Books       BooksReader
+	// BooksOf, when set, reads many sales' books at once: an audit of every sale then costs
+	// the region's database a transaction per transfer.MaxBooksSales sales, not one per sale.
+	BooksOf BooksOfReader
 	// Demand feeds the rebalancer; a region without it counts as having no recent demand.
 	Demand DemandReader
 	// Resolve, when set, names the address of the region's current leader ("" if unknown).
