@@ -166,7 +166,7 @@ func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]
 }
 
 // StockChannel is the notification channel on which a region's database names a sale whose
-// stock may have changed its sold-out or drained state (migration 11): a pool created,
+// stock may have changed its sold-out or drained state (migration 12): a pool created,
 // emptied or refilled, or refused demand recorded.
 const StockChannel = "quota_stock"
 
