@@ -60,6 +60,7 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f.String("transfers", "100,1000", "audit curve: the sale's transfers at each point")
 	f.String("audit-holds", "10000,100000,1000000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
 	f.Int("transfers-in-flight", 64, "audit curve: transfers asked of the coordinator at once")
+	f.Int("transfers-via-coordinator", 1000, "audit curve: transfers made through the coordinator; the rest are stored as copies of them, records and pools' counts alike")
 	f.Int("audit-runs", 3, "audit curve: audits timed at each point (the median is reported)")
 	f.Duration("duration", time.Minute, "cap on each point's reservation load")
 	f.Duration("curve-timeout", 15*time.Minute, "cap on each curve")
@@ -93,7 +94,8 @@ func benchScaleConfig(e *env) (bench.ScaleConfig, error) {
 	cfg := bench.ScaleConfig{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Curves: splitList(e.v.GetString("curves")),
 		PoolOps: e.v.GetInt64("pool-ops"), IdleWindow: e.v.GetDuration("idle-window"), IdleSKUs: e.v.GetInt("idle-skus"),
 		AuditInterval: e.v.GetDuration("audit-interval"), LiveOps: e.v.GetInt("live-ops"),
-		AuditRuns: e.v.GetInt("audit-runs"), TransfersInFlight: e.v.GetInt("transfers-in-flight"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
+		AuditRuns: e.v.GetInt("audit-runs"), TransfersInFlight: e.v.GetInt("transfers-in-flight"),
+		TransfersViaCoordinator: e.v.GetInt("transfers-via-coordinator"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)

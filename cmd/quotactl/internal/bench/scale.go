@@ -75,9 +75,11 @@ type ScaleConfig struct {
 	AuditHolds []int64
 	// AuditRuns is how many times each audit point is timed (the median is reported);
 	// TransfersInFlight how many of the audit curve's transfers are asked for at once
-	// (default 64).
-	AuditRuns         int
-	TransfersInFlight int
+	// (default 64); TransfersViaCoordinator how many are made through the coordinator, the
+	// rest being stored as copies of those (default 1,000).
+	AuditRuns               int
+	TransfersInFlight       int
+	TransfersViaCoordinator int
 	// Duration caps each reservation load; CurveTimeout each curve.
 	Duration     time.Duration
 	CurveTimeout time.Duration
@@ -105,6 +107,9 @@ func (c *ScaleConfig) Validate() error {
 	if c.TransfersInFlight == 0 {
 		c.TransfersInFlight = 64
 	}
+	if c.TransfersViaCoordinator == 0 {
+		c.TransfersViaCoordinator = 1000
+	}
 	if c.IdleSKUs == 0 {
 		c.IdleSKUs = skusPerSale
 	}
@@ -130,6 +135,8 @@ func (c *ScaleConfig) Validate() error {
 		return fmt.Errorf("--audit-interval %s: must be 0 (none) ..1h", c.AuditInterval)
 	case c.TransfersInFlight < 1 || c.TransfersInFlight > 256:
 		return fmt.Errorf("--transfers-in-flight %d: must be 1..256", c.TransfersInFlight)
+	case c.TransfersViaCoordinator < 6 || c.TransfersViaCoordinator > 1_000_000:
+		return fmt.Errorf("--transfers-via-coordinator %d: must be 6..1000000", c.TransfersViaCoordinator)
 	case c.LiveOps < 1 || c.LiveOps > 1_000_000 || c.AuditRuns < 1 || c.AuditRuns > 20:
 		return fmt.Errorf("--live-ops %d, --audit-runs %d: must be 1..1000000 and 1..20", c.LiveOps, c.AuditRuns)
 	case c.GC.Validate() != nil:
@@ -687,7 +694,7 @@ func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Aud
 	var out []AuditPoint
 	made := len(scaleRegions) // the allocation's
 	for _, n := range cfg.Transfers {
-		if err := g.transfers(ctx, made, n, cfg.TransfersInFlight); err != nil {
+		if err := g.auditTransfers(ctx, cfg, made, n); err != nil {
 			return out, err
 		}
 		made = max(made, n)
