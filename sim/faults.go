@@ -144,18 +144,24 @@ var rebalancePolicy = transfer.Policy{Window: 5 * time.Second, Horizon: 10 * tim
 // that many transfers unfinished (the coordinator's Auto.MaxInFlight).
 const maxAutoInFlight = 4
 
-// demand is each region's available units of sku and its reservations within window, from
-// its durable books, as the rebalancers read them.
+// demand is each readable region's available units of sku and its reservations within
+// window, from its durable books, as the rebalancers read them (the coordinator's poolsOf).
+// A region the leading coordinator cannot read (down, or either's links cut) is left out of
+// the plan, as readPoolDemand leaves out one that does not answer.
 func (w *world) demand(sku string, window time.Duration) []transfer.PoolDemand {
 	var pools []transfer.PoolDemand
 	for _, name := range regionNames {
+		r := w.regions[name]
+		if !r.up || w.isCut(name) || w.isCut(w.coords[w.leader].name) {
+			continue
+		}
 		d := transfer.PoolDemand{Pool: name}
-		for _, p := range w.regions[name].durable.Pools() {
+		for _, p := range r.durable.Pools() {
 			if p.SKU == sku {
 				d.Available = p.Available
 			}
 		}
-		for _, h := range w.regions[name].durable.Holds() {
+		for _, h := range r.durable.Holds() {
 			if h.SKU == sku && w.now.Sub(h.CreatedAt) <= window {
 				d.Recent += h.Quantity
 			}
@@ -174,32 +180,18 @@ func (w *world) rebalance(sku string) {
 	}
 }
 
-// autoRebalance is one round of the automatic rebalancer for sku: the unallocated pool and
-// the regions' demand, with the units of unfinished transfers counted at their destination
-// and a pool that a stranded transfer left frozen (as the coordinator's planSKU reads
-// them), planned by its rule (transfer.Policy.AutoPlan); its moves start as fenced
-// transfers, as many as the cap on transfers in flight leaves room for.
+// autoRebalance is one round of the automatic rebalancer for sku, planned as the
+// coordinator plans it: the unallocated pool and the regions' demand (demand), the SKU's
+// unfinished transfers and those posted within the window (the coordinator's
+// openTransfersOf, in the order they were created), the policy's window shortened to the
+// time the sale has been open, and the rule itself, transfer.Policy.AutoRound. Its moves
+// start as fenced transfers, as many as the cap on transfers in flight leaves room for.
 func (w *world) autoRebalance(sku string) {
 	pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: w.ledger.unallocated[sku]}},
 		w.demand(sku, rebalancePolicy.Window)...)
-	open := 0
-	for _, t := range w.ledger.unfinished() {
-		if t.SKU != sku || t.State.Final() {
-			continue
-		}
-		open++
-		for i := range pools {
-			if t.To == pools[i].Pool {
-				pools[i].Incoming += t.Units
-			}
-			if t.From == pools[i].Pool && t.Stranded {
-				pools[i].Frozen = true
-			}
-		}
-	}
 	w.stats.Ops["auto-rebalance round"]++
-	moves := rebalancePolicy.AutoPlan(pools)
-	for _, m := range moves[:min(len(moves), max(0, maxAutoInFlight-open))] {
+	r := rebalancePolicy.SinceOpening(epoch, w.now).AutoRound(pools, w.ledger.recent(sku, w.now.Add(-rebalancePolicy.Window)))
+	for _, m := range r.Moves[:min(len(r.Moves), max(0, maxAutoInFlight-r.InFlight))] {
 		w.createTransfer(fmt.Sprintf("auto/%d", w.nextID()), sku, m.From, m.To, m.Units)
 		w.stats.Ops["auto-rebalance move"]++
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotaworks/quota/coordinator"
@@ -64,6 +66,25 @@ func (l *ledger) unfinished() []transfer.Transfer {
 			ts = append(ts, t)
 		}
 	}
+	return ts
+}
+
+// recent is sku's transfers as the coordinator's openTransfersOf reads them for a plan: the
+// unfinished ones (requested or pending) and those posted since fedSince, in the order they
+// were created.
+func (l *ledger) recent(sku string, fedSince time.Time) []transfer.Transfer {
+	var ts []transfer.Transfer
+	for _, t := range l.transfers {
+		if t.SKU == sku && (!t.State.Final() || (t.State == transfer.Posted && !t.CreatedAt.Before(fedSince))) {
+			ts = append(ts, t)
+		}
+	}
+	slices.SortFunc(ts, func(a, b transfer.Transfer) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
 	return ts
 }
 

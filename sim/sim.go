@@ -11,7 +11,8 @@
 // production: its participant calls travel on the simulated network, its ledger writes go
 // through coordinator.LedgerTx to a ledger with the SQL statements' semantics (fenced,
 // guarded, all or nothing), its clock is the simulated one. Rebalances are planned by
-// transfer.Policy.Plan, the automatic rebalancer's rounds by transfer.Policy.AutoPlan; after every step the run is judged by coordinator.EvaluateSnapshot,
+// transfer.Policy.Plan, the automatic rebalancer's rounds by transfer.Policy.AutoRound (the
+// coordinator's own rule); after every step the run is judged by coordinator.EvaluateSnapshot,
 // the live auditor's rules (I1, I2, I3, I5), plus I4 and I6 checks of its own. What is
 // simulated: SQL (a durable image per process, taken at each commit), gRPC (messages), etcd
 // (a leader and a generation) and time.
