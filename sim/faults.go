@@ -14,10 +14,10 @@ func (w *world) setup() {
 	terms := region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: holdTTL, OpensAt: epoch}
 	for _, name := range regionNames {
 		r := w.regions[name]
-		if err := r.live.PutSale(1, terms); err != nil {
+		if err := r.leader.live.PutSale(1, terms); err != nil {
 			panic(fmt.Sprintf("sim: put sale: %v", err))
 		}
-		r.durable = r.live.Clone()
+		r.durable = r.leader.live.Clone()
 	}
 	weights := []transfer.Weight{{Region: "us", Weight: 40}, {Region: "eu", Weight: 35}, {Region: "ap", Weight: 25}}
 	for _, sku := range skus {
@@ -68,6 +68,10 @@ func (w *world) nemesis() {
 		w.stats.Faults["link cut"]++
 	case x < 0.010:
 		w.changeLeader(w.between(0, 3*time.Second))
+	case x < 0.012:
+		if r := w.regions[pick(w, regionNames)]; r.up && r.deposed == nil {
+			r.changeLeader(w, w.between(100*time.Millisecond, 3*time.Second))
+		}
 	}
 }
 
@@ -207,6 +211,9 @@ func (w *world) heal() {
 		if c != w.coords[w.leader] {
 			c.stop()
 		}
+	}
+	for _, name := range regionNames {
+		w.regions[name].deposed = nil
 	}
 	for i := 0; i < healSteps && w.fail == nil; i++ {
 		w.step++

@@ -83,7 +83,7 @@ func (n *network) deliverDue(w *world) {
 // receive dispatches a message to the process it is for.
 func (w *world) receive(m message) {
 	if r, ok := w.regions[m.to]; ok {
-		r.receive(m)
+		r.receive(w, m)
 		return
 	}
 	for _, c := range w.coords {

@@ -14,8 +14,10 @@
 // transfer.Policy.Plan, the automatic rebalancer's rounds by transfer.Policy.AutoRound (the
 // coordinator's own rule); after every step the run is judged by coordinator.EvaluateSnapshot,
 // the live auditor's rules (I1, I2, I3, I5), plus I4 and I6 checks of its own. What is
-// simulated: SQL (a durable image per process, taken at each commit), gRPC (messages), etcd
-// (a leader and a generation) and time.
+// simulated: SQL (a durable image per region, taken at each commit, and its epoch row, whose
+// fence every batch meets by the writer's own rule, transfer.CurrentEpoch), gRPC (messages),
+// etcd (the leaders, their generation and epochs; a deposed leader may run on unaware) and
+// time.
 //
 // Same seed, same run: any failure names its seed, and `go test ./sim -run
 // 'TestSimulation$' -seed N -v` replays it (`make sim SEED=N`).
