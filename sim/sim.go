@@ -122,6 +122,7 @@ type world struct {
 	stats   Stats
 	seq     int
 	checked int // the ledger version the last check saw
+	scratch checkScratch
 	fail    *Failure
 }
 
@@ -160,7 +161,8 @@ func (w *world) run() {
 func newWorld(cfg Config) *world {
 	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)), now: epoch, faults: cfg.Faults,
 		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(),
-		stats: Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
+		scratch: checkScratch{used: map[userSKU][2]transfer.Units{}, perKey: map[dupKey]string{}},
+		stats:   Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
 	for _, r := range regionNames {
 		w.regions[r] = newRegionNode(r)
 	}
