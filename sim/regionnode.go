@@ -136,8 +136,10 @@ func (r *regionNode) changeLeader(w *world, d time.Duration) {
 
 // turnDeposed is the deposed leader's turn. It stops once it learns it lost the lead, its
 // unanswered requests left to their callers' timeouts; before that it decides batches on its
-// own memory and submits them, and the first the epoch fence refuses makes it step down, as
-// region.recoverFrom does.
+// own memory and submits them, every one of which the epoch fence must refuse. It does not
+// stop at the first refusal, as region.recoverFrom would make it: that stands for the
+// batches already in its pipeline, and for a fence that must hold however long the old
+// leader goes on.
 func (r *regionNode) turnDeposed(w *world) {
 	p := r.deposed
 	if p == nil {
@@ -154,7 +156,6 @@ func (r *regionNode) turnDeposed(w *world) {
 	if err := r.commit(w, p, replies); err != nil {
 		w.stats.Ops["region batch fenced (deposed leader)"]++
 		w.stats.Ops["request answered not-leader (fenced batch)"] += len(replies)
-		r.deposed = nil
 	}
 }
 
