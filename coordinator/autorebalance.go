@@ -93,14 +93,9 @@ func (a *AutoRebalance) withDefaults() error {
 	return nil
 }
 
-// PoolPlan is one pool in a plan: what was read of it and what the plan expects of it.
-type PoolPlan struct {
-	transfer.PoolDemand
-	// Need is what the pool should hold (transfer.Policy.Targets): its need over the horizon,
-	// or near sell-out its share of what is left by demand.
-	Need       transfer.Units
-	Projection transfer.Projection
-}
+// PoolPlan is one pool in a plan: what was read of it and what the plan expects of it
+// (transfer.PoolPlan).
+type PoolPlan = transfer.PoolPlan
 
 // SKUPlan is the automatic rebalancer's next step for one SKU and why.
 type SKUPlan struct {
@@ -258,59 +253,18 @@ func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan,
 	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
 	for _, k := range s.SKUs {
 		pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: k.Unallocated}}, regions[k.SKU]...)
-		sp := c.planSKU(c.salePolicy(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
+		sp := planSKU(c.cfg.Auto.Policy.SinceOpening(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
 		sp.Held = c.heldBecause(plan, s, sp, now)
 		plan.SKUs = append(plan.SKUs, sp)
 	}
 	return plan, nil
 }
 
-// minRateWindow is the shortest window a rate is measured over (salePolicy).
-const minRateWindow = time.Second
-
-// salePolicy is the rebalancer's policy for a sale at now: its window shortened to the time
-// the sale has been open (but not below minRateWindow), so that the first seconds' rate is
-// not diluted over a window the sale was closed for most of: buyers rush in at the opening.
-func (c *Coordinator) salePolicy(opensAt, now time.Time) transfer.Policy {
-	p := c.cfg.Auto.Policy
-	if open := now.Sub(opensAt); open < p.Window {
-		p.Window = max(open, min(minRateWindow, p.Window))
-	}
-	return p
-}
-
-// planSKU is one SKU's plan under p from its pools and its unfinished transfers.
-// Units of a requested transfer are counted as gone from its source and on their way to its
-// destination, those of a pending one as on their way; a posted one from another region
-// within the window marks its destination fed: it gives nothing back yet (no back and forth on
-// a noisy rate).
-func (c *Coordinator) planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent []transfer.Transfer) SKUPlan {
-	inFlight := 0
-	for _, t := range recent {
-		open := t.State == transfer.Requested || t.State == transfer.Pending
-		if open {
-			inFlight++
-		}
-		for i := range pools {
-			switch d := &pools[i]; {
-			case open && t.To == d.Pool:
-				d.Incoming += t.Units
-			case t.State == transfer.Requested && t.From == d.Pool:
-				d.Available = max(d.Available-t.Units, 0)
-				d.Frozen = d.Frozen || t.Stranded
-			case open && t.From == d.Pool:
-				d.Frozen = d.Frozen || t.Stranded
-			case t.State == transfer.Posted && t.To == d.Pool && t.From != transfer.Unallocated:
-				d.Fed = true
-			}
-		}
-	}
-	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: inFlight, Moves: p.AutoPlan(pools)}
-	targets := p.Targets(pools)
-	for i, d := range pools {
-		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: targets[i], Projection: p.Project(d)})
-	}
-	return sp
+// planSKU is one SKU's plan under p from its pools and its recent transfers: the pure rule
+// transfer.Policy.AutoRound, which the deterministic simulation runs as well.
+func planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent []transfer.Transfer) SKUPlan {
+	r := p.AutoRound(pools, recent)
+	return SKUPlan{SKU: sku, Pools: r.Pools, NearSellOut: r.NearSellOut, InFlight: r.InFlight, Moves: r.Moves}
 }
 
 // heldBecause is why the rebalancer would start none of sp's moves now, or "".
