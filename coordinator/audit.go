@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -178,16 +179,7 @@ func (c *Coordinator) readRegions(ctx context.Context, sales []string) map[strin
 	}
 	ch := make(chan result, len(c.cfg.Regions))
 	for _, r := range c.cfg.Regions {
-		go func(r RegionLink) {
-			reads := map[string]regionRead{}
-			for _, s := range sales {
-				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				b, err := r.Books(rctx, s)
-				cancel()
-				reads[s] = regionRead{books: b, err: err}
-			}
-			ch <- result{r.Name, reads}
-		}(r)
+		go func(r RegionLink) { ch <- result{r.Name, readBooks(ctx, r, sales)} }(r)
 	}
 	for range c.cfg.Regions {
 		res := <-ch
@@ -195,3 +187,30 @@ func (c *Coordinator) readRegions(ctx context.Context, sales []string) map[strin
 	}
 	return out
 }
+
+// readBooks reads one region's books of every sale: transfer.MaxBooksSales at a time when the link
+// reads many at once, else one by one; each read bounded by booksTimeout.
+func readBooks(ctx context.Context, r RegionLink, sales []string) map[string]regionRead {
+	reads := make(map[string]regionRead, len(sales))
+	if r.BooksOf == nil {
+		for _, s := range sales {
+			rctx, cancel := context.WithTimeout(ctx, booksTimeout)
+			b, err := r.Books(rctx, s)
+			cancel()
+			reads[s] = regionRead{books: b, err: err}
+		}
+		return reads
+	}
+	for chunk := range slices.Chunk(sales, transfer.MaxBooksSales) {
+		rctx, cancel := context.WithTimeout(ctx, booksTimeout)
+		books, err := r.BooksOf(rctx, chunk)
+		cancel()
+		for _, s := range chunk {
+			reads[s] = regionRead{books: books[s], err: err}
+		}
+	}
+	return reads
+}
+
+// booksTimeout bounds one read of a region's books.
+const booksTimeout = 10 * time.Second

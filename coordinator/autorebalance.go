@@ -93,14 +93,9 @@ func (a *AutoRebalance) withDefaults() error {
 	return nil
 }
 
-// PoolPlan is one pool in a plan: what was read of it and what the plan expects of it.
-type PoolPlan struct {
-	transfer.PoolDemand
-	// Need is what the pool should hold (transfer.Policy.Targets): its need over the horizon,
-	// or near sell-out its share of what is left by demand.
-	Need       transfer.Units
-	Projection transfer.Projection
-}
+// PoolPlan is one pool in a plan: what was read of it and what the plan expects of it
+// (transfer.PoolPlan).
+type PoolPlan = transfer.PoolPlan
 
 // SKUPlan is the automatic rebalancer's next step for one SKU and why.
 type SKUPlan struct {
@@ -130,16 +125,25 @@ type autoState struct {
 	moved map[skuKey]time.Time
 	since time.Time
 	seq   int64
-	// idle is, per sale found without demand and without moves, when to plan it again:
-	// a sale that sold out or whose buyers are gone costs a plan every maxIdleWait, not
-	// every round. Bounded by the sales one round plans (keepOnly); moved by the SKUs moved
-	// within a cooldown (moving).
-	idle map[string]time.Time
+	// idle is, per sale found without demand and without moves, when to plan it again, and
+	// idleRuns how many plans in a row found it so: a sale that sold out or whose buyers are
+	// gone is planned again when its stock or ledger changes (wake), when it opens, or after
+	// a wait that doubles from maxIdleWait to maxIdleBackoff while the change feed is live
+	// (every maxIdleWait while it is not). Bounded by the sales one round plans (keepOnly);
+	// moved by the SKUs moved within a cooldown (moving).
+	idle     map[string]time.Time
+	idleRuns map[string]int
+	// live reports whether every source of changes is listening (changeFeed.live); nil: no.
+	live func() bool
 }
 
-// maxIdleWait is how long an idle sale waits between plans: how late the rebalancer may
-// notice its first buyers.
+// maxIdleWait is how long an idle sale first waits between plans, and always when changes
+// are not told: how late the rebalancer may notice the first buyers of a sale that no change
+// of stock announces.
 const maxIdleWait = 2 * time.Second
+
+// maxIdleBackoff bounds the wait of a sale idle for long while changes are told.
+const maxIdleBackoff = 30 * time.Second
 
 // keepOnly forgets the idle marks of sales not in sales (those no round plans any more).
 func (s *autoState) keepOnly(sales []string) {
@@ -148,6 +152,7 @@ func (s *autoState) keepOnly(sales []string) {
 	for sale := range s.idle {
 		if !slices.Contains(sales, sale) {
 			delete(s.idle, sale)
+			delete(s.idleRuns, sale)
 		}
 	}
 }
@@ -159,15 +164,35 @@ func (s *autoState) due(sale string, now time.Time) bool {
 	return !now.Before(s.idle[sale])
 }
 
-// planned records whether sale's plan at now found it idle.
-func (s *autoState) planned(sale string, idle bool, now time.Time) {
+// wake plans sale at the next round: its stock or its ledger rows changed.
+func (s *autoState) wake(sale string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if idle {
-		s.idle[sale] = now.Add(maxIdleWait)
-	} else {
+	delete(s.idle, sale)
+	delete(s.idleRuns, sale)
+}
+
+// planned records whether sale's plan at now found it idle; a sale not yet open is planned
+// again when it opens at the latest.
+func (s *autoState) planned(sale string, idle bool, now, opensAt time.Time) {
+	live := s.live != nil && s.live()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !idle {
 		delete(s.idle, sale)
+		delete(s.idleRuns, sale)
+		return
 	}
+	wait := maxIdleWait
+	if live {
+		wait = min(maxIdleWait<<min(s.idleRuns[sale], 4), maxIdleBackoff)
+	}
+	s.idleRuns[sale]++
+	next := now.Add(wait)
+	if opensAt.After(now) && opensAt.Before(next) {
+		next = opensAt
+	}
+	s.idle[sale] = next
 }
 
 // idlePlan reports whether a plan found no demand anywhere and nothing to move.
@@ -228,59 +253,18 @@ func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan,
 	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
 	for _, k := range s.SKUs {
 		pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: k.Unallocated}}, regions[k.SKU]...)
-		sp := c.planSKU(c.salePolicy(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
+		sp := planSKU(c.cfg.Auto.Policy.SinceOpening(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
 		sp.Held = c.heldBecause(plan, s, sp, now)
 		plan.SKUs = append(plan.SKUs, sp)
 	}
 	return plan, nil
 }
 
-// minRateWindow is the shortest window a rate is measured over (salePolicy).
-const minRateWindow = time.Second
-
-// salePolicy is the rebalancer's policy for a sale at now: its window shortened to the time
-// the sale has been open (but not below minRateWindow), so that the first seconds' rate is
-// not diluted over a window the sale was closed for most of: buyers rush in at the opening.
-func (c *Coordinator) salePolicy(opensAt, now time.Time) transfer.Policy {
-	p := c.cfg.Auto.Policy
-	if open := now.Sub(opensAt); open < p.Window {
-		p.Window = max(open, min(minRateWindow, p.Window))
-	}
-	return p
-}
-
-// planSKU is one SKU's plan under p from its pools and its unfinished transfers.
-// Units of a requested transfer are counted as gone from its source and on their way to its
-// destination, those of a pending one as on their way; a posted one from another region
-// within the window marks its destination fed: it gives nothing back yet (no back and forth on
-// a noisy rate).
-func (c *Coordinator) planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent []transfer.Transfer) SKUPlan {
-	inFlight := 0
-	for _, t := range recent {
-		open := t.State == transfer.Requested || t.State == transfer.Pending
-		if open {
-			inFlight++
-		}
-		for i := range pools {
-			switch d := &pools[i]; {
-			case open && t.To == d.Pool:
-				d.Incoming += t.Units
-			case t.State == transfer.Requested && t.From == d.Pool:
-				d.Available = max(d.Available-t.Units, 0)
-				d.Frozen = d.Frozen || t.Stranded
-			case open && t.From == d.Pool:
-				d.Frozen = d.Frozen || t.Stranded
-			case t.State == transfer.Posted && t.To == d.Pool && t.From != transfer.Unallocated:
-				d.Fed = true
-			}
-		}
-	}
-	sp := SKUPlan{SKU: sku, NearSellOut: p.NearSellOut(pools), InFlight: inFlight, Moves: p.AutoPlan(pools)}
-	targets := p.Targets(pools)
-	for i, d := range pools {
-		sp.Pools = append(sp.Pools, PoolPlan{PoolDemand: d, Need: targets[i], Projection: p.Project(d)})
-	}
-	return sp
+// planSKU is one SKU's plan under p from its pools and its recent transfers: the pure rule
+// transfer.Policy.AutoRound, which the deterministic simulation runs as well.
+func planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent []transfer.Transfer) SKUPlan {
+	r := p.AutoRound(pools, recent)
+	return SKUPlan{SKU: sku, Pools: r.Pools, NearSellOut: r.NearSellOut, InFlight: r.InFlight, Moves: r.Moves}
 }
 
 // heldBecause is why the rebalancer would start none of sp's moves now, or "".
@@ -443,20 +427,29 @@ const maxAutoSales = 64
 // Each move is a fenced transfer like an operator's (I1..I4); a new leader resumes those
 // this one started (driveLoop) and plans from what the regions and the ledger then say.
 func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
-	rows, err := c.db.Query(ctx, `SELECT s.sale_id FROM sales s WHERE s.rebalance = 'auto'
+	rows, err := c.db.Query(ctx, `SELECT s.sale_id, s.opens_at FROM sales s WHERE s.rebalance = 'auto'
 		AND EXISTS (SELECT 1 FROM skus k WHERE k.sale_id = s.sale_id)
 		ORDER BY s.created_at DESC LIMIT $1`, maxAutoSales)
 	if err != nil {
 		return fmt.Errorf("list the sales to rebalance: %w", err)
 	}
-	sales, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type autoSale struct {
+		ID      string
+		OpensAt time.Time
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[autoSale])
 	if err != nil {
 		return fmt.Errorf("list the sales to rebalance: %w", err)
 	}
 	var errs []error
 	st := c.auto.Load()
+	sales := make([]string, len(list))
+	for i, s := range list {
+		sales[i] = s.ID
+	}
 	st.keepOnly(sales)
-	for _, sale := range sales {
+	for _, s := range list {
+		sale := s.ID
 		if !st.due(sale, c.cfg.Clock.Now()) {
 			continue
 		}
@@ -465,7 +458,7 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 			errs = append(errs, fmt.Errorf("plan sale %s: %w", sale, err))
 			continue
 		}
-		st.planned(sale, idlePlan(plan), plan.At)
+		st.planned(sale, idlePlan(plan), plan.At, s.OpensAt)
 		for _, sp := range plan.SKUs {
 			if err := c.startMoves(ctx, gen, sale, sp); err != nil {
 				errs = append(errs, err)

@@ -11,7 +11,7 @@ import (
 // transfer in flight is planned every round.
 func TestIdleSalesArePlannedLessOften(t *testing.T) {
 	now := time.Unix(1000, 0)
-	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}}
+	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}}
 	quiet := SalePlan{SKUs: []SKUPlan{{Pools: []PoolPlan{{PoolDemand: transfer.PoolDemand{Pool: "us", Available: 5}}}}}}
 	busy := SalePlan{SKUs: []SKUPlan{{Pools: []PoolPlan{{PoolDemand: transfer.PoolDemand{Pool: "us", Recent: 1}}}}}}
 	moving := SalePlan{SKUs: []SKUPlan{{Moves: []transfer.Move{{From: "eu", To: "us", Units: 5}}}}}
@@ -24,13 +24,56 @@ func TestIdleSalesArePlannedLessOften(t *testing.T) {
 	if !idlePlan(quiet) {
 		t.Fatal("a plan without demand or moves is not idle")
 	}
-	st.planned("s", true, now)
+	var never time.Time
+	st.planned("s", true, now, never)
+	st.planned("s", true, now, never) // without a live change feed the wait does not grow
 	if st.due("s", now.Add(maxIdleWait-time.Millisecond)) || !st.due("s", now.Add(maxIdleWait)) {
 		t.Fatalf("an idle sale is due again after %s, not before", maxIdleWait)
 	}
-	st.planned("s", false, now)
+	st.planned("s", false, now, never)
 	if !st.due("s", now) {
 		t.Fatal("a busy sale is not due every round")
+	}
+}
+
+// While every source of changes listens, an idle sale's wait doubles up to maxIdleBackoff; a
+// change of its stock or ledger (wake) makes it due at once, and a sale not yet open is due
+// when it opens.
+func TestIdleSalesWaitLongerWhileChangesAreTold(t *testing.T) {
+	now := time.Unix(1000, 0)
+	live := true
+	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, live: func() bool { return live }}
+	var never time.Time
+	for i, want := range []time.Duration{2, 4, 8, 16, 30, 30} {
+		st.planned("s", true, now, never)
+		wait := want * time.Second
+		if st.due("s", now.Add(wait-time.Millisecond)) || !st.due("s", now.Add(wait)) {
+			t.Fatalf("idle plan %d: due again after %s, not before", i+1, wait)
+		}
+	}
+	st.wake("s")
+	if !st.due("s", now) {
+		t.Fatal("a woken sale is not due at once")
+	}
+	st.planned("s", true, now, never)
+	if !st.due("s", now.Add(maxIdleWait)) {
+		t.Fatal("a woken sale's wait does not start again from maxIdleWait")
+	}
+	opens := now.Add(700 * time.Millisecond)
+	st.planned("t", true, now, opens)
+	if st.due("t", opens.Add(-time.Millisecond)) || !st.due("t", opens) {
+		t.Fatal("a sale not yet open is not due when it opens")
+	}
+	live = false
+	for range 5 {
+		st.planned("u", true, now, never)
+	}
+	if !st.due("u", now.Add(maxIdleWait)) {
+		t.Fatalf("without a live change feed an idle sale waits more than %s", maxIdleWait)
+	}
+	st.keepOnly([]string{"s"})
+	if len(st.idle) != 1 || len(st.idleRuns) != 1 {
+		t.Fatalf("keepOnly kept %d idle marks and %d counts, want 1 each", len(st.idle), len(st.idleRuns))
 	}
 }
 
@@ -54,49 +97,5 @@ func TestAutoRebalanceSettings(t *testing.T) {
 	}
 	if err := CheckRebalanceMode("sometimes"); err == nil {
 		t.Error("mode sometimes accepted")
-	}
-}
-
-// planSKU reads the SKU's transfers into its pools: a requested transfer's units are gone
-// from its source and on their way to its destination, a pending one's on their way, a
-// stranded one freezes its source, a transfer posted from another region within the window
-// marks its destination fed; only the unfinished ones count as in flight.
-func TestPlanSKUCountsTransfers(t *testing.T) {
-	c := &Coordinator{cfg: Config{Auto: AutoRebalance{}}}
-	if err := c.cfg.Auto.withDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	pools := []transfer.PoolDemand{{Pool: transfer.Unallocated}, {Pool: "us", Available: 50, Recent: 30},
-		{Pool: "eu", Available: 40}, {Pool: "ap", Available: 30}, {Pool: "sa", Available: 20}}
-	recent := []transfer.Transfer{
-		{From: "eu", To: "us", Units: 10, State: transfer.Requested},
-		{From: "ap", To: "us", Units: 5, State: transfer.Pending, Stranded: true},
-		{From: "us", To: "sa", Units: 7, State: transfer.Posted},
-		{From: transfer.Unallocated, To: "eu", Units: 40, State: transfer.Posted},
-	}
-	sp := c.planSKU(c.cfg.Auto.Policy, "phone", pools, recent)
-	got := map[string]transfer.PoolDemand{}
-	for _, p := range sp.Pools {
-		got[p.Pool] = p.PoolDemand
-	}
-	if sp.InFlight != 2 {
-		t.Errorf("in flight %d; want 2", sp.InFlight)
-	}
-	if us := got["us"]; us.Incoming != 15 || us.Frozen || us.Fed {
-		t.Errorf("us %+v; want 15 on their way", us)
-	}
-	if eu := got["eu"]; eu.Available != 30 || eu.Fed || eu.Frozen {
-		t.Errorf("eu %+v; want 30 available (10 requested away), not fed by the allocation", eu)
-	}
-	if ap := got["ap"]; !ap.Frozen || ap.Available != 30 {
-		t.Errorf("ap %+v; want frozen by its stranded transfer", ap)
-	}
-	if sa := got["sa"]; !sa.Fed {
-		t.Errorf("sa %+v; want fed", sa)
-	}
-	for _, m := range sp.Moves {
-		if m.From == "ap" || m.From == "sa" {
-			t.Errorf("move %v out of a frozen or fed pool", m)
-		}
 	}
 }

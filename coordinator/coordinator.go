@@ -77,18 +77,29 @@ type Participant interface {
 // from the region's database (region.ReadBooks), so audits need no live region process.
 type BooksReader func(ctx context.Context, sale string) (transfer.RegionBooks, error)
 
+// BooksOfReader is BooksReader of several sales in one snapshot (region.ReadBooksOf), at most
+// transfer.MaxBooksSales at a time; every sale asked for is in the answer.
+type BooksOfReader func(ctx context.Context, sales []string) (map[string]transfer.RegionBooks, error)
+
 // RegionLink is everything the coordinator knows of one region.
 type RegionLink struct {
 	Name        string
 	Address     string
 	Participant Participant
 	Books       BooksReader
+	// BooksOf, when set, reads many sales' books at once: an audit of every sale then costs
+	// the region's database a transaction per transfer.MaxBooksSales sales, not one per sale.
+	BooksOf BooksOfReader
 	// Demand feeds the rebalancer; a region without it counts as having no recent demand.
 	Demand DemandReader
 	// Resolve, when set, names the address of the region's current leader ("" if unknown).
 	Resolve func() string
 	// Unsold feeds the sold-out flags.
 	Unsold UnsoldReader
+	// Watch, when set, tells of the sales whose stock at this region may have changed
+	// (region.WatchStock), so the sold-out loop and the rebalancer read a region's idle sales
+	// only when they change; without it every sale is read every round.
+	Watch ChangeWatcher
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.
@@ -236,11 +247,15 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.gen, c.cancel = gen, cancel
 	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
 	c.auditedAt.Store(0)
-	c.auto.Store(&autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, since: c.cfg.Clock.Now()})
+	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, since: c.cfg.Clock.Now()}
+	feed := newChangeFeed(c.changeSources(), st.wake)
+	st.live = feed.live
+	c.auto.Store(st)
+	c.watchChanges(dctx, feed)
 	c.wg.Add(6)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
-	go c.soldOutLoop(dctx)
+	go c.soldOutLoop(dctx, feed)
 	go c.pauseLoop(dctx, gen)
 	go c.auditLoop(dctx)
 	go c.autoLoop(dctx, gen)

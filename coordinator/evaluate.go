@@ -13,6 +13,13 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 	rep := Report{OK: true}
 	stale := false
 	add := func(v Violation) { rep.Violations = append(rep.Violations, v); rep.OK = false }
+	// Each SKU's transfers, found once: the audit's cost grows with the transfers, not with
+	// transfers × SKUs.
+	bySKU := map[skuKey][]transfer.Transfer{}
+	for _, t := range snap.transfers {
+		k := skuKey{t.Sale, t.SKU}
+		bySKU[k] = append(bySKU[k], t)
+	}
 	for _, sale := range snap.sales {
 		for _, r := range regions {
 			rr := books[r.Name][sale]
@@ -40,7 +47,7 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 			}
 		}
 		for _, k := range snap.skus[sale] {
-			a := auditSKU(sale, k, snap, books, regions, final, add)
+			a := auditSKU(sale, k, bySKU[skuKey{sale, k.SKU}], books, regions, final, add)
 			stale = stale || a.stale
 			rep.SKUs = append(rep.SKUs, a)
 		}
@@ -48,7 +55,7 @@ func evaluate(snap ledgerSnapshot, books map[string]map[string]regionRead, regio
 	return rep, stale
 }
 
-func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]map[string]regionRead,
+func auditSKU(sale string, k SKULedger, transfers []transfer.Transfer, books map[string]map[string]regionRead,
 	regions []RegionLink, final bool, add func(Violation)) SKUAudit {
 	a := SKUAudit{Sale: sale, SKU: k.SKU, Total: k.Total, Unallocated: k.Unallocated, OK: true}
 	bad := func(inv, region, format string, args ...any) {
@@ -78,10 +85,7 @@ func auditSKU(sale string, k SKULedger, snap ledgerSnapshot, books map[string]ma
 		a.Sold += ra.Sold
 		a.Regions = append(a.Regions, ra)
 	}
-	for _, t := range snap.transfers {
-		if t.Sale != sale || t.SKU != k.SKU {
-			continue
-		}
+	for _, t := range transfers {
 		inFlight, ok := classify(t, books[t.From][sale], books[t.To][sale], final, bad)
 		if !ok {
 			a.stale = true

@@ -121,7 +121,7 @@ func (c *Coordinator) planMoves(ctx context.Context, req RebalanceRequest, sale 
 	if err != nil {
 		return nil, err
 	}
-	sp := c.planSKU(c.salePolicy(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, pools, open[req.SKU])
+	sp := planSKU(c.cfg.Auto.Policy.SinceOpening(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, pools, open[req.SKU])
 	room := max(c.cfg.Auto.MaxInFlight-sp.InFlight, 0)
 	return sp.Moves[:min(room, len(sp.Moves))], nil
 }

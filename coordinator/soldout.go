@@ -22,39 +22,73 @@ type flagKey struct {
 // soldOutLoop keeps the stock flags true to the stock while this coordinator leads. A SKU
 // is sold out when every unit is sold: no region has one available or held (a hold may
 // expire back into stock), the unallocated pool is empty and no transfer is unfinished; it
-// is drained when no unit is available anywhere (some may be held). The ledger and the
-// regions are read at different instants, so a flag is raised only after two rounds in a
-// row agree; it is lowered at the first round that finds a unit. The flags only choose
-// answers (SOLD_OUT rather than REGION_EXHAUSTED; a waiting room's "sold out" and its
-// waitlist); nothing is granted or refused on them.
-func (c *Coordinator) soldOutLoop(ctx context.Context) {
+// is drained when no unit is available anywhere (some may be held). A round reads only the
+// sales whose stock may have changed (feed): the ledger and each region database say when a
+// sale's pool crosses zero or its ledger rows change, so idle sales cost nothing; while a
+// source is not listening, every round reads every sale. The ledger and the regions are read
+// at different instants, so a flag is raised only after two rounds in a row agree (the sale
+// is read again next round); it is lowered at the first round that finds a unit. The flags
+// only choose answers (SOLD_OUT rather than REGION_EXHAUSTED; a waiting room's "sold out"
+// and its waitlist); nothing is granted or refused on them.
+func (c *Coordinator) soldOutLoop(ctx context.Context, feed *changeFeed) {
 	defer c.wg.Done()
 	if c.cfg.PublishFlag == nil {
 		return
 	}
-	published, rounds := map[flagKey]bool{}, map[flagKey]int{}
-	every(ctx, c.cfg.SoldOutInterval, func() { c.refreshSoldOut(ctx, published, rounds) })
+	st := flagState{published: map[flagKey]bool{}, rounds: map[flagKey]int{}}
+	every(ctx, c.cfg.SoldOutInterval, func() { c.refreshSoldOut(ctx, feed, st) })
 }
 
-func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[flagKey]bool, rounds map[flagKey]int) {
-	ledger, err := c.ledgerRemaining(ctx)
-	if err != nil {
+// flagState is the sold-out loop's memory: the flags it published, and how many rounds in a
+// row found each one true.
+type flagState struct {
+	published map[flagKey]bool
+	rounds    map[flagKey]int
+}
+
+func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st flagState) {
+	all, changed := feed.take()
+	if !all && len(changed) == 0 {
 		return
 	}
-	unsold, available := map[skuKey]transfer.Units{}, map[skuKey]transfer.Units{}
-	sales := map[string]bool{}
+	ledger, err := c.ledgerRemaining(ctx, all, changed)
+	if err != nil {
+		feed.putBack(all, changed)
+		if ctx.Err() == nil {
+			c.cfg.Logger.Warn("sold-out flags: reading the ledger failed; the next round tries again", "err", err)
+		}
+		return
+	}
+	unsold, available, read := c.readUnsold(ctx, ledger)
+	for k := range ledger {
+		if !read[k.sale] {
+			feed.again(k.sale) // unknown: publish nothing for this sale this round
+			continue
+		}
+		settled := c.publishFlag(ctx, flagKey{fencing.SoldOut, k}, unsold[k] == 0, st)
+		settled = c.publishFlag(ctx, flagKey{fencing.Drained, k}, available[k] == 0, st) && settled
+		if !settled {
+			feed.again(k.sale)
+		}
+	}
+}
+
+// readUnsold adds each region's units of ledger's sales to the ledger's: all that may still
+// be sold (unsold) and all available. read names the sales every region answered for.
+func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer.Units) (unsold, available map[skuKey]transfer.Units, read map[string]bool) {
+	unsold, available, read = map[skuKey]transfer.Units{}, map[skuKey]transfer.Units{}, map[string]bool{}
 	for k, u := range ledger {
-		sales[k.sale] = true
+		read[k.sale] = true
 		unsold[k], available[k] = u, u
 	}
-	for sale := range sales {
+	for sale := range read {
 		for _, r := range c.cfg.Regions {
 			if r.Unsold == nil {
-				return
+				return unsold, available, map[string]bool{}
 			}
 			stock, err := r.Unsold(ctx, sale)
 			if err != nil {
-				delete(sales, sale) // unknown: publish nothing for this sale this round
+				delete(read, sale)
 				break
 			}
 			for sku, s := range stock {
@@ -63,39 +97,43 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, published map[flagKey]
 			}
 		}
 	}
-	for k := range ledger {
-		if !sales[k.sale] {
-			continue
-		}
-		c.publishFlag(ctx, flagKey{fencing.SoldOut, k}, unsold[k] == 0, published, rounds)
-		c.publishFlag(ctx, flagKey{fencing.Drained, k}, available[k] == 0, published, rounds)
-	}
+	return unsold, available, read
 }
 
-// publishFlag raises a flag after two rounds in a row found it true, lowers it at once.
-func (c *Coordinator) publishFlag(ctx context.Context, k flagKey, none bool, published map[flagKey]bool, rounds map[flagKey]int) {
+// publishFlag raises a flag after two rounds in a row found it true, lowers it at once. It
+// reports whether the flag is settled: published as the stock says, with no second round
+// awaited and no failed publication to try again.
+func (c *Coordinator) publishFlag(ctx context.Context, k flagKey, none bool, st flagState) bool {
 	if none {
-		rounds[k]++
+		st.rounds[k]++
 	} else {
-		rounds[k] = 0
+		st.rounds[k] = 0
 	}
-	on := rounds[k] >= 2
-	if prev, ok := published[k]; ok && prev == on {
-		return
+	on := st.rounds[k] >= 2
+	settled := !none || on
+	if prev, ok := st.published[k]; ok && prev == on {
+		return settled
 	}
-	if err := c.cfg.PublishFlag(ctx, k.flag, k.sale, k.sku, on); err == nil {
-		published[k] = on
-	} else {
+	if err := c.cfg.PublishFlag(ctx, k.flag, k.sale, k.sku, on); err != nil {
 		c.cfg.Logger.Warn("publishing a stock flag failed; the next round tries again", "flag", k.flag, "sale", k.sale, "sku", k.sku, "err", err)
+		return false
 	}
+	st.published[k] = on
+	return settled
 }
 
-// ledgerRemaining is, per SKU, the unallocated units plus the units of unfinished transfers.
-func (c *Coordinator) ledgerRemaining(ctx context.Context) (map[skuKey]transfer.Units, error) {
-	rows, err := c.db.Query(ctx, `SELECT k.sale_id, k.sku, k.unallocated
+// ledgerRemaining is, per SKU of every sale (all) or of sales, the unallocated units plus the
+// units of unfinished transfers.
+func (c *Coordinator) ledgerRemaining(ctx context.Context, all bool, sales []string) (map[skuKey]transfer.Units, error) {
+	q := `SELECT k.sale_id, k.sku, k.unallocated
 			+ coalesce((SELECT sum(units) FROM transfers t WHERE t.sale_id = k.sale_id AND t.sku = k.sku
 				AND t.state IN ('requested', 'pending')), 0)
-		FROM skus k`)
+		FROM skus k`
+	var args []any
+	if !all { // its own statement, so its plan looks the sales up by key
+		q, args = q+` WHERE k.sale_id = ANY($1)`, []any{sales}
+	}
+	rows, err := c.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

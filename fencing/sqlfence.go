@@ -94,19 +94,25 @@ func boundIdle(ctx context.Context, tx pgx.Tx) error {
 }
 
 // CheckEpoch locks the region's epoch row for the caller's transaction and returns
-// ErrFenced unless it still equals epoch. Every writer batch calls it first: while the
+// ErrFenced unless it still equals epoch (transfer.CurrentEpoch). Every writer batch calls it first: while the
 // batch runs, a new leader's RaiseEpoch waits, and once it has committed, this fails. The
 // transaction may then idle at most MaxIdleHoldingFence.
 func CheckEpoch(ctx context.Context, tx pgx.Tx, epoch int64) error {
 	if err := boundIdle(ctx, tx); err != nil {
 		return fmt.Errorf("epoch fence: %w", err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE leader_epoch SET epoch = epoch WHERE id = 1 AND epoch = $1`, epoch)
+	// The row lock is the one an UPDATE of it takes: RaiseEpoch waits for this transaction.
+	var recorded int64
+	err := tx.QueryRow(ctx, `SELECT epoch FROM leader_epoch WHERE id = 1 FOR NO KEY UPDATE`).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("writer epoch %d: no epoch recorded: %w", epoch, ErrFenced)
+	}
 	if err != nil {
 		return fmt.Errorf("epoch fence: %w", err)
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("writer epoch %d is no longer current: %w", epoch, ErrFenced)
+	// The rule itself is transfer.CurrentEpoch, shared with the deterministic simulation.
+	if err := transfer.CurrentEpoch(recorded, epoch); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrFenced)
 	}
 	return nil
 }

@@ -12,82 +12,110 @@ import (
 )
 
 // ReadBooks reads one consistent snapshot (one repeatable-read, read-only transaction) of a
-// region's durable state for sale: pool counters, the sums over its holds (archived ones
-// included: a sold hold's units stay sold when it moves to holds_closed), and its transfer
-// records. The auditor calls it on the region's database directly, so an audit
-// needs no region process to be up.
+// region's durable state for sale: pool counters, the sums over its holds, and its transfer
+// records. The auditor calls it on the region's database directly, so an audit needs no
+// region process to be up.
 func ReadBooks(ctx context.Context, db *pgxpool.Pool, region, sale string) (transfer.RegionBooks, error) {
-	books := transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}, Outbound: map[string]transfer.OutboundRecord{}}
-	err := pgutil.ReadTx(ctx, db, func(tx pgx.Tx) error {
-		books.Pools, books.Inbound, books.Outbound = nil, map[string]transfer.InboundRecord{}, map[string]transfer.OutboundRecord{}
-		rows, err := tx.Query(ctx, `SELECT p.sku, p.available, p.held, p.sold, p.credited_in, p.debited_out,
-				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'held'), 0),
-				coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0) +
-				coalesce((SELECT sum(quantity) FROM holds_closed h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
-			FROM pools p WHERE p.sale_id = $1 ORDER BY p.sku`, sale)
-		if err != nil {
-			return err
-		}
-		books.Pools, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.PoolBooks, error) {
-			var a, h, s, ci, do, hh, sh int64
-			p := transfer.PoolBooks{Sale: sale}
-			err := row.Scan(&p.SKU, &a, &h, &s, &ci, &do, &hh, &sh)
-			p.Available, p.Held, p.Sold, p.CreditedIn, p.DebitedOut = transfer.Units(a), transfer.Units(h), transfer.Units(s), transfer.Units(ci), transfer.Units(do)
-			p.HeldInHolds, p.SoldInHolds = transfer.Units(hh), transfer.Units(sh)
-			return p, err
-		})
-		if err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, `SELECT transfer_id, sku, units, state FROM transfers_in WHERE sale_id = $1`, sale)
-		if err != nil {
-			return err
-		}
-		recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.InboundRecord, error) {
-			rec := transfer.InboundRecord{Sale: sale}
-			var u int64
-			var st string
-			err := row.Scan(&rec.ID, &rec.SKU, &u, &st)
-			rec.Units, rec.State = transfer.Units(u), transfer.InState(st)
-			return rec, err
-		})
-		for _, rec := range recs {
-			books.Inbound[rec.ID] = rec
-		}
-		if err != nil {
-			return err
-		}
-		books.Outbound, err = readOutbound(ctx, tx, sale)
-		return err
-	})
+	books, err := ReadBooksOf(ctx, db, region, []string{sale})
 	if err != nil {
-		return books, fmt.Errorf("read books of region %s: %w", region, err)
+		return transfer.RegionBooks{}, err
 	}
-	return books, nil
+	return books[sale], nil
 }
 
-// readOutbound reads the source's records of the sale's outbound transfers.
-func readOutbound(ctx context.Context, tx pgx.Tx, sale string) (map[string]transfer.OutboundRecord, error) {
-	rows, err := tx.Query(ctx, `SELECT transfer_id, sku, to_pool, units, state FROM transfers_out WHERE sale_id = $1`, sale)
-	if err != nil {
-		return nil, err
+// ReadBooksOf is ReadBooks of several sales (at most transfer.MaxBooksSales) in one snapshot and three
+// statements, whatever their number, so an audit of every sale costs each region database one
+// transaction rather than one per sale. Every sale asked for has its books in the answer
+// (empty for a sale the region has no pool or record of).
+func ReadBooksOf(ctx context.Context, db *pgxpool.Pool, region string, sales []string) (map[string]transfer.RegionBooks, error) {
+	if len(sales) > transfer.MaxBooksSales {
+		return nil, fmt.Errorf("read books of region %s: %d sales at once, at most %d", region, len(sales), transfer.MaxBooksSales)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.OutboundRecord, error) {
-		rec := transfer.OutboundRecord{Sale: sale}
+	var out map[string]transfer.RegionBooks
+	err := pgutil.ReadTx(ctx, db, func(tx pgx.Tx) error {
+		out = make(map[string]transfer.RegionBooks, len(sales))
+		for _, s := range sales {
+			out[s] = transfer.RegionBooks{Region: region, Inbound: map[string]transfer.InboundRecord{}, Outbound: map[string]transfer.OutboundRecord{}}
+		}
+		if err := readPoolBooks(ctx, tx, sales, out); err != nil {
+			return err
+		}
+		if err := readInbound(ctx, tx, sales, out); err != nil {
+			return err
+		}
+		return readOutbound(ctx, tx, sales, out)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read books of region %s: %w", region, err)
+	}
+	return out, nil
+}
+
+// readPoolBooks reads the sales' pool counters and the sums over their holds into out, archived
+// ones included (a sold hold's units stay sold when it moves to holds_closed).
+func readPoolBooks(ctx context.Context, tx pgx.Tx, sales []string, out map[string]transfer.RegionBooks) error {
+	rows, err := tx.Query(ctx, `SELECT p.sale_id, p.sku, p.available, p.held, p.sold, p.credited_in, p.debited_out,
+			coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'held'), 0),
+			coalesce((SELECT sum(quantity) FROM holds h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0) +
+			coalesce((SELECT sum(quantity) FROM holds_closed h WHERE h.sale_id = p.sale_id AND h.sku = p.sku AND h.state = 'sold'), 0)
+		FROM pools p WHERE p.sale_id = ANY($1) ORDER BY p.sale_id, p.sku`, sales)
+	if err != nil {
+		return err
+	}
+	pools, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.PoolBooks, error) {
+		var a, h, s, ci, do, hh, sh int64
+		var p transfer.PoolBooks
+		err := row.Scan(&p.Sale, &p.SKU, &a, &h, &s, &ci, &do, &hh, &sh)
+		p.Available, p.Held, p.Sold, p.CreditedIn, p.DebitedOut = transfer.Units(a), transfer.Units(h), transfer.Units(s), transfer.Units(ci), transfer.Units(do)
+		p.HeldInHolds, p.SoldInHolds = transfer.Units(hh), transfer.Units(sh)
+		return p, err
+	})
+	for _, p := range pools {
+		b := out[p.Sale]
+		b.Pools = append(b.Pools, p)
+		out[p.Sale] = b
+	}
+	return err
+}
+
+// readInbound reads the destination's records of the sales' inbound transfers into out.
+func readInbound(ctx context.Context, tx pgx.Tx, sales []string, out map[string]transfer.RegionBooks) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, transfer_id, sku, units, state FROM transfers_in WHERE sale_id = ANY($1)`, sales)
+	if err != nil {
+		return err
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.InboundRecord, error) {
+		var rec transfer.InboundRecord
 		var u int64
 		var st string
-		err := row.Scan(&rec.ID, &rec.SKU, &rec.To, &u, &st)
+		err := row.Scan(&rec.Sale, &rec.ID, &rec.SKU, &u, &st)
+		rec.Units, rec.State = transfer.Units(u), transfer.InState(st)
+		return rec, err
+	})
+	for _, rec := range recs {
+		out[rec.Sale].Inbound[rec.ID] = rec
+	}
+	return err
+}
+
+// readOutbound reads the source's records of the sales' outbound transfers into out.
+func readOutbound(ctx context.Context, tx pgx.Tx, sales []string, out map[string]transfer.RegionBooks) error {
+	rows, err := tx.Query(ctx, `SELECT sale_id, transfer_id, sku, to_pool, units, state FROM transfers_out WHERE sale_id = ANY($1)`, sales)
+	if err != nil {
+		return err
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.OutboundRecord, error) {
+		var rec transfer.OutboundRecord
+		var u int64
+		var st string
+		err := row.Scan(&rec.Sale, &rec.ID, &rec.SKU, &rec.To, &u, &st)
 		rec.Units, rec.State = transfer.Units(u), transfer.OutState(st)
 		return rec, err
 	})
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]transfer.OutboundRecord, len(recs))
 	for _, rec := range recs {
-		out[rec.ID] = rec
+		out[rec.Sale].Outbound[rec.ID] = rec
 	}
-	return out, nil
+	return err
 }
 
 // RecentDemand reads, per SKU, the units buyers asked for at this region in the pools of sale
@@ -137,4 +165,16 @@ func ReadUnsold(ctx context.Context, db *pgxpool.Pool, sale string) (map[string]
 		out[sku] = transfer.Stock{Available: transfer.Units(a), Held: transfer.Units(h)}
 	}
 	return out, rows.Err()
+}
+
+// StockChannel is the notification channel on which a region's database names a sale whose
+// stock may have changed its sold-out or drained state (migration 12): a pool created,
+// emptied or refilled, or refused demand recorded.
+const StockChannel = "quota_stock"
+
+// WatchStock calls changed with the sale of each notification on StockChannel, after ready
+// once the subscription is in place (pgutil.Listen): whoever must miss no change reads every
+// sale in ready. It returns when ctx ends or the connection fails; the caller listens again.
+func WatchStock(ctx context.Context, db *pgxpool.Pool, ready func(), changed func(sale string)) error {
+	return pgutil.Listen(ctx, db, StockChannel, ready, changed)
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -267,5 +270,41 @@ func TestConfigValidate(t *testing.T) {
 	c := region.Config{Name: "eu-west"}
 	if err := c.Validate(); err != nil || c.MaxBatch != 256 || c.SweepInterval != time.Second || c.SweepBatch != 512 || c.Clock == nil || c.Logger == nil {
 		t.Errorf("defaults: %+v, %v", c, err)
+	}
+}
+
+// TestEpochFenceRuleIsOne: the writer's epoch fence is one rule, transfer.CurrentEpoch (the
+// rule the simulation's store applies): its two SQL forms, fencing.CheckEpoch in a
+// transaction and quota_check_epoch first in a batch sent in one round trip, admit exactly
+// the epochs the rule admits, and refuse the others as fenced.
+func TestEpochFenceRuleIsOne(t *testing.T) {
+	e := newEnv(t)
+	e.r.Close()
+	const recorded = 3
+	if err := pgutil.Tx(e.ctx, e.pool, func(tx pgx.Tx) error { return fencing.RaiseEpoch(e.ctx, tx, recorded) }); err != nil {
+		t.Fatalf("raise the epoch to %d: %v", recorded, err)
+	}
+	for _, epoch := range []int64{0, 1, 2, 3, 4, 9} {
+		rule := transfer.CurrentEpoch(recorded, epoch)
+		tx, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked := fencing.CheckEpoch(e.ctx, tx, epoch)
+		if err := tx.Rollback(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		b := &pgx.Batch{}
+		fencing.QueueEpochCheck(b, epoch)
+		sent := e.pool.SendBatch(e.ctx, b).Close()
+		switch {
+		case (checked == nil) != (rule == nil):
+			t.Errorf("epoch %d, recorded %d: CheckEpoch %v, the rule %v", epoch, recorded, checked, rule)
+		case checked != nil && !(errors.Is(checked, fencing.ErrFenced) && errors.Is(checked, transfer.ErrStaleEpoch)):
+			t.Errorf("epoch %d: CheckEpoch %v, want ErrFenced and ErrStaleEpoch", epoch, checked)
+		}
+		if fenced := fencing.AsFenced(sent); (fenced != nil) != (rule != nil) || (fenced == nil && sent != nil) {
+			t.Errorf("epoch %d, recorded %d: quota_check_epoch %v, the rule %v", epoch, recorded, sent, rule)
+		}
 	}
 }

@@ -1,10 +1,12 @@
 package region
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,15 +114,49 @@ func (w *writes) queue(b *pgx.Batch, now time.Time, stamp int64, serverGuards bo
 	if n := len(w.closes); n > 0 {
 		guard(closeHoldsSQL, "hold closes", int64(n), closeArgs(w.closes, now, stamp)...)
 	}
-	for k, d := range w.pools {
-		guard(`UPDATE pools SET available = available + $3, held = held + $4, sold = sold + $5 WHERE sale_id = $1 AND sku = $2`,
-			"pool "+k.sale+"/"+k.sku, 1, k.sale, k.sku, int64(d.available), int64(d.held), int64(d.sold))
-	}
+	w.queuePools(guard)
+
 	if n := len(w.late); n > 0 {
 		queueLate(b, w.late, now)
 		want = append(want, -1) // ON CONFLICT DO NOTHING: a replayed late payment adds no row
 	}
 	return want
+}
+
+// updatePoolSQL moves one pool's counts; updatePoolsSQL moves several pools' counts in one
+// statement, from arrays of the pools' keys and deltas (each pool once).
+const (
+	updatePoolSQL  = `UPDATE pools SET available = available + $3, held = held + $4, sold = sold + $5 WHERE sale_id = $1 AND sku = $2`
+	updatePoolsSQL = `UPDATE pools p SET available = p.available + u.a, held = p.held + u.h, sold = p.sold + u.s
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) AS u(sale_id, sku, a, h, s)
+		WHERE p.sale_id = u.sale_id AND p.sku = u.sku`
+)
+
+// queuePools queues the batch's pool moves: one statement, whatever the pools a batch touches,
+// so a batch spread over many pools costs the writer no more round trips than one on a single
+// pool. Its guard wants every pool's row changed (I2, I3: each pool's counts move exactly by
+// what the batch decided). The pools go in key order.
+func (w *writes) queuePools(guard func(sql, what string, n int64, args ...any)) {
+	keys := make([]poolKey, 0, len(w.pools))
+	for k := range w.pools {
+		keys = append(keys, k)
+	}
+	switch len(keys) {
+	case 0:
+		return
+	case 1:
+		k, d := keys[0], w.pools[keys[0]]
+		guard(updatePoolSQL, "pool "+k.sale+"/"+k.sku, 1, k.sale, k.sku, int64(d.available), int64(d.held), int64(d.sold))
+		return
+	}
+	slices.SortFunc(keys, func(a, b poolKey) int { return cmp.Or(cmp.Compare(a.sale, b.sale), cmp.Compare(a.sku, b.sku)) })
+	sales, skus := make([]string, len(keys)), make([]string, len(keys))
+	avail, held, sold := make([]int64, len(keys)), make([]int64, len(keys)), make([]int64, len(keys))
+	for i, k := range keys {
+		d := w.pools[k]
+		sales[i], skus[i], avail[i], held[i], sold[i] = k.sale, k.sku, int64(d.available), int64(d.held), int64(d.sold)
+	}
+	guard(updatePoolsSQL, fmt.Sprintf("%d pools", len(keys)), int64(len(keys)), sales, skus, avail, held, sold)
 }
 
 // flushOnce writes a batch that only in-memory ops decided in one round trip: the epoch

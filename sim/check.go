@@ -1,8 +1,8 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -34,7 +34,8 @@ func (w *world) check(final bool) {
 		}
 		books[name] = map[string]transfer.RegionBooks{sale: r.books}
 	}
-	rep := coordinator.EvaluateSnapshot(w.ledger.skuLedgers(), w.ledger.snapshot(), books, final)
+	// The ledger's transfers as they are: EvaluateSnapshot only reads them.
+	rep := coordinator.EvaluateSnapshot(w.ledger.skuLedgers(), w.ledger.transfers, books, final)
 	if !rep.OK {
 		var lines []string // sorted: the auditor visits maps, and a replay must print the same
 		for _, v := range rep.Violations {
@@ -59,6 +60,18 @@ func (w *world) check(final bool) {
 	}
 }
 
+// userSKU is one buyer's count of one SKU.
+type userSKU struct{ sku, user string }
+
+// dupKey is one buyer's idempotency key.
+type dupKey struct{ user, key string }
+
+// checkScratch is checkHolds' working memory, kept from one check to the next.
+type checkScratch struct {
+	used   map[userSKU][2]transfer.Units
+	perKey map[dupKey]string
+}
+
 // checkHolds checks I6 (every acknowledged hold is in the durable image, with every
 // acknowledged outcome) and I2's per-user limit, recomputed from the holds and compared
 // with the writer's own counts.
@@ -78,26 +91,40 @@ func (w *world) checkHolds(r *regionNode) {
 			return
 		}
 	}
-	type uk struct{ sku, user string }
-	used := map[uk][2]transfer.Units{}
-	perKey := map[string]string{}
+	used, perKey := w.scratch.used, w.scratch.perKey // emptied, their room kept: no growth step after step
+	clear(used)
+	clear(perKey)
+	var dups []string
 	r.durable.EachHold(func(h region.Hold) {
-		if other, ok := perKey[h.User+"/"+h.RequestKey]; ok && w.fail == nil {
+		k := dupKey{h.User, h.RequestKey}
+		if other, ok := perKey[k]; ok {
 			a, b := min(other, h.ID), max(other, h.ID)
-			w.failf("I6", "request key %s/%s has two holds in region %s: %s and %s", h.User, h.RequestKey, r.name, a, b)
+			dups = append(dups, fmt.Sprintf("request key %s/%s has two holds in region %s: %s and %s", h.User, h.RequestKey, r.name, a, b))
 		}
-		perKey[h.User+"/"+h.RequestKey] = h.ID
-		u := used[uk{h.SKU, h.User}]
+		perKey[k] = h.ID
+		u := used[userSKU{h.SKU, h.User}]
 		switch h.State {
 		case region.Held:
 			u[0] += h.Quantity
 		case region.Sold:
 			u[1] += h.Quantity
 		}
-		used[uk{h.SKU, h.User}] = u
+		used[userSKU{h.SKU, h.User}] = u
 	})
-	keys := slices.SortedFunc(maps.Keys(used), func(a, b uk) int { return strings.Compare(a.sku+"/"+a.user, b.sku+"/"+b.user) })
-	for _, k := range keys {
+	if len(dups) > 0 { // the holds were visited in no particular order: report the first in order
+		w.failf("I6", "%s", slices.Min(dups))
+		return
+	}
+	var bad []userSKU
+	for k, u := range used {
+		held, bought := r.durable.UserCount(sale, k.sku, k.user)
+		if held != u[0] || bought != u[1] || u[0]+u[1] > 3 {
+			bad = append(bad, k)
+		}
+	}
+	// Only a breach is sorted, so that a replay reports the same one first.
+	slices.SortFunc(bad, func(a, b userSKU) int { return cmp.Or(strings.Compare(a.sku, b.sku), strings.Compare(a.user, b.user)) })
+	for _, k := range bad {
 		u := used[k]
 		held, bought := r.durable.UserCount(sale, k.sku, k.user)
 		if held != u[0] || bought != u[1] {

@@ -14,10 +14,10 @@ func (w *world) setup() {
 	terms := region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: holdTTL, OpensAt: epoch}
 	for _, name := range regionNames {
 		r := w.regions[name]
-		if err := r.live.PutSale(1, terms); err != nil {
+		if err := r.leader.live.PutSale(1, terms); err != nil {
 			panic(fmt.Sprintf("sim: put sale: %v", err))
 		}
-		r.durable = r.live.Clone()
+		r.durable = r.leader.live.Clone()
 	}
 	weights := []transfer.Weight{{Region: "us", Weight: 40}, {Region: "eu", Weight: 35}, {Region: "ap", Weight: 25}}
 	for _, sku := range skus {
@@ -68,6 +68,10 @@ func (w *world) nemesis() {
 		w.stats.Faults["link cut"]++
 	case x < 0.010:
 		w.changeLeader(w.between(0, 3*time.Second))
+	case x < 0.012:
+		if r := w.regions[pick(w, regionNames)]; r.up && r.deposed == nil {
+			r.changeLeader(w, w.between(100*time.Millisecond, 3*time.Second))
+		}
 	}
 }
 
@@ -144,18 +148,24 @@ var rebalancePolicy = transfer.Policy{Window: 5 * time.Second, Horizon: 10 * tim
 // that many transfers unfinished (the coordinator's Auto.MaxInFlight).
 const maxAutoInFlight = 4
 
-// demand is each region's available units of sku and its reservations within window, from
-// its durable books, as the rebalancers read them.
+// demand is each readable region's available units of sku and its reservations within
+// window, from its durable books, as the rebalancers read them (the coordinator's poolsOf).
+// A region the leading coordinator cannot read (down, or either's links cut) is left out of
+// the plan, as readPoolDemand leaves out one that does not answer.
 func (w *world) demand(sku string, window time.Duration) []transfer.PoolDemand {
 	var pools []transfer.PoolDemand
 	for _, name := range regionNames {
+		r := w.regions[name]
+		if !r.up || w.isCut(name) || w.isCut(w.coords[w.leader].name) {
+			continue
+		}
 		d := transfer.PoolDemand{Pool: name}
-		for _, p := range w.regions[name].durable.Pools() {
+		for _, p := range r.durable.Pools() {
 			if p.SKU == sku {
 				d.Available = p.Available
 			}
 		}
-		for _, h := range w.regions[name].durable.Holds() {
+		for _, h := range r.durable.Holds() {
 			if h.SKU == sku && w.now.Sub(h.CreatedAt) <= window {
 				d.Recent += h.Quantity
 			}
@@ -174,32 +184,18 @@ func (w *world) rebalance(sku string) {
 	}
 }
 
-// autoRebalance is one round of the automatic rebalancer for sku: the unallocated pool and
-// the regions' demand, with the units of unfinished transfers counted at their destination
-// and a pool that a stranded transfer left frozen (as the coordinator's planSKU reads
-// them), planned by its rule (transfer.Policy.AutoPlan); its moves start as fenced
-// transfers, as many as the cap on transfers in flight leaves room for.
+// autoRebalance is one round of the automatic rebalancer for sku, planned as the
+// coordinator plans it: the unallocated pool and the regions' demand (demand), the SKU's
+// unfinished transfers and those posted within the window (the coordinator's
+// openTransfersOf, in the order they were created), the policy's window shortened to the
+// time the sale has been open, and the rule itself, transfer.Policy.AutoRound. Its moves
+// start as fenced transfers, as many as the cap on transfers in flight leaves room for.
 func (w *world) autoRebalance(sku string) {
 	pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: w.ledger.unallocated[sku]}},
 		w.demand(sku, rebalancePolicy.Window)...)
-	open := 0
-	for _, t := range w.ledger.unfinished() {
-		if t.SKU != sku || t.State.Final() {
-			continue
-		}
-		open++
-		for i := range pools {
-			if t.To == pools[i].Pool {
-				pools[i].Incoming += t.Units
-			}
-			if t.From == pools[i].Pool && t.Stranded {
-				pools[i].Frozen = true
-			}
-		}
-	}
 	w.stats.Ops["auto-rebalance round"]++
-	moves := rebalancePolicy.AutoPlan(pools)
-	for _, m := range moves[:min(len(moves), max(0, maxAutoInFlight-open))] {
+	r := rebalancePolicy.SinceOpening(epoch, w.now).AutoRound(pools, w.ledger.recent(sku, w.now.Add(-rebalancePolicy.Window)))
+	for _, m := range r.Moves[:min(len(r.Moves), max(0, maxAutoInFlight-r.InFlight))] {
 		w.createTransfer(fmt.Sprintf("auto/%d", w.nextID()), sku, m.From, m.To, m.Units)
 		w.stats.Ops["auto-rebalance move"]++
 	}
@@ -215,6 +211,9 @@ func (w *world) heal() {
 		if c != w.coords[w.leader] {
 			c.stop()
 		}
+	}
+	for _, name := range regionNames {
+		w.regions[name].deposed = nil
 	}
 	for i := 0; i < healSteps && w.fail == nil; i++ {
 		w.step++

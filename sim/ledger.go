@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotaworks/quota/coordinator"
@@ -20,6 +22,12 @@ type ledger struct {
 	total       map[string]transfer.Units // sku → units
 	unallocated map[string]transfer.Units
 	transfers   map[string]transfer.Transfer
+	// open is unfinished's answer at a version.
+	open struct {
+		version int
+		ts      []transfer.Transfer
+		ok      bool
+	}
 }
 
 func newLedger() *ledger {
@@ -56,14 +64,40 @@ func (l *ledger) create(gen int64, now time.Time, t transfer.Transfer) error {
 	return nil
 }
 
-// unfinished lists the transfers a coordinator still has to drive, by id.
+// unfinished lists the transfers a coordinator still has to drive, by id. The list is
+// computed once per ledger version (every write adds one) and must not be changed by the
+// caller; a write makes a new one, so a caller may write while it ranges over the old.
 func (l *ledger) unfinished() []transfer.Transfer {
+	if l.open.ok && l.open.version == l.version {
+		return l.open.ts
+	}
 	var ts []transfer.Transfer
-	for _, id := range sortedKeys(l.transfers) {
-		if t := l.transfers[id]; !t.State.Final() || (t.State == transfer.Posted && !t.Settled) {
+	for _, t := range l.transfers {
+		if !t.State.Final() || (t.State == transfer.Posted && !t.Settled) {
 			ts = append(ts, t)
 		}
 	}
+	slices.SortFunc(ts, func(a, b transfer.Transfer) int { return strings.Compare(a.ID, b.ID) })
+	l.open.version, l.open.ts, l.open.ok = l.version, ts, true
+	return ts
+}
+
+// recent is sku's transfers as the coordinator's openTransfersOf reads them for a plan: the
+// unfinished ones (requested or pending) and those posted since fedSince, in the order they
+// were created.
+func (l *ledger) recent(sku string, fedSince time.Time) []transfer.Transfer {
+	var ts []transfer.Transfer
+	for _, t := range l.transfers {
+		if t.SKU == sku && (!t.State.Final() || (t.State == transfer.Posted && !t.CreatedAt.Before(fedSince))) {
+			ts = append(ts, t)
+		}
+	}
+	slices.SortFunc(ts, func(a, b transfer.Transfer) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
 	return ts
 }
 
@@ -75,8 +109,6 @@ func (l *ledger) skuLedgers() map[string][]coordinator.SKULedger {
 	}
 	return map[string][]coordinator.SKULedger{sale: ks}
 }
-
-func (l *ledger) snapshot() map[string]transfer.Transfer { return maps.Clone(l.transfers) }
 
 // nodeLedger is one coordinator process's connection to the ledger: the coordinator.Ledger
 // its driver writes through.

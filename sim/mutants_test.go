@@ -78,6 +78,12 @@ var plantedBugs = []plantedBug{
 		old:  `	if to == transfer.OutVoided {`,
 		new:  `	if to == transfer.OutVoided || to == transfer.OutSettled {`,
 	},
+	{
+		name: "epoch-fence-admits-deposed", file: "transfer/participant.go",
+		what: "the region writer's epoch fence (transfer.CurrentEpoch, applied by fencing.CheckEpoch and by the simulation's store) refuses only an epoch above the recorded one, so a deposed leader's batches commit",
+		old:  `	if epoch != recorded {`,
+		new:  `	if epoch > recorded {`,
+	},
 }
 
 // TestPlantedBugs (with -planted; `make mutants`) plants each bug of plantedBugs alone in a

@@ -20,6 +20,7 @@ type message struct {
 type network struct {
 	flying []message
 	cut    map[string]time.Time // process → cut until
+	due    []message            // deliverDue's scratch, reused step after step
 }
 
 const (
@@ -56,7 +57,8 @@ func (w *world) isCut(name string) bool {
 
 // deliverDue hands every message whose time has come to its process, in time order.
 func (n *network) deliverDue(w *world) {
-	var due, rest []message
+	due := n.due[:0]
+	rest := n.flying[:0] // filtered in place: each message is read before its slot is reused
 	for _, m := range n.flying {
 		if m.at.After(w.now) {
 			rest = append(rest, m)
@@ -64,6 +66,7 @@ func (n *network) deliverDue(w *world) {
 			due = append(due, m)
 		}
 	}
+	clear(n.flying[len(rest):]) // what was delivered is not kept alive by the backing array
 	n.flying = rest
 	slices.SortFunc(due, func(a, b message) int {
 		if c := a.at.Compare(b.at); c != 0 {
@@ -78,12 +81,14 @@ func (n *network) deliverDue(w *world) {
 		}
 		w.receive(m)
 	}
+	clear(due)
+	n.due = due[:0]
 }
 
 // receive dispatches a message to the process it is for.
 func (w *world) receive(m message) {
 	if r, ok := w.regions[m.to]; ok {
-		r.receive(m)
+		r.receive(w, m)
 		return
 	}
 	for _, c := range w.coords {

@@ -11,10 +11,13 @@
 // production: its participant calls travel on the simulated network, its ledger writes go
 // through coordinator.LedgerTx to a ledger with the SQL statements' semantics (fenced,
 // guarded, all or nothing), its clock is the simulated one. Rebalances are planned by
-// transfer.Policy.Plan, the automatic rebalancer's rounds by transfer.Policy.AutoPlan; after every step the run is judged by coordinator.EvaluateSnapshot,
+// transfer.Policy.Plan, the automatic rebalancer's rounds by transfer.Policy.AutoRound (the
+// coordinator's own rule); after every step the run is judged by coordinator.EvaluateSnapshot,
 // the live auditor's rules (I1, I2, I3, I5), plus I4 and I6 checks of its own. What is
-// simulated: SQL (a durable image per process, taken at each commit), gRPC (messages), etcd
-// (a leader and a generation) and time.
+// simulated: SQL (a durable image per region, taken at each commit, and its epoch row, whose
+// fence every batch meets by the writer's own rule, transfer.CurrentEpoch), gRPC (messages),
+// etcd (the leaders, their generation and epochs; a deposed leader may run on unaware) and
+// time.
 //
 // Same seed, same run: any failure names its seed, and `go test ./sim -run
 // 'TestSimulation$' -seed N -v` replays it (`make sim SEED=N`).
@@ -119,6 +122,7 @@ type world struct {
 	stats   Stats
 	seq     int
 	checked int // the ledger version the last check saw
+	scratch checkScratch
 	fail    *Failure
 }
 
@@ -157,7 +161,8 @@ func (w *world) run() {
 func newWorld(cfg Config) *world {
 	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)), now: epoch, faults: cfg.Faults,
 		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(),
-		stats: Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
+		scratch: checkScratch{used: map[userSKU][2]transfer.Units{}, perKey: map[dupKey]string{}},
+		stats:   Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
 	for _, r := range regionNames {
 		w.regions[r] = newRegionNode(r)
 	}

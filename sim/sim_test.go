@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,9 @@ func TestSimulation(t *testing.T) {
 			seeds = append(seeds, *flagFirst+uint64(i))
 		}
 	}
+	// Each run's heap is small and short-lived: collecting it at 4x instead of 2x its live
+	// size spends a fifth less CPU on the collector, for some tens of megabytes.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	start := time.Now()
 	total, ran, failures := runSeeds(seeds)
 	for _, f := range failures {

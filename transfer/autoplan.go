@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -10,6 +11,78 @@ import (
 // its recent demand, the units already on their way to it and whether a stranded transfer
 // froze it as a source. The coordinator reads, this file decides, the coordinator moves
 // (through the same fenced transfers as any other: I1..I4 hold as for an operator's move).
+
+// PoolPlan is one pool in a round's plan: what was read of it (with the SKU's transfers
+// counted in, AutoRound) and what the plan expects of it.
+type PoolPlan struct {
+	PoolDemand
+	// Need is what the pool should hold (Targets): its need over the horizon, or near
+	// sell-out its share of what is left by demand.
+	Need       Units
+	Projection Projection
+}
+
+// Round is one SKU's plan in a round of the automatic rebalancer: its pools as the plan
+// saw them, whether it is near sell-out, how many of its transfers are unfinished, and the
+// moves the rule wants (before any cap on transfers in flight).
+type Round struct {
+	Pools       []PoolPlan
+	NearSellOut bool
+	InFlight    int
+	Moves       []Move
+}
+
+// AutoRound is one SKU's plan under p from the pools as read (the unallocated pool and each
+// region's available units and recent demand) and the SKU's recent transfers: the unfinished
+// ones (requested or pending) and those posted within the window. A requested transfer's
+// units are counted as gone from its source and on their way to its destination, a pending
+// one's as on their way; an unfinished stranded transfer freezes its source; a transfer
+// posted from another region marks its destination fed (it gives nothing back yet: no back
+// and forth on a noisy rate). The coordinator's rounds, PlanRebalance and rebalance --auto
+// call it, and so does the deterministic simulation. pools is not modified.
+func (p Policy) AutoRound(pools []PoolDemand, recent []Transfer) Round {
+	pools = slices.Clone(pools)
+	inFlight := 0
+	for _, t := range recent {
+		open := t.State == Requested || t.State == Pending
+		if open {
+			inFlight++
+		}
+		for i := range pools {
+			switch d := &pools[i]; {
+			case open && t.To == d.Pool:
+				d.Incoming += t.Units
+			case t.State == Requested && t.From == d.Pool:
+				d.Available = max(d.Available-t.Units, 0)
+				d.Frozen = d.Frozen || t.Stranded
+			case open && t.From == d.Pool:
+				d.Frozen = d.Frozen || t.Stranded
+			case t.State == Posted && t.To == d.Pool && t.From != Unallocated:
+				d.Fed = true
+			}
+		}
+	}
+	r := Round{NearSellOut: p.NearSellOut(pools), InFlight: inFlight, Moves: p.AutoPlan(pools)}
+	targets := p.Targets(pools)
+	for i, d := range pools {
+		r.Pools = append(r.Pools, PoolPlan{PoolDemand: d, Need: targets[i], Projection: p.Project(d)})
+	}
+	return r
+}
+
+// MinRateWindow is the shortest window a rate is measured over (SinceOpening).
+const MinRateWindow = time.Second
+
+// SinceOpening is p for a sale that opened at opensAt, at now: its window shortened to the
+// time the sale has been open (but not below MinRateWindow), so that the first seconds' rate
+// is not diluted over a window the sale was closed for most of: buyers rush in at the
+// opening.
+func (p Policy) SinceOpening(opensAt, now time.Time) Policy {
+	if open := now.Sub(opensAt); open < p.Window {
+		p.Window = max(open, min(MinRateWindow, p.Window))
+	}
+	return p
+}
 
 // Projection is one pool's demand as a rate and the time its stock lasts at that rate.
 type Projection struct {

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -124,4 +125,71 @@ func TestAutoPlanProperties(t *testing.T) {
 			t.Fatalf("units not conserved: %d → %d", before, total)
 		}
 	})
+}
+
+// AutoRound reads the SKU's transfers into its pools: a requested transfer's units are gone
+// from its source and on their way to its destination, a pending one's on their way, a
+// stranded one freezes its source, a transfer posted from another region within the window
+// marks its destination fed; only the unfinished ones count as in flight. The caller's pools
+// are left as they were.
+func TestAutoRoundCountsTransfers(t *testing.T) {
+	p := Policy{Window: 3 * time.Second, Horizon: 10 * time.Second, MinUnits: 5}
+	pools := []PoolDemand{{Pool: Unallocated}, {Pool: "us", Available: 50, Recent: 30},
+		{Pool: "eu", Available: 40}, {Pool: "ap", Available: 30}, {Pool: "sa", Available: 20}}
+	read := slices.Clone(pools)
+	recent := []Transfer{
+		{From: "eu", To: "us", Units: 10, State: Requested},
+		{From: "ap", To: "us", Units: 5, State: Pending, Stranded: true},
+		{From: "us", To: "sa", Units: 7, State: Posted},
+		{From: Unallocated, To: "eu", Units: 40, State: Posted},
+	}
+	r := p.AutoRound(pools, recent)
+	if !slices.Equal(pools, read) {
+		t.Errorf("the caller's pools changed: %+v", pools)
+	}
+	got := map[string]PoolDemand{}
+	for _, pp := range r.Pools {
+		got[pp.Pool] = pp.PoolDemand
+	}
+	if r.InFlight != 2 {
+		t.Errorf("in flight %d; want 2", r.InFlight)
+	}
+	if us := got["us"]; us.Incoming != 15 || us.Frozen || us.Fed {
+		t.Errorf("us %+v; want 15 on their way", us)
+	}
+	if eu := got["eu"]; eu.Available != 30 || eu.Fed || eu.Frozen {
+		t.Errorf("eu %+v; want 30 available (10 requested away), not fed by the allocation", eu)
+	}
+	if ap := got["ap"]; !ap.Frozen || ap.Available != 30 {
+		t.Errorf("ap %+v; want frozen by its stranded transfer", ap)
+	}
+	if sa := got["sa"]; !sa.Fed {
+		t.Errorf("sa %+v; want fed", sa)
+	}
+	if len(r.Moves) == 0 {
+		t.Fatal("no moves; want eu's spare units to go to us")
+	}
+	for _, m := range r.Moves {
+		if m.From == "ap" || m.From == "sa" {
+			t.Errorf("move %v out of a frozen or fed pool", m)
+		}
+	}
+}
+
+// SinceOpening shortens the window to the time the sale has been open, never below
+// MinRateWindow, and leaves it alone once the sale has been open longer.
+func TestSinceOpening(t *testing.T) {
+	p := Policy{Window: 5 * time.Second, Horizon: 10 * time.Second, MinUnits: 2}
+	opens := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		open, want time.Duration
+	}{
+		{0, MinRateWindow}, {300 * time.Millisecond, MinRateWindow}, {2 * time.Second, 2 * time.Second},
+		{5 * time.Second, 5 * time.Second}, {time.Hour, 5 * time.Second},
+	} {
+		got := p.SinceOpening(opens, opens.Add(tc.open))
+		if got.Window != tc.want || got.Horizon != p.Horizon || got.MinUnits != p.MinUnits {
+			t.Errorf("open for %s: %+v; want window %s, the rest unchanged", tc.open, got, tc.want)
+		}
+	}
 }

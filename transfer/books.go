@@ -62,3 +62,6 @@ type Transfer struct {
 	// unallocated pool).
 	Settled bool
 }
+
+// MaxBooksSales bounds the sales whose books one read of a region's database returns at once.
+const MaxBooksSales = 1000

@@ -19,7 +19,23 @@ var (
 	ErrWrongState = errors.New("transfer record cannot make this transition")
 	// ErrFencedGeneration: a request from a coordinator generation below the highest seen.
 	ErrFencedGeneration = errors.New("generation below the highest seen")
+	// ErrStaleEpoch: a region writer's batch under an epoch that is no longer the region's.
+	ErrStaleEpoch = errors.New("writer epoch is no longer current")
 )
+
+// CurrentEpoch is the region writer's epoch fence (I4, and I6 through it): a batch of the
+// leader that took epoch commits only while the region's recorded epoch is still epoch.
+// Once a newer leader has raised it, a deposed leader's batches commit nothing, and so none
+// of its decisions is acknowledged. fencing.CheckEpoch applies it to the locked epoch row;
+// the deterministic simulation's store applies it to every batch; quota_check_epoch, the
+// same rule in SQL for a batch sent in one round trip, is checked against it
+// (region's TestEpochFenceRuleIsOne).
+func CurrentEpoch(recorded, epoch int64) error {
+	if epoch != recorded {
+		return fmt.Errorf("writer epoch %d, recorded %d: %w", epoch, recorded, ErrStaleEpoch)
+	}
+	return nil
+}
 
 // Admit is the per-sale fence rule (I4: fences only rise): a request of generation gen is
 // admitted when gen is positive and at least the highest generation seen, which then

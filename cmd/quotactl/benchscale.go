@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/cmd/quotactl/internal/bench"
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/spf13/cobra"
 )
 
@@ -55,13 +56,17 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f.Int64("pool-ops", 40000, "pools curve: reservations of each load at each point")
 	f.String("concurrency", "256", "pools curve: callers in flight at once")
 	f.String("sales", "1,10,100,1000", "coordinator curve: idle sales at each point")
+	f.Int("idle-skus", 10, "coordinator curve: SKUs of each idle sale")
 	f.Duration("idle-window", 5*time.Second, "coordinator curve: how long each point is watched")
+	f.Duration("audit-interval", coordinator.DefaultAuditInterval, "coordinator curve: the coordinator's continuous audit, as quotad's --audit-interval (0: none)")
 	f.String("closed-holds", "0,100000,1000000", "takeover curve: archived closed holds stored at each point")
 	f.Int64("takeover-live", 100000, "takeover curve: held holds stored before the first point")
 	f.Int("takeover-runs", 1, "takeover curve: cold takeovers timed at each point (the median is reported)")
 	f.Int("live-ops", 1000, "takeover curve: reservations the old leader makes before the warm standby takes over")
 	f.String("transfers", "100,1000", "audit curve: the sale's transfers at each point")
 	f.String("audit-holds", "10000,100000,1000000", "audit curve: holds stored over the sale's three regions at each point (after every transfer)")
+	f.Int("transfers-in-flight", 64, "audit curve: transfers asked of the coordinator at once")
+	f.Int("transfers-via-coordinator", 1000, "audit curve: transfers made through the coordinator; the rest are stored as copies of them, records and pools' counts alike")
 	f.Int("audit-runs", 3, "audit curve: audits timed at each point (the median is reported)")
 	f.Duration("duration", time.Minute, "cap on each point's reservation load")
 	f.Duration("curve-timeout", 15*time.Minute, "cap on each curve")
@@ -93,8 +98,11 @@ func runBenchScale(e *env) error {
 
 func benchScaleConfig(e *env) (bench.ScaleConfig, error) {
 	cfg := bench.ScaleConfig{PGURL: e.v.GetString("pg-url"), DBPrefix: e.v.GetString("db-prefix"), Curves: splitList(e.v.GetString("curves")),
-		PoolOps: e.v.GetInt64("pool-ops"), IdleWindow: e.v.GetDuration("idle-window"), LiveOps: e.v.GetInt("live-ops"),
-		AuditRuns: e.v.GetInt("audit-runs"), TakeoverLive: e.v.GetInt64("takeover-live"), TakeoverRuns: e.v.GetInt("takeover-runs"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
+		PoolOps: e.v.GetInt64("pool-ops"), IdleWindow: e.v.GetDuration("idle-window"), IdleSKUs: e.v.GetInt("idle-skus"),
+		AuditInterval: e.v.GetDuration("audit-interval"), LiveOps: e.v.GetInt("live-ops"),
+		TakeoverLive: e.v.GetInt64("takeover-live"), TakeoverRuns: e.v.GetInt("takeover-runs"),
+		AuditRuns: e.v.GetInt("audit-runs"), TransfersInFlight: e.v.GetInt("transfers-in-flight"),
+		TransfersViaCoordinator: e.v.GetInt("transfers-via-coordinator"), Duration: e.v.GetDuration("duration"), CurveTimeout: e.v.GetDuration("curve-timeout")}
 	gc, err := cliconf.GC(e.cmd, e.v)
 	if err != nil {
 		return cfg, usage("%v", err)
@@ -138,8 +146,9 @@ func printScale(w io.Writer, rep *bench.ScaleReport) {
 		}
 	}
 	if len(rep.Coordinator) > 0 {
-		fmt.Fprintf(w, "\nCOORDINATOR: idle sales, transactions/s at each region database (pg_stat_database)\n%-28s %6s %9s %9s %9s %9s %9s %7s %7s\n",
-			"MODE", "SALES", "US TX/S", "EU TX/S", "AP TX/S", "PER SALE", "LEDGER", "CPU%", "BUSY%")
+		p := rep.Coordinator[0]
+		fmt.Fprintf(w, "\nCOORDINATOR: idle sales of %d SKUs, continuous audit every %gs (0: none), transactions/s at each region database (pg_stat_database)\n%-28s %6s %9s %9s %9s %9s %9s %7s %7s\n",
+			p.SKUs, p.AuditEverySec, "MODE", "SALES", "US TX/S", "EU TX/S", "AP TX/S", "PER SALE", "LEDGER", "CPU%", "BUSY%")
 		for _, p := range rep.Coordinator {
 			fmt.Fprintf(w, "%-28s %6d %9.1f %9.1f %9.1f %9.3f %9.1f %7.1f %7.1f\n", p.Mode, p.Sales, p.TxPerSec["us"], p.TxPerSec["eu"],
 				p.TxPerSec["ap"], p.PerSalePerSec, p.LedgerTxPerSec, p.ProcessCPUPct, p.MachineBusyPct)

@@ -190,11 +190,17 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			Books: func(ctx context.Context, sale string) (transfer.RegionBooks, error) {
 				return region.ReadBooks(ctx, db, name, sale)
 			},
+			BooksOf: func(ctx context.Context, sales []string) (map[string]transfer.RegionBooks, error) {
+				return region.ReadBooksOf(ctx, db, name, sales)
+			},
 			Demand: func(ctx context.Context, sale string, since time.Time) (map[string]transfer.Units, error) {
 				return region.RecentDemand(ctx, db, sale, since)
 			},
 			Unsold: func(ctx context.Context, sale string) (map[string]transfer.Stock, error) {
 				return region.ReadUnsold(ctx, db, sale)
+			},
+			Watch: func(ctx context.Context, ready func(), changed func(string)) error {
+				return region.WatchStock(ctx, db, ready, changed)
 			}})
 	}
 	return links, nil

@@ -58,9 +58,12 @@ type ScaleConfig struct {
 	PoolOps     int64
 	Concurrency int
 	// Sales are the idle sales live at each point of the coordinator curve (a point with
-	// none comes first); each point is watched for IdleWindow.
-	Sales      []int
-	IdleWindow time.Duration
+	// none comes first), each of IdleSKUs SKUs (default 10); each point is watched for
+	// IdleWindow, with the coordinator's continuous audit every AuditInterval (0: none).
+	Sales         []int
+	IdleSKUs      int
+	IdleWindow    time.Duration
+	AuditInterval time.Duration
 	// ClosedHolds are the archived closed holds stored at each takeover point (holds_closed);
 	// TakeoverLive the held holds stored before the first point; TakeoverRuns the cold
 	// takeovers timed at each point (the median is reported); LiveOps the reservations the
@@ -73,8 +76,13 @@ type ScaleConfig struct {
 	// holds stored over its three regions (with every transfer made).
 	Transfers  []int
 	AuditHolds []int64
-	// AuditRuns is how many times each audit point is timed (the median is reported).
-	AuditRuns int
+	// AuditRuns is how many times each audit point is timed (the median is reported);
+	// TransfersInFlight how many of the audit curve's transfers are asked for at once
+	// (default 64); TransfersViaCoordinator how many are made through the coordinator, the
+	// rest being stored as copies of those (default 1,000).
+	AuditRuns               int
+	TransfersInFlight       int
+	TransfersViaCoordinator int
 	// Duration caps each reservation load; CurveTimeout each curve.
 	Duration     time.Duration
 	CurveTimeout time.Duration
@@ -102,6 +110,15 @@ func (c *ScaleConfig) Validate() error {
 	if c.TakeoverRuns == 0 {
 		c.TakeoverRuns = 1
 	}
+	if c.TransfersInFlight == 0 {
+		c.TransfersInFlight = 64
+	}
+	if c.TransfersViaCoordinator == 0 {
+		c.TransfersViaCoordinator = 1000
+	}
+	if c.IdleSKUs == 0 {
+		c.IdleSKUs = skusPerSale
+	}
 	for _, k := range c.Curves {
 		if !slices.Contains(ScaleCurves, k) {
 			return fmt.Errorf("--curves: %q is not one of %v", k, ScaleCurves)
@@ -118,6 +135,14 @@ func (c *ScaleConfig) Validate() error {
 		return fmt.Errorf("--pool-ops %d, --concurrency %d: must be 1..10000000 and 1..10000", c.PoolOps, c.Concurrency)
 	case c.IdleWindow < time.Second || c.IdleWindow > 5*time.Minute:
 		return fmt.Errorf("--idle-window %s: must be 1s..5m", c.IdleWindow)
+	case c.IdleSKUs < 1 || c.IdleSKUs > 100:
+		return fmt.Errorf("--idle-skus %d: must be 1..100", c.IdleSKUs)
+	case c.AuditInterval < 0 || c.AuditInterval > time.Hour:
+		return fmt.Errorf("--audit-interval %s: must be 0 (none) ..1h", c.AuditInterval)
+	case c.TransfersInFlight < 1 || c.TransfersInFlight > 256:
+		return fmt.Errorf("--transfers-in-flight %d: must be 1..256", c.TransfersInFlight)
+	case c.TransfersViaCoordinator < 6 || c.TransfersViaCoordinator > 1_000_000:
+		return fmt.Errorf("--transfers-via-coordinator %d: must be 6..1000000", c.TransfersViaCoordinator)
 	case c.LiveOps < 1 || c.LiveOps > 1_000_000 || c.AuditRuns < 1 || c.AuditRuns > 20:
 		return fmt.Errorf("--live-ops %d, --audit-runs %d: must be 1..1000000 and 1..20", c.LiveOps, c.AuditRuns)
 	case c.TakeoverLive < 0 || c.TakeoverLive > 20_000_000 || c.TakeoverRuns < 1 || c.TakeoverRuns > 20:
@@ -246,7 +271,7 @@ type scaleRig struct {
 
 // startScaleRig starts an insecure in-process cluster of regions on databases named
 // <prefix>_<tag>_…, with the automatic rebalancer on or off and no continuous audit.
-func startScaleRig(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag string, regions []string, auto bool) (g *scaleRig, err error) {
+func startScaleRig(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag string, regions []string, auto bool, audit time.Duration) (g *scaleRig, err error) {
 	g = &scaleRig{}
 	defer func() {
 		if err != nil {
@@ -265,7 +290,7 @@ func startScaleRig(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag st
 		}
 	}
 	g.dev, err = cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: cfg.PGURL, DBPrefix: prefix, DataDir: g.dir,
-		Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Insecure: true, Auto: coordinator.AutoRebalance{Enabled: auto}})
+		Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Insecure: true, Auto: coordinator.AutoRebalance{Enabled: auto}, AuditInterval: audit})
 	if err != nil {
 		return nil, fmt.Errorf("start cluster: %w", err)
 	}
@@ -401,7 +426,7 @@ func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Poo
 // then the spread one.
 func runPoolsPoint(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag string, n int) ([]PoolsPoint, error) {
 	cfg.progress("pools: starting a cluster of one region (%s)", benchRegion)
-	g, err := startScaleRig(ctx, cfg, dbs, tag, []string{benchRegion}, false)
+	g, err := startScaleRig(ctx, cfg, dbs, tag, []string{benchRegion}, false, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -491,12 +516,14 @@ func reservePools(ctx context.Context, cfg *ScaleConfig, g *scaleRig, rs quotav1
 	return p, nil
 }
 
-// IdlePoint is one point of the coordinator curve: Sales idle sales of one SKU each, over
-// three regions, watched for WindowSec.
+// IdlePoint is one point of the coordinator curve: Sales idle sales of SKUs SKUs each, over
+// three regions, watched for WindowSec, the continuous audit every AuditEverySec (0: none).
 type IdlePoint struct {
-	Mode      string  `json:"mode"`
-	Sales     int     `json:"sales"`
-	WindowSec float64 `json:"window_seconds"`
+	Mode          string  `json:"mode"`
+	Sales         int     `json:"sales"`
+	SKUs          int     `json:"skus_per_sale"`
+	WindowSec     float64 `json:"window_seconds"`
+	AuditEverySec float64 `json:"audit_every_seconds"`
 	// TxPerSec is, per region database, the transactions committed (and rolled back) per
 	// second over the window, from pg_stat_database's xact_commit and xact_rollback: every
 	// statement the coordinator sends outside a transaction is one. MeanTxPerSec is their mean.
@@ -532,7 +559,7 @@ func runIdleCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Idle
 func runIdleMode(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag, mode string) ([]IdlePoint, error) {
 	cfg.progress("coordinator: %s: starting a cluster of %v", mode, scaleRegions)
 	auto := mode == ModeBothLoops
-	g, err := startScaleRig(ctx, cfg, dbs, tag, scaleRegions, auto)
+	g, err := startScaleRig(ctx, cfg, dbs, tag, scaleRegions, auto, cfg.AuditInterval)
 	if err != nil {
 		return nil, err
 	}
@@ -547,10 +574,14 @@ func runIdleMode(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag, mod
 		sale = coordinator.RebalanceAuto
 	}
 	var out []IdlePoint
+	var skus []string
+	for i := range cfg.IdleSKUs {
+		skus = append(skus, "sku"+strconv.Itoa(i))
+	}
 	made := 0
 	for _, n := range append([]int{0}, cfg.Sales...) {
 		err := inParallel(ctx, n-made, 4, func(ctx context.Context, i int) error {
-			return g.createSale(ctx, "idle-"+strconv.Itoa(made+i), []string{"sku"}, 1000, sale, []int64{1, 1, 1})
+			return g.createSale(ctx, "idle-"+strconv.Itoa(made+i), skus, 1000, sale, []int64{1, 1, 1})
 		})
 		if err != nil {
 			return out, err
@@ -595,7 +626,7 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	}
 	window := time.Since(t0)
 	cpu, mach := processCPU()-cpu0, readMachineCPU()
-	p := IdlePoint{Mode: mode, Sales: sales, WindowSec: round3(window.Seconds()), TxPerSec: map[string]float64{},
+	p := IdlePoint{Mode: mode, Sales: sales, SKUs: cfg.IdleSKUs, WindowSec: round3(window.Seconds()), AuditEverySec: cfg.AuditInterval.Seconds(), TxPerSec: map[string]float64{},
 		ProcessCPUPct: round1(100 * cpu.Seconds() / window.Seconds())}
 	if mach.ok && mach0.ok && mach.total > mach0.total {
 		p.MachineBusyPct = round1(100 * float64(mach.busy-mach0.busy) / float64(mach.total-mach0.total))
@@ -660,7 +691,7 @@ const (
 // a time), then its stored holds, and times the coordinator's Audit at each point.
 func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]AuditPoint, error) {
 	cfg.progress("audit: starting a cluster of %v", scaleRegions)
-	g, err := startScaleRig(ctx, cfg, dbs, "au", scaleRegions, false)
+	g, err := startScaleRig(ctx, cfg, dbs, "au", scaleRegions, false, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -671,7 +702,7 @@ func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Aud
 	var out []AuditPoint
 	made := len(scaleRegions) // the allocation's
 	for _, n := range cfg.Transfers {
-		if err := g.transfers(ctx, made, n); err != nil {
+		if err := g.auditTransfers(ctx, cfg, made, n); err != nil {
 			return out, err
 		}
 		made = max(made, n)
@@ -697,11 +728,11 @@ func runAuditCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Aud
 }
 
 // transfers makes transfers from..to-1 of one unit each, region i%3 to region (i+1)%3.
-func (g *scaleRig) transfers(ctx context.Context, from, to int) error {
+func (g *scaleRig) transfers(ctx context.Context, from, to, width int) error {
 	if to <= from {
 		return nil
 	}
-	return inParallel(ctx, to-from, 16, func(ctx context.Context, i int) error {
+	return inParallel(ctx, to-from, width, func(ctx context.Context, i int) error {
 		n := from + i
 		src, dst := scaleRegions[n%3], scaleRegions[(n+1)%3]
 		tr, err := g.coord.Transfer(ctx, &quotav1.TransferRequest{SaleId: auditSale, Sku: "sku", From: src, To: dst, Units: 1,
