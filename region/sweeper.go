@@ -7,13 +7,12 @@ import (
 
 // sweep expires holds past their deadline, in batches through the writer, until ctx ends.
 // When a sweep fills its batch it goes again at once. Then it moves the holds closed past the
-// retention to the archive (archiver.go), for at most half the sweep interval, so that over a
-// backlog (the history still in holds after the migration that added the archive) the next
-// sweep's expiries still come on time.
+// retention to the archive (archiveTick).
 func (r *Region) sweep(ctx context.Context, w *writer) {
 	defer r.wg.Done()
 	t := time.NewTicker(r.cfg.SweepInterval)
 	defer t.Stop()
+	var nextArchive time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -32,9 +31,29 @@ func (r *Region) sweep(ctx context.Context, w *writer) {
 				break
 			}
 		}
-		if _, err := r.archive(ctx, w.submit, r.cfg.SweepInterval/2); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
-		}
+		r.archiveTick(ctx, w, &nextArchive)
+	}
+}
+
+// archiveIdleEvery is how often the sweeper looks for holds to archive while the last look
+// found none: a hold waits at most this much past its retention, and an idle region's
+// database is asked once in that time, not at every sweep.
+const archiveIdleEvery = 10 * time.Second
+
+// archiveTick moves holds due to the archive (archiver.go) unless next is still ahead, for at
+// most half the sweep interval, so that over a backlog (the history still in holds after the
+// migration that added the archive) the next sweep's expiries still come on time. While it
+// finds holds to move it looks again at the next sweep; otherwise after archiveIdleEvery.
+func (r *Region) archiveTick(ctx context.Context, w *writer, next *time.Time) {
+	if time.Now().Before(*next) {
+		return
+	}
+	n, err := r.archive(ctx, w.submit, r.cfg.SweepInterval/2)
+	if err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
+	}
+	if n == 0 {
+		*next = time.Now().Add(archiveIdleEvery)
 	}
 }
 

@@ -26,7 +26,8 @@ func init() {
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to", "ttl",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "waitlist", "warmup",
 		"warmup-ops", "window",
-		"audit-holds", "audit-runs", "closed-holds", "curve-timeout", "curves", "idle-window", "live-ops", "pool-ops", "pools", "sales", "takeover-live", "takeover-runs", "transfers",
+		"audit-holds", "audit-runs", "closed-holds", "curve-timeout", "curves", "idle-window", "idle-skus", "live-ops", "pool-ops", "pools", "sales", "takeover-live", "takeover-runs", "transfers", "transfers-in-flight",
+		"transfers-via-coordinator",
 	} {
 		programKeys[k] = true
 	}
