@@ -46,6 +46,8 @@ type flagState struct {
 	rounds    map[flagKey]int
 }
 
+// refreshSoldOut is one round of soldOutLoop: it reads the sales the feed names (or every
+// sale) and publishes their flags; a sale it could not settle goes back to the feed.
 func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st flagState) {
 	all, changed := feed.take()
 	if !all && len(changed) == 0 {
