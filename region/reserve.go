@@ -78,6 +78,28 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	return res, err
 }
 
+// readToken is req.Token when it is Ticket's, else nil.
+func (req *ReserveRequest) readToken() *admission.Token {
+	if req.Token == nil || req.Token.Text() != req.Ticket {
+		return nil
+	}
+	return req.Token
+}
+
+// token is Ticket read (admission.ParseToken), kept in Token for the region's checks: nil
+// when there is no ticket or it is malformed (the region's check says so).
+func (req *ReserveRequest) token() *admission.Token {
+	if tok := req.readToken(); tok != nil || req.Ticket == "" {
+		return tok
+	}
+	tok, err := admission.ParseToken(req.Ticket)
+	if err != nil {
+		return nil
+	}
+	req.Token = tok
+	return tok
+}
+
 // CheckReserve validates a reserve request's fields on their own (no state needed), naming
 // the first bad field.
 func CheckReserve(req ReserveRequest) error {
@@ -338,7 +360,13 @@ func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (ad
 	if keys == nil {
 		return admission.Ticket{}, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
 	}
-	tk, err := keys.Verify(req.Ticket, now)
+	var tk admission.Ticket
+	var err error
+	if tok := req.readToken(); tok != nil {
+		tk, err = keys.VerifyToken(tok, now)
+	} else {
+		tk, err = keys.Verify(req.Ticket, now)
+	}
 	if err != nil {
 		return admission.Ticket{}, err
 	}
