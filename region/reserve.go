@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -156,9 +157,38 @@ func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k key
 // later) otherwise.
 func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
 	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
-		return fmt.Errorf("sale %s: %s is sold out in every region: %w", req.Sale, req.SKU, ErrSoldOut)
+		return r.soldOut.of(poolKey{req.Sale, req.SKU})
 	}
 	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+}
+
+// soldOutErrors are the SOLD_OUT answers of the SKUs flagged gone, one error value per SKU,
+// made at its first answer: once a flash sale's SKU is gone nearly every reserve of it gets
+// this answer, and an error value says the same to every caller. Bounded: it starts over
+// once it holds maxSoldOutErrors SKUs.
+type soldOutErrors struct {
+	mu sync.RWMutex
+	m  map[poolKey]error
+}
+
+const maxSoldOutErrors = 4096
+
+// of is the SOLD_OUT answer of pool k.
+func (s *soldOutErrors) of(k poolKey) error {
+	s.mu.RLock()
+	err, ok := s.m[k]
+	s.mu.RUnlock()
+	if ok {
+		return err
+	}
+	err = fmt.Errorf("sale %s: %s is sold out in every region: %w", k.sale, k.sku, ErrSoldOut)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= maxSoldOutErrors {
+		s.m = map[poolKey]error{}
+	}
+	s.m[k] = err
+	return err
 }
 
 // reserveInWriter submits a reserve to the writer. The key counts as in the writer until its

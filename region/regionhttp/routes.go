@@ -149,7 +149,9 @@ func writeAdmission(w http.ResponseWriter, a *quotav1.Admission, created bool) {
 			code = http.StatusCreated
 		}
 	}
-	rpcserve.WriteJSON(w, code, toAdmissionJSON(a))
+	out := toAdmissionJSON(a)
+	b := marshalAdmission(&out)
+	rpcserve.WriteEncoded(w, code, b, strconv.Itoa(len(b)))
 }
 
 func (h *handler) enter(w http.ResponseWriter, r *http.Request) error {
