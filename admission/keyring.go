@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -45,6 +46,9 @@ type ringKey struct {
 // its secrets, whatever the format verb.
 type Keyring struct {
 	keys []ringKey // keys[0] signs; 1 or 2 keys with distinct ids
+	// macs[i] holds HMACs keyed with keys[i], for reuse (mac.go); a keyring without them
+	// keys each MAC anew.
+	macs []*sync.Pool
 }
 
 // ParseKeyring reads a key file: UTF-8 text, one key a line as "<key-id> <secret>" with the
@@ -80,6 +84,7 @@ func ParseKeyring(data []byte) (*Keyring, error) {
 		}
 		firstLine[key.id] = n
 		k.keys = append(k.keys, key)
+		k.macs = append(k.macs, newMACPool(key.secret))
 	}
 	if len(k.keys) == 0 {
 		return nil, errors.New("key file: no key (want lines of \"<key-id> <base64 secret>\")")
@@ -207,15 +212,23 @@ func (k *Keyring) IDs() []string {
 
 // lookup finds the key named id.
 func (k *Keyring) lookup(id string) (ringKey, bool) {
-	if k == nil {
-		return ringKey{}, false
-	}
-	for _, key := range k.keys {
-		if key.id == id {
-			return key, true
-		}
+	if i := k.index(id); i >= 0 {
+		return k.keys[i], true
 	}
 	return ringKey{}, false
+}
+
+// index is the position in k.keys of the key named id, -1 if none.
+func (k *Keyring) index(id string) int {
+	if k == nil {
+		return -1
+	}
+	for i, key := range k.keys {
+		if key.id == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // String names the keys, signing key first, as "keyring(sign k1, verify k1 k0)"; it never

@@ -4,6 +4,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
+	"hash"
+	"sync"
 )
 
 // The keyring's keys also sign things other than tickets (the coordinator console's login
@@ -20,18 +22,17 @@ func (k *Keyring) MAC(domain string, msg []byte) (keyID string, mac []byte, err 
 	if !validDomain(domain) {
 		return "", nil, errors.New("mac: bad domain")
 	}
-	key := k.keys[0]
-	return key.id, domainMAC(key, domain, msg), nil
+	return k.keys[0].id, k.domainMAC(0, domain, msg), nil
 }
 
 // CheckMAC reports whether mac is the MAC of domain and msg under the key named keyID, in
 // constant time; false for a key the keyring does not hold.
 func (k *Keyring) CheckMAC(keyID, domain string, msg, mac []byte) bool {
-	key, ok := k.lookup(keyID)
-	if !ok || !validDomain(domain) {
+	i := k.index(keyID)
+	if i < 0 || !validDomain(domain) {
 		return false
 	}
-	return hmac.Equal(mac, domainMAC(key, domain, msg))
+	return hmac.Equal(mac, k.domainMAC(i, domain, msg))
 }
 
 func validDomain(d string) bool {
@@ -43,10 +44,43 @@ func validDomain(d string) bool {
 	return d != ""
 }
 
-func domainMAC(key ringKey, domain string, msg []byte) []byte {
-	m := hmac.New(sha256.New, key.secret[:])
-	m.Write([]byte(domain))
-	m.Write([]byte{0})
-	m.Write(msg)
-	return m.Sum(nil)
+// domainMAC is HMAC-SHA256 of domain, a zero byte and msg under k.keys[i].
+func (k *Keyring) domainMAC(i int, domain string, msg []byte) []byte {
+	m := k.mac(i)
+	defer k.done(i, m)
+	m.h.Write([]byte(domain))
+	m.h.Write([]byte{0})
+	m.h.Write(msg)
+	return m.h.Sum(nil)
+}
+
+// keyedMAC is an HMAC-SHA256 keyed with one ring key, and room for a sum. hmac.New costs
+// two SHA-256 states and the key's two pads each time, and hashes a block of each pad for
+// every MAC; a keyed MAC reset for reuse starts again from the pads' saved states.
+type keyedMAC struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
+}
+
+// newMACPool is the pool of MACs keyed with secret that a keyring keeps (Keyring.macs).
+func newMACPool(secret [secretSize]byte) *sync.Pool {
+	return &sync.Pool{New: func() any { return &keyedMAC{h: hmac.New(sha256.New, secret[:])} }}
+}
+
+// mac is an HMAC-SHA256 keyed with k.keys[i], as new: from the key's pool when the keyring
+// keeps one. Give it back with done once its sum is read.
+func (k *Keyring) mac(i int) *keyedMAC {
+	if i >= len(k.macs) {
+		return &keyedMAC{h: hmac.New(sha256.New, k.keys[i].secret[:])}
+	}
+	m := k.macs[i].Get().(*keyedMAC)
+	m.h.Reset()
+	return m
+}
+
+// done gives m, from mac(i), back to the pool of k.keys[i].
+func (k *Keyring) done(i int, m *keyedMAC) {
+	if i < len(k.macs) {
+		k.macs[i].Put(m)
+	}
 }

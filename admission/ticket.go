@@ -45,14 +45,14 @@ func (k *Keyring) Sign(t Ticket) (string, error) {
 	if k == nil || len(k.keys) == 0 {
 		return "", errors.New("sign ticket: the keyring has no key")
 	}
-	key := k.keys[0]
-	t.KeyID = key.id
+	t.KeyID = k.keys[0].id
 	if field, reason := checkTicket(t); field != "" {
 		return "", apierr.Invalid("ticket "+field, "%s", reason)
 	}
 	payload := encodePayload(t)
-	return tokenPrefix + tokenEncoding.EncodeToString(payload) + "." +
-		tokenEncoding.EncodeToString(ticketMAC(key, payload)), nil
+	var mac [sha256.Size]byte
+	k.ticketMAC(0, payload, &mac)
+	return tokenPrefix + tokenEncoding.EncodeToString(payload) + "." + tokenEncoding.EncodeToString(mac[:]), nil
 }
 
 // Verify checks token and returns its ticket: well formed, at most MaxTokenLen bytes, signed
@@ -61,15 +61,22 @@ func (k *Keyring) Sign(t Ticket) (string, error) {
 // k1", "bad signature", "expired at ..."); no error shows a secret. Verify does not check
 // what the ticket is for (Check does) nor whether it was used.
 func (k *Keyring) Verify(token string, now time.Time) (Ticket, error) {
-	t, payload, sig, err := parseToken(token)
+	tok, err := ParseToken(token)
 	if err != nil {
 		return Ticket{}, err
 	}
-	key, ok := k.lookup(t.KeyID)
-	if !ok {
+	return k.VerifyToken(tok, now)
+}
+
+// VerifyToken is Verify of a token already read (ParseToken): the same checks and answers
+// as Verify(tok.Text(), now), without reading the token again.
+func (k *Keyring) VerifyToken(tok *Token, now time.Time) (Ticket, error) {
+	t := tok.Ticket
+	i := k.index(t.KeyID)
+	if i < 0 {
 		return Ticket{}, ticketInvalid("unknown key %s", t.KeyID)
 	}
-	if !hmac.Equal(sig, ticketMAC(key, payload)) {
+	if !k.checkTicketMAC(i, tok.payload, tok.sig[:]) {
 		return Ticket{}, ticketInvalid("bad signature")
 	}
 	if !now.Before(t.Expires) {
@@ -97,11 +104,21 @@ func ticketInvalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrTicketInvalid, fmt.Sprintf(format, args...))
 }
 
-// ticketMAC is HMAC-SHA256 of payload under key.
-func ticketMAC(key ringKey, payload []byte) []byte {
-	m := hmac.New(sha256.New, key.secret[:])
-	m.Write(payload)
-	return m.Sum(nil)
+// ticketMAC puts HMAC-SHA256 of payload under k.keys[i] in out.
+func (k *Keyring) ticketMAC(i int, payload []byte, out *[sha256.Size]byte) {
+	m := k.mac(i)
+	defer k.done(i, m)
+	m.h.Write(payload)
+	copy(out[:], m.h.Sum(m.sum[:0]))
+}
+
+// checkTicketMAC reports whether sig is HMAC-SHA256 of payload under k.keys[i], in constant
+// time.
+func (k *Keyring) checkTicketMAC(i int, payload, sig []byte) bool {
+	m := k.mac(i)
+	defer k.done(i, m)
+	m.h.Write(payload)
+	return hmac.Equal(sig, m.h.Sum(m.sum[:0]))
 }
 
 // checkTicket names the first field of t that Sign would refuse and why; "" if none.
@@ -149,42 +166,70 @@ func appendField(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// parseToken splits and decodes token, returning its ticket, payload and MAC. It checks the
-// form only, not the MAC.
-func parseToken(token string) (Ticket, []byte, []byte, error) {
+// Token is a ticket's token as read (ParseToken), before its signature is checked: what it
+// says, and what VerifyToken checks it with. Read once, a token serves both the caller that
+// wants to know whose it is (Peek) and the region that verifies it.
+type Token struct {
+	// Ticket is what the token says; trust it only once VerifyToken has passed.
+	Ticket  Ticket
+	text    string
+	payload []byte
+	sig     [sha256.Size]byte
+}
+
+// Text is the token ParseToken read.
+func (t *Token) Text() string { return t.text }
+
+// ParseToken reads token: its form only (as Verify does first, with the same errors), not
+// its signature or expiry; VerifyToken checks those.
+func ParseToken(token string) (*Token, error) {
 	switch {
 	case token == "":
-		return Ticket{}, nil, nil, ticketInvalid("malformed: empty token")
+		return nil, ticketInvalid("malformed: empty token")
 	case len(token) > MaxTokenLen:
-		return Ticket{}, nil, nil, ticketInvalid("malformed: token is %d bytes, over %d", len(token), MaxTokenLen)
+		return nil, ticketInvalid("malformed: token is %d bytes, over %d", len(token), MaxTokenLen)
 	case !strings.HasPrefix(token, tokenPrefix):
-		return Ticket{}, nil, nil, ticketInvalid("malformed: not a v1 token")
+		return nil, ticketInvalid("malformed: not a v1 token")
 	}
 	for i := 0; i < len(token); i++ {
 		if !isTokenByte(token[i]) {
-			return Ticket{}, nil, nil, ticketInvalid("malformed: byte %d is not base64url or '.'", i)
+			return nil, ticketInvalid("malformed: byte %d is not base64url or '.'", i)
 		}
 	}
 	body, sigText, ok := strings.Cut(token[len(tokenPrefix):], ".")
 	if !ok || strings.Contains(sigText, ".") {
-		return Ticket{}, nil, nil, ticketInvalid("malformed: want 3 parts separated by '.'")
+		return nil, ticketInvalid("malformed: want 3 parts separated by '.'")
 	}
-	payload, err := tokenEncoding.DecodeString(body)
+	tok := &Token{text: token}
+	raw := []byte(token[len(tokenPrefix):]) // one copy of both parts, which the decoder wants as bytes
+	payload, err := tokenEncoding.AppendDecode(nil, raw[:len(body)])
 	if err != nil {
-		return Ticket{}, nil, nil, ticketInvalid("malformed: payload is not base64url")
+		return nil, ticketInvalid("malformed: payload is not base64url")
 	}
-	sig, err := tokenEncoding.DecodeString(sigText)
+	if err := decodeSig(tok, raw[len(body)+1:]); err != nil {
+		return nil, err
+	}
+	if tok.Ticket, err = decodePayload(payload); err != nil {
+		return nil, err
+	}
+	tok.payload = payload
+	return tok, nil
+}
+
+// decodeSig decodes a token's signature part into tok.sig: it must be base64url of exactly
+// sha256.Size bytes.
+func decodeSig(tok *Token, text []byte) error {
+	if len(text) == tokenEncoding.EncodedLen(sha256.Size) {
+		if _, err := tokenEncoding.Decode(tok.sig[:], text); err != nil {
+			return ticketInvalid("malformed: signature is not base64url")
+		}
+		return nil
+	}
+	sig, err := tokenEncoding.AppendDecode(nil, text)
 	if err != nil {
-		return Ticket{}, nil, nil, ticketInvalid("malformed: signature is not base64url")
+		return ticketInvalid("malformed: signature is not base64url")
 	}
-	if len(sig) != sha256.Size {
-		return Ticket{}, nil, nil, ticketInvalid("malformed: signature is %d bytes, want %d", len(sig), sha256.Size)
-	}
-	t, err := decodePayload(payload)
-	if err != nil {
-		return Ticket{}, nil, nil, err
-	}
-	return t, payload, sig, nil
+	return ticketInvalid("malformed: signature is %d bytes, want %d", len(sig), sha256.Size)
 }
 
 // isTokenByte reports whether c may appear in a token: base64url or the '.' separator.
@@ -198,7 +243,7 @@ func decodePayload(p []byte) (Ticket, error) {
 		return Ticket{}, ticketInvalid("malformed: unknown payload version")
 	}
 	p = p[1:]
-	var fields [payloadFields]string
+	var fields [payloadFields][]byte
 	for i := range fields {
 		if len(p) < 2 {
 			return Ticket{}, ticketInvalid("malformed: payload ends inside field %d", i+1)
@@ -208,7 +253,7 @@ func decodePayload(p []byte) (Ticket, error) {
 		if len(p) < n {
 			return Ticket{}, ticketInvalid("malformed: payload ends inside field %d", i+1)
 		}
-		fields[i], p = string(p[:n]), p[n:]
+		fields[i], p = p[:n], p[n:]
 	}
 	if len(p) != 0 {
 		return Ticket{}, ticketInvalid("malformed: %d bytes after the last field", len(p))
@@ -216,13 +261,23 @@ func decodePayload(p []byte) (Ticket, error) {
 	if len(fields[5]) != 8 {
 		return Ticket{}, ticketInvalid("malformed: expiry is %d bytes, want 8", len(fields[5]))
 	}
-	ms := int64(binary.BigEndian.Uint64([]byte(fields[5])))
+	ms := int64(binary.BigEndian.Uint64(fields[5]))
 	if ms <= 0 || ms > maxExpiresMilli {
 		return Ticket{}, ticketInvalid("malformed: expiry is not between 1970 and 9999")
 	}
+	// One string holds every field (one allocation, not one a field).
+	var b strings.Builder
+	b.Grow(len(fields[0]) + len(fields[1]) + len(fields[2]) + len(fields[3]) + len(fields[4]) + len(fields[6]))
+	var str [payloadFields]string
+	for i, f := range fields {
+		if i != 5 {
+			b.Write(f)
+			str[i] = b.String()[b.Len()-len(f):]
+		}
+	}
 	t := Ticket{
-		Sale: fields[0], User: fields[1], Region: fields[2], Admission: fields[3], SKU: fields[4],
-		Expires: time.UnixMilli(ms).UTC(), KeyID: fields[6],
+		Sale: str[0], User: str[1], Region: str[2], Admission: str[3], SKU: str[4],
+		Expires: time.UnixMilli(ms).UTC(), KeyID: str[6],
 	}
 	if field, reason := checkTicket(t); field != "" {
 		return Ticket{}, ticketInvalid("malformed: %s %s", field, reason)
@@ -233,6 +288,9 @@ func decodePayload(p []byte) (Ticket, error) {
 // Peek reads what token says without checking its signature or expiry: for routing only (the
 // HTTP edge learns whose ticket it is, then the region verifies it). Never trust its answer.
 func Peek(token string) (Ticket, error) {
-	t, _, _, err := parseToken(token)
-	return t, err
+	tok, err := ParseToken(token)
+	if err != nil {
+		return Ticket{}, err
+	}
+	return tok.Ticket, nil
 }

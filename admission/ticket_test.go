@@ -307,6 +307,7 @@ func FuzzVerifyTicket(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, token string) {
 		tk, err := once.Verify(token, ticketNow)
+		sameAsParsed(t, once, token, tk, err)
 		if err != nil {
 			wantInvalid(t, once, err, "")
 			if tk != (Ticket{}) {
@@ -329,4 +330,77 @@ func FuzzVerifyTicket(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// sameAsParsed fails unless reading token once (ParseToken, then VerifyToken and Peek) answers
+// what Verify answered: tk and err.
+func sameAsParsed(t *testing.T, k *Keyring, token string, tk Ticket, err error) {
+	t.Helper()
+	tok, perr := ParseToken(token)
+	peeked, peekErr := Peek(token)
+	if perr != nil {
+		if err == nil || err.Error() != perr.Error() || peekErr == nil || peekErr.Error() != perr.Error() || peeked != (Ticket{}) {
+			t.Fatalf("%q: ParseToken %v, Peek %+v %v; Verify %v", token, perr, peeked, peekErr, err)
+		}
+		return
+	}
+	if tok.Text() != token || peekErr != nil || peeked != tok.Ticket {
+		t.Fatalf("%q: ParseToken read %q (%+v), Peek %+v %v", token, tok.Text(), tok.Ticket, peeked, peekErr)
+	}
+	vt, verr := k.VerifyToken(tok, ticketNow)
+	if vt != tk || (verr == nil) != (err == nil) || err != nil && err.Error() != verr.Error() {
+		t.Fatalf("%q: VerifyToken %+v %v; Verify %+v %v", token, vt, verr, tk, err)
+	}
+}
+
+// TestParsedTokensVerifyAsTokens checks reading a token once against Verify on good,
+// tampered, expired, foreign and malformed tokens, with and without the keyring's pools.
+func TestParsedTokensVerifyAsTokens(t *testing.T) {
+	first, once, _ := testRings(t)
+	good := mustSign(t, once, sampleTicket())
+	expired := sampleTicket()
+	expired.Expires = ticketNow.Add(-time.Second)
+	unpooled := &Keyring{keys: once.keys}
+	for _, token := range []string{good, mustSign(t, first, sampleTicket()), mustSign(t, once, expired),
+		good[:len(good)-2] + "AA", good[:len(good)-1], good + "AAAA", "v1." + good[3:20], "", "v2.x", "v1.AQ.AA"} {
+		for _, k := range []*Keyring{once, unpooled} {
+			tk, err := k.Verify(token, ticketNow)
+			sameAsParsed(t, k, token, tk, err)
+		}
+	}
+	if _, err := unpooled.Verify(good, ticketNow); err != nil {
+		t.Errorf("a keyring without pools refuses a good ticket: %v", err)
+	}
+	if again := mustSign(t, &Keyring{keys: once.keys}, sampleTicket()); again != good {
+		t.Errorf("a keyring without pools signs %q, with them %q", again, good)
+	}
+}
+
+// TestVerifyAllocs pins the cost of checking a ticket at the region: its token read once
+// (a few copies: the token's bytes, its payload, its fields, the Token) and verified with a
+// keyed MAC from the keyring's pool, with no allocation.
+func TestVerifyAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race drops sync.Pool items at random; allocations are pinned in the run without -race")
+	}
+	_, once, _ := testRings(t)
+	good := mustSign(t, once, sampleTicket())
+	tok, err := ParseToken(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(200, func() {
+		if _, err := once.VerifyToken(tok, ticketNow); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("VerifyToken allocates %v times; want 0", n)
+	}
+	if n := testing.AllocsPerRun(200, func() {
+		if _, err := ParseToken(good); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 4 {
+		t.Errorf("ParseToken allocates %v times; want at most 4", n)
+	}
 }

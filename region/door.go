@@ -190,11 +190,11 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 // ticket's admission: its live place is freed for the next buyer.
 func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
 	var offer *saleWaitlist
-	if tk, err := admission.Peek(req.Ticket); err == nil && tk.SKU != "" { // the region verifies it
+	if tok := req.token(); tok != nil && tok.Ticket.SKU != "" { // the region verifies it
 		// An offer no longer out (claimed: this may be a retry) takes no set-aside units: the
 		// region replays a retry, and refuses another key (the ticket's one use) or finds
 		// only what is open to everyone.
-		offer = d.reserveOffer(&req, tk)
+		offer = d.reserveOffer(&req, tok.Ticket)
 	}
 	res, err := d.r.Reserve(ctx, req)
 	if err == nil && offer != nil {

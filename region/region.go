@@ -188,7 +188,10 @@ type Region struct {
 	// taken alone).
 	demand demandBook
 
-	sales   sync.Map // sale id → SaleTerms
+	sales sync.Map // sale id → SaleTerms
+	// soldOut holds the SOLD_OUT answer of each SKU flagged gone (exhausted), made once:
+	// every later buyer of the SKU gets the same error.
+	soldOut soldOutErrors
 	availMu sync.RWMutex
 	avail   map[poolKey]*atomic.Int64
 

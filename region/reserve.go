@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -115,6 +116,28 @@ func (r *Region) lookUpArchived(ctx context.Context, req ReserveRequest, k keyKe
 	return nil
 }
 
+// readToken is req.Token when it is Ticket's, else nil.
+func (req *ReserveRequest) readToken() *admission.Token {
+	if req.Token == nil || req.Token.Text() != req.Ticket {
+		return nil
+	}
+	return req.Token
+}
+
+// token is Ticket read (admission.ParseToken), kept in Token for the region's checks: nil
+// when there is no ticket or it is malformed (the region's check says so).
+func (req *ReserveRequest) token() *admission.Token {
+	if tok := req.readToken(); tok != nil || req.Ticket == "" {
+		return tok
+	}
+	tok, err := admission.ParseToken(req.Ticket)
+	if err != nil {
+		return nil
+	}
+	req.Token = tok
+	return tok
+}
+
 // CheckReserve validates a reserve request's fields on their own (no state needed), naming
 // the first bad field.
 func CheckReserve(req ReserveRequest) error {
@@ -172,9 +195,38 @@ func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k key
 // later) otherwise.
 func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
 	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
-		return fmt.Errorf("sale %s: %s is sold out in every region: %w", req.Sale, req.SKU, ErrSoldOut)
+		return r.soldOut.of(poolKey{req.Sale, req.SKU})
 	}
 	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
+}
+
+// soldOutErrors are the SOLD_OUT answers of the SKUs flagged gone, one error value per SKU,
+// made at its first answer: once a flash sale's SKU is gone nearly every reserve of it gets
+// this answer, and an error value says the same to every caller. Bounded: it starts over
+// once it holds maxSoldOutErrors SKUs.
+type soldOutErrors struct {
+	mu sync.RWMutex
+	m  map[poolKey]error
+}
+
+const maxSoldOutErrors = 4096
+
+// of is the SOLD_OUT answer of pool k.
+func (s *soldOutErrors) of(k poolKey) error {
+	s.mu.RLock()
+	err, ok := s.m[k]
+	s.mu.RUnlock()
+	if ok {
+		return err
+	}
+	err = fmt.Errorf("sale %s: %s is sold out in every region: %w", k.sale, k.sku, ErrSoldOut)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= maxSoldOutErrors {
+		s.m = map[poolKey]error{}
+	}
+	s.m[k] = err
+	return err
 }
 
 // reserveInWriter submits a reserve to the writer. The key counts as in the writer until its
@@ -393,7 +445,13 @@ func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (ad
 	if keys == nil {
 		return admission.Ticket{}, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
 	}
-	tk, err := keys.Verify(req.Ticket, now)
+	var tk admission.Ticket
+	var err error
+	if tok := req.readToken(); tok != nil {
+		tk, err = keys.VerifyToken(tok, now)
+	} else {
+		tk, err = keys.Verify(req.Ticket, now)
+	}
 	if err != nil {
 		return admission.Ticket{}, err
 	}

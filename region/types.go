@@ -3,6 +3,7 @@ package region
 import (
 	"time"
 
+	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -69,6 +70,9 @@ type ReserveRequest struct {
 	// Ticket is the admission ticket, required in a sale with a waiting room; it backs at
 	// most one RequestKey.
 	Ticket string
+	// Token, when set, is Ticket as its caller read it (admission.ParseToken): the region
+	// verifies it instead of reading Ticket again. One that is not Ticket's is ignored.
+	Token *admission.Token
 	// fromAside is, for a waitlist offer's ticket, the units offered: the reservation may
 	// take that many of the units set aside for the waitlist (set by the front door).
 	fromAside transfer.Units

@@ -24,7 +24,9 @@
 # HTTP_BENCH_CONNECTIONS (64, also the gRPC callers), HTTP_BENCH_TICKETS (tickets per
 # reserve variant, default 195000: a waiting room holds 200,000 entries), HTTP_BENCH_BASE_PORT
 # (37400), HTTP_BENCH_QUOTAD_FLAGS (more flags of quotad dev; default "--memory-limit 4GiB"),
-# QUOTA_PG_URL (postgres://quota:quota@127.0.0.1:5432/postgres).
+# QUOTA_PG_URL (postgres://quota:quota@127.0.0.1:5432/postgres), HTTP_BENCH_PERF_DIR (unset: none;
+# a directory: a CPU profile of quotad during each row, `perf record -F 499 -g` into
+# DIR/<row>.perf.data, read with `perf report -i`; needs perf and the right to trace quotad).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="/usr/local/go/bin:$PATH"
@@ -34,6 +36,7 @@ THREADS=${HTTP_BENCH_THREADS:-2}
 CONNS=${HTTP_BENCH_CONNECTIONS:-64}
 TICKETS=${HTTP_BENCH_TICKETS:-195000}
 BASE=${HTTP_BENCH_BASE_PORT:-37400}
+PERF_DIR=${HTTP_BENCH_PERF_DIR:-}
 # The set-up leaves about 600,000 waiting-room entries live in the region (three sales of
 # HTTP_BENCH_TICKETS each); at quotad's default Go memory limit (900MiB, with --gc-percent
 # 400) that keeps its collector at the limit and every request up to 3 times dearer
@@ -51,6 +54,11 @@ int_in HTTP_BENCH_THREADS "$THREADS" 1 64
 int_in HTTP_BENCH_CONNECTIONS "$CONNS" "$THREADS" 10000
 int_in HTTP_BENCH_TICKETS "$TICKETS" 1000 199000
 int_in HTTP_BENCH_BASE_PORT "$BASE" 1024 64000
+if [[ -n $PERF_DIR ]]; then
+	command -v perf >/dev/null 2>&1 || die "HTTP_BENCH_PERF_DIR is set but perf is not installed"
+	mkdir -p "$PERF_DIR" || die "HTTP_BENCH_PERF_DIR=$PERF_DIR: cannot create it"
+	PERF_DIR=$(cd "$PERF_DIR" && pwd)
+fi
 
 # --- 1. tools -------------------------------------------------------------------
 if command -v wrk >/dev/null 2>&1; then
@@ -262,9 +270,18 @@ run() {
 	q0=$(cpu_ticks "$QUOTAD")
 	p0=$(pg_ticks)
 	g0=$(gc_count)
-	local TIMEFORMAT='%U %S'
+	local TIMEFORMAT='%U %S' perf=""
+	if [[ -n $PERF_DIR ]]; then # stops by itself when quotad exits, should this row fail
+		perf record -q -F 499 -g -p "$QUOTAD" -o "$PERF_DIR/$name.perf.data" >"$WORK/perf.log" 2>&1 &
+		perf=$!
+	fi
 	{ time timeout $((DURATION + 60)) "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"; } 2>"$WORK/time.txt" ||
 		{ cat "$WORK/err.txt" >&2; die "$name failed"; }
+	if [[ -n $perf ]]; then
+		kill -INT "$perf" 2>/dev/null || true
+		wait "$perf" || true # perf answers SIGINT with a non-zero status
+		[[ -s $PERF_DIR/$name.perf.data ]] || say "no profile of $name: $(tail -n 1 "$WORK/perf.log")"
+	fi
 	read -r -a m1 < <(machine)
 	q1=$(cpu_ticks "$QUOTAD")
 	p1=$(pg_ticks)

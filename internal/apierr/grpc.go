@@ -66,17 +66,22 @@ func ToStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	m := mapping{code: codes.Internal, reason: "INTERNAL", http: 500}
-	for _, t := range table {
-		if errors.Is(err, t.err) {
-			m = t
-			break
-		}
-	}
+	m, _ := match(err)
 	if m.err != ErrRegionExhausted && m.err != ErrSoldOut {
 		return build(err, m)
 	}
 	return soldOutStatus(err, m)
+}
+
+// match is the table's first row whose sentinel err wraps; ok false (and the INTERNAL
+// mapping) when none does.
+func match(err error) (m mapping, ok bool) {
+	for _, t := range table {
+		if errors.Is(err, t.err) {
+			return t, true
+		}
+	}
+	return mapping{code: codes.Internal, reason: "INTERNAL", http: 500}, false
 }
 
 // ReasonOf is the reason ToStatus would give a domain error ("SOLD_OUT", ...; "INTERNAL"

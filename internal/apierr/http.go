@@ -1,6 +1,12 @@
 package apierr
 
 import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -77,4 +83,64 @@ func httpOfReason(reason string, dflt int) int {
 		}
 	}
 	return dflt
+}
+
+// HTTPAnswer is an error's whole answer on the HTTP edge, encoded once: the status, the
+// Retry-After header's value ("" for none: only answers that ask to try again later carry
+// one, in whole seconds rounded up) and the body, the ErrorBody as JSON and a new line.
+// Its fields may be shared between answers: read them, never change them.
+type HTTPAnswer struct {
+	Status     int
+	RetryAfter string
+	Body       []byte
+	// Length is len(Body) in decimal, for Content-Length.
+	Length string
+}
+
+// AnswerHTTP is HTTP(err) encoded as the edge writes it. The sold-out answers (SOLD_OUT and
+// REGION_EXHAUSTED) of domain errors are encoded once per message and shared, as ToStatus
+// shares their statuses: once a pool is empty nearly every call of a flash sale gets one of a
+// handful of them, and encoding one costs a gRPC status, its details' proto round trip and a
+// JSON marshal. Bounded like soldOutCache. Their messages name sales, SKUs and counts, never
+// a status error's "rpc error: ..." (those are encoded per call).
+func AnswerHTTP(err error) *HTTPAnswer {
+	m, ok := match(err)
+	if !ok || (m.err != ErrSoldOut && m.err != ErrRegionExhausted) {
+		return encodeHTTP(err)
+	}
+	msg := err.Error()
+	if a, ok := soldOutHTTP.Load(msg); ok {
+		return a.(*HTTPAnswer)
+	}
+	a := encodeHTTP(err)
+	if _, isStatus := status.FromError(err); isStatus {
+		return a
+	}
+	if soldOutHTTP.n.Add(1) > soldOutCacheMax {
+		soldOutHTTP.Clear() // racing stores may survive the clear: the bound is loose, not lost
+		soldOutHTTP.n.Store(1)
+	}
+	soldOutHTTP.Store(msg, a)
+	return a
+}
+
+// soldOutHTTP is AnswerHTTP's cache of the sold-out answers by message.
+var soldOutHTTP struct {
+	sync.Map
+	n atomic.Int64
+}
+
+// encodeHTTP is AnswerHTTP without the cache.
+func encodeHTTP(err error) *HTTPAnswer {
+	code, body := HTTP(err)
+	b, merr := json.Marshal(body)
+	if merr != nil { // an ErrorBody of strings and a number always marshals
+		panic(fmt.Sprintf("apierr: marshal an error body: %v", merr))
+	}
+	b = append(b, '\n')
+	a := &HTTPAnswer{Status: code, Body: b, Length: strconv.Itoa(len(b))}
+	if ms := body.Error.RetryAfterMs; ms > 0 {
+		a.RetryAfter = strconv.FormatInt((ms+999)/1000, 10)
+	}
+	return a
 }

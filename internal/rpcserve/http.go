@@ -141,10 +141,19 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 	if err != nil {
 		panic(fmt.Sprintf("rpcserve: marshal %T: %v", v, err))
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	b = append(b, '\n')
+	WriteEncoded(w, code, b, strconv.Itoa(len(b)))
+}
+
+// WriteEncoded answers code with body, JSON already encoded with its new line (as WriteJSON
+// writes it), and length, len(body) in decimal: the way to answer a body encoded once and
+// shared, such as apierr.AnswerHTTP's.
+func WriteEncoded(w http.ResponseWriter, code int, body []byte, length string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", length)
 	w.WriteHeader(code)
-	if _, err := w.Write(append(b, '\n')); err != nil {
+	if _, err := w.Write(body); err != nil {
 		return // the client went away; nothing to tell it
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/rpcserve"
@@ -123,17 +122,22 @@ func (h *handler) guard(authorize func(trust.Caller) error, fn func(http.Respons
 // writeError answers err in the one JSON shape, with Retry-After on answers that ask to try
 // again later.
 func writeError(w http.ResponseWriter, err error) {
-	code, body := apierr.HTTP(err)
-	if body.Error.RetryAfterMs > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt((body.Error.RetryAfterMs+999)/1000, 10))
+	a := apierr.AnswerHTTP(err)
+	if a.RetryAfter != "" {
+		w.Header().Set("Retry-After", a.RetryAfter)
 	}
-	rpcserve.WriteJSON(w, code, body)
+	rpcserve.WriteEncoded(w, a.Status, a.Body, a.Length)
 }
 
 // decode reads a JSON body into v: unknown fields and trailing data are refused, naming the
 // field, so a typo is an error rather than a silent default.
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
+	return decodeFrom(r.Body, v)
+}
+
+// decodeFrom is decode of the body read from body.
+func decodeFrom(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError

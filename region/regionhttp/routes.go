@@ -149,7 +149,9 @@ func writeAdmission(w http.ResponseWriter, a *quotav1.Admission, created bool) {
 			code = http.StatusCreated
 		}
 	}
-	rpcserve.WriteJSON(w, code, toAdmissionJSON(a))
+	out := toAdmissionJSON(a)
+	b := marshalAdmission(&out)
+	rpcserve.WriteEncoded(w, code, b, strconv.Itoa(len(b)))
 }
 
 func (h *handler) enter(w http.ResponseWriter, r *http.Request) error {
@@ -220,29 +222,24 @@ func toHoldJSON(h *quotav1.Reservation) holdJSON {
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
-	var body struct {
-		Ticket     string `json:"ticket"`
-		User       string `json:"user_id"` // only in a sale without a waiting room; else the ticket's
-		SKU        string `json:"sku"`
-		Quantity   int64  `json:"quantity"`
-		RequestKey string `json:"request_key"`
-	}
-	if err := decode(r, &body); err != nil {
+	var body reserveBody
+	if err := decodeReserve(r, &body); err != nil {
 		return err
 	}
 	user := body.User
+	var tok *admission.Token
 	if body.Ticket != "" {
 		if body.User != "" {
 			return apierr.Invalid("user_id", "a ticket names its buyer: send one or the other")
 		}
-		t, err := admission.Peek(body.Ticket) // whose ticket: the region verifies it
-		if err != nil {
+		var err error
+		if tok, err = admission.ParseToken(body.Ticket); err != nil { // whose ticket: the region verifies it
 			return err
 		}
-		user = t.User
+		user = tok.Ticket.User
 	}
-	resp, err := h.s.Reserve(r.Context(), &quotav1.ReserveRequest{SaleId: r.PathValue("sale"), Sku: body.SKU, UserId: user,
-		Quantity: body.Quantity, RequestKey: body.RequestKey, Ticket: body.Ticket})
+	resp, err := h.s.ReserveToken(r.Context(), &quotav1.ReserveRequest{SaleId: r.PathValue("sale"), Sku: body.SKU, UserId: user,
+		Quantity: body.Quantity, RequestKey: body.RequestKey, Ticket: body.Ticket}, tok)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
@@ -38,13 +39,20 @@ func toProto(h region.Hold) *quotav1.Reservation {
 
 // Reserve implements RegionService.
 func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
+	return s.ReserveToken(ctx, req, nil)
+}
+
+// ReserveToken is Reserve for a caller that has read the request's ticket already (the HTTP
+// edge, which learns whose ticket it is): tok is admission.ParseToken(req.Ticket), and the
+// region verifies it instead of reading the ticket again. Nil: Reserve.
+func (s *Server) ReserveToken(ctx context.Context, req *quotav1.ReserveRequest, tok *admission.Token) (*quotav1.ReserveResponse, error) {
 	reserve := s.R.Reserve
 	if s.D != nil {
 		reserve = s.D.Reserve
 	}
 	res, err := reserve(ctx, region.ReserveRequest{
 		Sale: req.GetSaleId(), SKU: req.GetSku(), User: req.GetUserId(),
-		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(), Ticket: req.GetTicket(),
+		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(), Ticket: req.GetTicket(), Token: tok,
 	})
 	if err != nil {
 		return nil, err

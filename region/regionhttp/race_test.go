@@ -1,0 +1,7 @@
+//go:build race
+
+package regionhttp
+
+// raceEnabled: built with -race, whose sync.Pool drops items at random, so the allocation
+// tests of pooled paths count without -race only.
+const raceEnabled = true
