@@ -173,7 +173,8 @@ func (s *autoState) wake(sale string) {
 }
 
 // planned records whether sale's plan at now found it idle; a sale not yet open is planned
-// again when it opens at the latest.
+// again when it opens at the latest, and one open for less than maxIdleBackoff waits
+// maxIdleWait at most, so its first buyers are seen within 2 s.
 func (s *autoState) planned(sale string, idle bool, now, opensAt time.Time) {
 	live := s.live != nil && s.live()
 	s.mu.Lock()
@@ -184,7 +185,7 @@ func (s *autoState) planned(sale string, idle bool, now, opensAt time.Time) {
 		return
 	}
 	wait := maxIdleWait
-	if live {
+	if live && now.Sub(opensAt) > maxIdleBackoff { // in its first 30 s open, every 2 s at most
 		wait = min(maxIdleWait<<min(s.idleRuns[sale], 4), maxIdleBackoff)
 	}
 	s.idleRuns[sale]++

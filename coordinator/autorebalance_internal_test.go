@@ -45,7 +45,7 @@ func TestIdleSalesWaitLongerWhileChangesAreTold(t *testing.T) {
 	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, live: func() bool { return live }}
 	var never time.Time
 	for i, want := range []time.Duration{2, 4, 8, 16, 30, 30} {
-		st.planned("s", true, now, never)
+		st.planned("s", true, now, never) // opened long ago
 		wait := want * time.Second
 		if st.due("s", now.Add(wait-time.Millisecond)) || !st.due("s", now.Add(wait)) {
 			t.Fatalf("idle plan %d: due again after %s, not before", i+1, wait)
@@ -63,6 +63,12 @@ func TestIdleSalesWaitLongerWhileChangesAreTold(t *testing.T) {
 	st.planned("t", true, now, opens)
 	if st.due("t", opens.Add(-time.Millisecond)) || !st.due("t", opens) {
 		t.Fatal("a sale not yet open is not due when it opens")
+	}
+	for range 5 { // just opened: its first buyers are seen within maxIdleWait
+		st.planned("t", true, opens, opens.Add(-time.Second))
+	}
+	if !st.due("t", opens.Add(maxIdleWait)) {
+		t.Fatal("a sale open for a second waits more than maxIdleWait")
 	}
 	live = false
 	for range 5 {

@@ -37,8 +37,21 @@ func TestReadBooksOfEqualsReadBooks(t *testing.T) {
 			t.Errorf("sale %s: read with others %+v, alone %+v", s, all[s], one)
 		}
 	}
-	if n := len(all[testSale].Pools); n != 2 || len(all[testSale].Inbound) != 2 || all["other"].Pools[0].HeldInHolds != 3 {
-		t.Errorf("books %+v: want two pools and two credits of %s, and other's 3 held", all, testSale)
+	// Worked out by hand: 10 credited to each pool of testSale, 3 of its phone held (ann 2,
+	// bob 1); 7 credited to other's, 3 held by ann.
+	want := map[[2]string][4]transfer.Units{ // available, held, credited_in, held in holds
+		{testSale, testSKU}: {7, 3, 10, 3}, {testSale, "case"}: {10, 0, 10, 0}, {"other", testSKU}: {4, 3, 7, 3}}
+	got := 0
+	for _, s := range sales {
+		for _, p := range all[s].Pools {
+			got++
+			if w := want[[2]string{s, p.SKU}]; p.Sale != s || [4]transfer.Units{p.Available, p.Held, p.CreditedIn, p.HeldInHolds} != w {
+				t.Errorf("pool %s/%s: %+v, want available, held, credited in, held in holds %v", s, p.SKU, p, w)
+			}
+		}
+	}
+	if got != len(want) || len(all[testSale].Inbound) != 2 || len(all["other"].Inbound) != 1 {
+		t.Errorf("books %+v: want %d pools, two credits of %s and one of other", all, len(want), testSale)
 	}
 	if b := all["none"]; len(b.Pools) != 0 || len(b.Inbound) != 0 || len(b.Outbound) != 0 || b.Region != "us" {
 		t.Errorf("a sale the region does not know has books %+v, want empty", b)

@@ -135,7 +135,9 @@ const (
 // queuePools queues the batch's pool moves: one statement, whatever the pools a batch touches,
 // so a batch spread over many pools costs the writer no more round trips than one on a single
 // pool. Its guard wants every pool's row changed (I2, I3: each pool's counts move exactly by
-// what the batch decided). The pools go in key order.
+// what the batch decided). The arrays go in key order, for a reader of logs; the rows are
+// locked in whatever order the plan takes, which cannot deadlock: every batch first locks the
+// region's epoch row (the fence), and one writer sends the batches.
 func (w *writes) queuePools(guard func(sql, what string, n int64, args ...any)) {
 	keys := make([]poolKey, 0, len(w.pools))
 	for k := range w.pools {

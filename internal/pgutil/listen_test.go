@@ -10,11 +10,14 @@ import (
 	"github.com/quotaworks/quota/internal/testpg"
 )
 
-// Listen delivers, in order, every notification committed after ready and none before; it
-// stops with ctx's error; its connection leaves the pool and is closed, so no pooled
-// connection is left listening.
+// Listen delivers, in order, every notification committed after ready and none before, also
+// after quiet spells longer than its heartbeat; it stops with ctx's error; its connection
+// leaves the pool and is closed, so no pooled connection is left listening, and nothing of it
+// is kept.
 func TestListen(t *testing.T) {
+	defer pgutil.SetListenHeartbeat(100 * time.Millisecond)()
 	pool, _ := testpg.NewPool(t, "listen", 2)
+	starts := pgutil.BackendStarts()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	notify := func(p string) {
@@ -30,6 +33,7 @@ func TestListen(t *testing.T) {
 	}()
 	for _, want := range []string{"a", "b", "c"} {
 		if want != "a" {
+			time.Sleep(350 * time.Millisecond) // three heartbeats, each a query answered
 			notify(want)
 		}
 		select {
@@ -47,6 +51,9 @@ func TestListen(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Listen ended with %v, want context.Canceled", err)
+	}
+	if n := pgutil.BackendStarts(); n > starts {
+		t.Fatalf("%d connections' starts recorded after Listen returned, %d before: the listener's is kept", n, starts)
 	}
 	listening := func() (n int) {
 		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity

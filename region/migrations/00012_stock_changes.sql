@@ -21,7 +21,7 @@ CREATE TRIGGER pools_crossed_zero AFTER UPDATE ON pools
     FOR EACH ROW WHEN ((OLD.available = 0) <> (NEW.available = 0)
         OR (OLD.available + OLD.held = 0) <> (NEW.available + NEW.held = 0))
     EXECUTE FUNCTION notify_stock_change();
-CREATE TRIGGER demand_refused AFTER INSERT ON demand
+CREATE TRIGGER demand_refused AFTER INSERT OR UPDATE ON demand
     FOR EACH ROW EXECUTE FUNCTION notify_stock_change();
 
 -- +goose Down
