@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/pgutil"
 )
 
@@ -154,12 +155,8 @@ func (c *Coordinator) listenLoop(ctx context.Context, f *changeFeed, source stri
 		}
 		c.cfg.Logger.Warn("listening for stock changes failed; every sale is read each round until it listens again",
 			"source", source, "err", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+		if clock.Sleep(ctx, wait) != nil {
+			return // the term ended
 		}
 		wait = min(2*wait, 5*time.Second)
 	}

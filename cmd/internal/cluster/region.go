@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/metrics"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/rpcserve"
@@ -355,13 +356,5 @@ func (n *RegionNode) Close() {
 	})
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// sleep is clock.Sleep.
+func sleep(ctx context.Context, d time.Duration) error { return clock.Sleep(ctx, d) }

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/gcconf"
 	"github.com/quotaworks/quota/internal/pgutil"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
@@ -657,16 +658,8 @@ func xacts(ctx context.Context, admin *pgxpool.Pool, names map[string]string) (m
 	return out, nil
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// sleepCtx is clock.Sleep.
+func sleepCtx(ctx context.Context, d time.Duration) error { return clock.Sleep(ctx, d) }
 
 // AuditPoint is one point of the audit curve: a sale with Transfers transfers (its
 // allocation's included) and Holds sold holds over three regions.
