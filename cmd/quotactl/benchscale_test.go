@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,6 +76,11 @@ func checkIdleCurve(t *testing.T, pts []bench.IdlePoint) {
 		}
 		if p.Mode != mode || p.Sales != sales || p.SKUs != 10 || p.AuditEverySec != 10 || p.WindowSec < 1 || len(p.TxPerSec) != 3 || p.ProcessCPUPct <= 0 {
 			t.Errorf("coordinator point %d %+v: want %s with %d sales of 10 SKUs, the audit every 10 s, a window of 1 s, three region databases and the CPU", i, p, mode, sales)
+		}
+		for c := range p.ComponentCPUPct { // what the profile can attribute CPU to: the cluster's components and the bench
+			if !slices.Contains([]string{"coordinator", "region/us", "region/eu", "region/ap", "etcd", "etcd-client", "other"}, c) {
+				t.Errorf("coordinator point %d: CPU by component %v names %q, not a component of the cluster", i, p.ComponentCPUPct, c)
+			}
 		}
 		ledger += p.LedgerTxPerSec
 		// Reading every sale every half second would be 4 transactions a second at each region

@@ -4,16 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/quotaworks/quota/coordinator"
 	"log/slog"
 	"net"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/internal/trust"
@@ -240,11 +241,14 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			return err
 		}
 	}
-	clientURL, err := d.startEtcd(cfg)
-	if err != nil {
+	var clientURL string
+	if err := inComponent(ctx, "etcd", func(context.Context) (err error) { clientURL, err = d.startEtcd(cfg); return err }); err != nil {
 		return err
 	}
-	if d.EtcdClient, err = fencing.Dial([]string{clientURL}, etcdDialTimeout); err != nil {
+	if err := inComponent(ctx, "etcd-client", func(context.Context) (err error) {
+		d.EtcdClient, err = fencing.Dial([]string{clientURL}, etcdDialTimeout)
+		return err
+	}); err != nil {
 		return err
 	}
 	for _, role := range append([]string{"coordinator"}, cfg.Regions...) {
@@ -260,8 +264,12 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	for i, name := range cfg.Regions {
 		rc := cfg.Region
 		rc.Name = name
-		n, err := StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-			LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, d.EtcdClient)
+		var n *RegionNode
+		err := inComponent(ctx, "region/"+name, func(ctx context.Context) (err error) {
+			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
+				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, d.EtcdClient)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -273,13 +281,31 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			return err
 		}
 	}
-	d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
-		Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
-		ConsoleKeys: d.ConsoleKeys}, d.EtcdClient)
+	err = inComponent(ctx, "coordinator", func(ctx context.Context) (err error) {
+		d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
+			Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
+			ConsoleKeys: d.ConsoleKeys}, d.EtcdClient)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	return d.Coordinator.WaitLeading(ctx)
+}
+
+// ComponentLabel is the pprof label key on every goroutine a dev cluster starts: "etcd",
+// "etcd-client" (the client the nodes share), "region/<name>" or "coordinator". Goroutines
+// inherit it from the one that started them, so a CPU profile of `quotad dev` (or of a bench
+// that runs a cluster in process) tells the components apart: `go tool pprof -tagfocus` or
+// `-tags`.
+const ComponentLabel = "component"
+
+// inComponent runs start with its goroutine, and every goroutine it starts, labeled as the
+// component name.
+func inComponent(ctx context.Context, name string, start func(context.Context) error) error {
+	var err error
+	pprof.Do(ctx, pprof.Labels(ComponentLabel, name), func(ctx context.Context) { err = start(ctx) })
+	return err
 }
 
 // Close stops everything, coordinator first. Idempotent.

@@ -539,6 +539,10 @@ type IdlePoint struct {
 	// share (PostgreSQL and any other work included).
 	ProcessCPUPct  float64 `json:"process_cpu_pct_of_one_core"`
 	MachineBusyPct float64 `json:"machine_busy_pct"`
+	// CoordinatorCPUPct is the coordinator's own share of ProcessCPUPct, from a CPU profile
+	// of the window by component (ComponentCPUPct: every component's, "other" the bench's).
+	CoordinatorCPUPct float64            `json:"coordinator_cpu_pct_of_one_core"`
+	ComponentCPUPct   map[string]float64 `json:"cpu_pct_of_one_core_by_component"`
 }
 
 // runIdleCurve measures, on two clusters of three regions, what idle sales cost the region
@@ -595,18 +599,21 @@ func runIdleMode(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag, mod
 		if len(out) > 0 && n > 0 {
 			p.PerSalePerSec = round3((p.MeanTxPerSec - out[0].MeanTxPerSec) / float64(n))
 		}
-		cfg.progress("coordinator: %s, %d sales: %.1f tx/s per region database, process CPU %.1f%% of a core", mode, n, p.MeanTxPerSec, p.ProcessCPUPct)
+		cfg.progress("coordinator: %s, %d sales: %.1f tx/s per region database, process CPU %.1f%% of a core (coordinator %.1f%%, by component %v)",
+			mode, n, p.MeanTxPerSec, p.ProcessCPUPct, p.CoordinatorCPUPct, p.ComponentCPUPct)
 		out = append(out, p)
 	}
 	return out, nil
 }
 
-// watchIdle lets the cluster settle (the stats of the sales' creation flushed), then counts
+// watchIdle lets the cluster settle after the sales' creation, then counts
 // the transactions of every database of the cluster over cfg.IdleWindow.
 func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpool.Pool, tag, mode string, sales int) (IdlePoint, error) {
-	// PostgreSQL flushes a backend's counts at most once a second: let the sales' creation
-	// be counted before the window opens.
-	if err := sleepCtx(ctx, min(3*time.Second, max(time.Second, cfg.IdleWindow/2))); err != nil {
+	// Creating a sale moves its stock to each region, one transfer per SKU, and each step
+	// tells the coordinator of a change: the sold-out loop reads the sale again for a few
+	// seconds after. Idle is after that: wait half the window (1 to 15 s) before it opens, which
+	// also lets PostgreSQL (it flushes a backend's counts at most once a second) count it.
+	if err := sleepCtx(ctx, min(15*time.Second, max(time.Second, cfg.IdleWindow/2))); err != nil {
 		return IdlePoint{}, err
 	}
 	names := map[string]string{"coordinator": cluster.DBName(cfg.DBPrefix+"_"+tag, "coordinator")}
@@ -618,7 +625,8 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 		return IdlePoint{}, err
 	}
 	cpu0, mach0, t0 := processCPU(), readMachineCPU(), time.Now()
-	if err := sleepCtx(ctx, cfg.IdleWindow); err != nil {
+	byComponent, err := profileComponents(ctx, cfg.IdleWindow)
+	if err != nil {
 		return IdlePoint{}, err
 	}
 	after, err := xacts(ctx, admin, names)
@@ -628,7 +636,7 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	window := time.Since(t0)
 	cpu, mach := processCPU()-cpu0, readMachineCPU()
 	p := IdlePoint{Mode: mode, Sales: sales, SKUs: cfg.IdleSKUs, WindowSec: round3(window.Seconds()), AuditEverySec: cfg.AuditInterval.Seconds(), TxPerSec: map[string]float64{},
-		ProcessCPUPct: round1(100 * cpu.Seconds() / window.Seconds())}
+		ProcessCPUPct: round1(100 * cpu.Seconds() / window.Seconds()), CoordinatorCPUPct: byComponent["coordinator"], ComponentCPUPct: byComponent}
 	if mach.ok && mach0.ok && mach.total > mach0.total {
 		p.MachineBusyPct = round1(100 * float64(mach.busy-mach0.busy) / float64(mach.total-mach0.total))
 	}
