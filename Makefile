@@ -65,12 +65,13 @@ test: pg redis chromium
 	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \
 	step allocs $(GO) test -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
 		./admission/ ./region/regionhttp/ ./region/; \
+	step flood-p99 env QUOTA_FLOOD_P99=1 $(GO) test -count=1 -v -run '^TestStorefrontFloodLatency$$' ./cmd/internal/cluster/; \
 	step readme $(MAKE) --no-print-directory readme; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
-	summary="go test: $${res[go-test]}, allocs: $${res[allocs]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
+	summary="go test: $${res[go-test]}, allocs: $${res[allocs]}, flood-p99: $${res[flood-p99]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
