@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/transfer"
@@ -76,20 +77,31 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st f
 }
 
 // readUnsold adds each region's units of ledger's sales to the ledger's: all that may still
-// be sold (unsold) and all available. read names the sales every region answered for.
+// be sold (unsold) and all available. read names the sales every region answered for. Once a
+// region fails a read (or takes over CallTimeout) no region is asked anything more this
+// round, so one region down costs a round one timeout, not one per sale; the sales left are
+// read again next round, and the failure is logged once.
 func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer.Units) (unsold, available map[skuKey]transfer.Units, read map[string]bool) {
 	unsold, available, read = map[skuKey]transfer.Units{}, map[skuKey]transfer.Units{}, map[string]bool{}
 	for k, u := range ledger {
 		read[k.sale] = true
 		unsold[k], available[k] = u, u
 	}
+	failed := map[string]error{}
 	for sale := range read {
+		if len(failed) > 0 { // a sale is read from every region or not at all
+			delete(read, sale)
+			continue
+		}
 		for _, r := range c.cfg.Regions {
 			if r.Unsold == nil {
 				return unsold, available, map[string]bool{}
 			}
-			stock, err := r.Unsold(ctx, sale)
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+			stock, err := r.Unsold(rctx, sale)
+			cancel()
 			if err != nil {
+				failed[r.Name] = fmt.Errorf("sale %s: %w", sale, err)
 				delete(read, sale)
 				break
 			}
@@ -98,6 +110,9 @@ func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 				available[skuKey{sale, sku}] += s.Available
 			}
 		}
+	}
+	for region, err := range failed {
+		c.cfg.Logger.Warn("reading a region's stock for the sold-out flags failed; its sales are read again next round", "region", region, "err", err)
 	}
 	return unsold, available, read
 }

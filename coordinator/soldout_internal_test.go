@@ -1,0 +1,57 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/transfer"
+)
+
+// A region that does not answer costs a sold-out round one read timeout, not one per sale:
+// no region is asked anything more that round, its sales are left unread (read again next
+// round), and the failure is logged once.
+func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
+	var stuckCalls, okCalls atomic.Int64
+	ok := func(_ context.Context, sale string) (map[string]transfer.Stock, error) {
+		okCalls.Add(1)
+		return map[string]transfer.Stock{"sku": {Available: 2, Held: 1}}, nil
+	}
+	stuck := func(ctx context.Context, sale string) (map[string]transfer.Stock, error) {
+		stuckCalls.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	var logs bytes.Buffer
+	c := &Coordinator{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), CallTimeout: 300 * time.Millisecond,
+		Regions: []RegionLink{{Name: "us", Unsold: ok}, {Name: "eu", Unsold: stuck}}}}
+	ledger := map[skuKey]transfer.Units{}
+	for _, s := range []string{"a", "b", "c", "d", "e"} {
+		ledger[skuKey{s, "sku"}] = 10
+	}
+	start := time.Now()
+	unsold, _, read := c.readUnsold(context.Background(), ledger)
+	took := time.Since(start)
+	if stuckCalls.Load() != 1 || took > c.cfg.CallTimeout+time.Second {
+		t.Errorf("the silent region was asked %d times, the round took %s; want once, about %s", stuckCalls.Load(), took, c.cfg.CallTimeout)
+	}
+	if len(read) != 0 {
+		t.Errorf("read %v: want no sale read while a region of each does not answer", read)
+	}
+	if n := strings.Count(logs.String(), "sold-out flags failed"); n != 1 || !strings.Contains(logs.String(), "region=eu") ||
+		!strings.Contains(logs.String(), "deadline exceeded") {
+		t.Errorf("logged %d failures: %s; want one naming eu and the timeout", n, logs.String())
+	}
+	c.cfg.Regions[1].Unsold = ok // eu answers again: every sale is read, both regions' units added
+	unsold, available, read := c.readUnsold(context.Background(), ledger)
+	if len(read) != 5 || unsold[skuKey{"c", "sku"}] != 16 || available[skuKey{"c", "sku"}] != 14 {
+		t.Errorf("read %v, unsold %v, available %v: want every sale, 10 + 2 × 3 unsold and 10 + 2 × 2 available", read, unsold, available)
+	}
+	if okCalls.Load() != 1+2*5 {
+		t.Errorf("the answering region was asked %d times; want once in the first round (no more once eu failed), 5 sales × 2 regions in the second", okCalls.Load())
+	}
+}
