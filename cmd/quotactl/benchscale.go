@@ -22,9 +22,10 @@ func benchScaleCmd() *cobra.Command {
 		Short: "Measure how the system's costs grow with pools, sales, stored holds and transfers",
 		Long: `bench scale measures growth curves, each point measured, one curve after another in one run:
   pools        a region's durable reservations/s and p99 with --pools pools live in it (sales of up
-               to 10 SKUs, all their stock in the region): --pool-ops reservations from
-               --concurrency callers on one pool (hot), then as many spread round-robin over
-               every pool (spread)
+               to 10 SKUs, all their stock in the region; once their creation settles, for as
+               long as it took, at most 15 s): --pool-ops reservations from --concurrency
+               callers on one pool (hot), then as many spread round-robin over every pool
+               (spread)
   coordinator  with --sales idle sales (--idle-skus SKUs each, over three regions), the
                transactions per second each region database and the ledger commit
                (pg_stat_database xact_commit + xact_rollback deltas over --idle-window), this

@@ -423,6 +423,9 @@ func runPoolsCurve(ctx context.Context, cfg *ScaleConfig, dbs *databases) ([]Poo
 	return out, nil
 }
 
+// poolsSettle is the most a pools point waits between creating its pools and its loads.
+const poolsSettle = 15 * time.Second
+
 // runPoolsPoint starts a cluster of one region, creates n pools in it and runs the hot load,
 // then the spread one.
 func runPoolsPoint(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag string, n int) ([]PoolsPoint, error) {
@@ -439,8 +442,15 @@ func runPoolsPoint(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag st
 	defer conn.Close()
 	rs := quotav1.NewRegionServiceClient(conn)
 	// Every pool gets enough units for both loads, so none runs dry.
+	made := time.Now()
 	pools, sales, err := g.addPools(ctx, nil, n, 2*cfg.PoolOps+int64(cfg.Concurrency))
 	if err != nil {
+		return nil, err
+	}
+	// The other sales are to be idle: let the tail of their creation (the coordinator reads a
+	// new sale's stock for a few seconds) pass first, as long as creating them took, at most
+	// poolsSettle.
+	if err := sleepCtx(ctx, min(poolsSettle, time.Since(made))); err != nil {
 		return nil, err
 	}
 	var out []PoolsPoint
