@@ -28,6 +28,7 @@ func (c *Coordinator) auditLoop(ctx context.Context) {
 
 // auditRound is one round of auditLoop.
 func (c *Coordinator) auditRound(ctx context.Context) {
+	start := time.Now()
 	rep, err := c.Audit(ctx, "")
 	if err != nil {
 		if ctx.Err() == nil {
@@ -36,6 +37,7 @@ func (c *Coordinator) auditRound(ctx context.Context) {
 		return
 	}
 	c.auditViolations.Store(int64(len(rep.Violations)))
+	c.auditTook.Store(int64(time.Since(start)))
 	c.auditedAt.Store(time.Now().UnixNano())
 	for _, v := range rep.Violations {
 		if breach(v) {

@@ -200,6 +200,7 @@ type Coordinator struct {
 	fenceRejections atomic.Int64
 	auditViolations atomic.Int64
 	auditedAt       atomic.Int64
+	auditTook       atomic.Int64 // the last round's duration, in nanoseconds: what the continuous audit costs
 
 	// autoMoves and autoUnits count the transfers the automatic rebalancer started and
 	// their units, in this process's life.
@@ -247,6 +248,7 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.gen, c.cancel = gen, cancel
 	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
 	c.auditedAt.Store(0)
+	c.auditTook.Store(0)
 	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, since: c.cfg.Clock.Now()}
 	feed := newChangeFeed(c.changeSources(), st.wake)
 	st.live = feed.live
@@ -317,6 +319,10 @@ func (c *Coordinator) FenceRejections() int64 { return c.fenceRejections.Load() 
 // AuditViolations is the number of violations the continuous audit found in its last round
 // while this coordinator leads (0 before its first round).
 func (c *Coordinator) AuditViolations() int64 { return c.auditViolations.Load() }
+
+// AuditDuration is how long the continuous audit's last round in this term took (every
+// sale read and evaluated); zero before the first.
+func (c *Coordinator) AuditDuration() time.Duration { return time.Duration(c.auditTook.Load()) }
 
 // AuditedAt is when the continuous audit's last round in this term ended; zero before the
 // first.

@@ -207,15 +207,17 @@ func registerCoordinator(reg prometheus.Registerer, c *coordinator.Coordinator) 
 			audit: prometheus.NewDesc("quota_audit_violations",
 				"Violations the continuous audit found in its last round (0 before the first).", nil, nil),
 			audited: prometheus.NewDesc("quota_audit_last_run_timestamp_seconds",
-				"When the continuous audit's last round ended (Unix time); absent before the first.", nil, nil)})
+				"When the continuous audit's last round ended (Unix time); absent before the first.", nil, nil),
+			auditTook: prometheus.NewDesc("quota_audit_last_duration_seconds",
+				"How long the continuous audit's last round took (every sale read and evaluated); absent before the first.", nil, nil)})
 }
 
 // ledgerCollector reads the ledger's open transfers on each scrape (one query, over the rows
 // the transfer driver reads every round anyway) and the continuous audit's last count, on
 // the leading coordinator only.
 type ledgerCollector struct {
-	c                                   *coordinator.Coordinator
-	transfers, stranded, audit, audited *prometheus.Desc
+	c                                              *coordinator.Coordinator
+	transfers, stranded, audit, audited, auditTook *prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
@@ -224,6 +226,7 @@ func (l *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- l.stranded
 	ch <- l.audit
 	ch <- l.audited
+	ch <- l.auditTook
 }
 
 // Collect implements prometheus.Collector.
@@ -234,6 +237,7 @@ func (l *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(l.audit, prometheus.GaugeValue, float64(l.c.AuditViolations()))
 	if at := l.c.AuditedAt(); !at.IsZero() {
 		ch <- prometheus.MustNewConstMetric(l.audited, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+		ch <- prometheus.MustNewConstMetric(l.auditTook, prometheus.GaugeValue, l.c.AuditDuration().Seconds())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()

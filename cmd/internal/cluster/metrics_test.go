@@ -282,6 +282,9 @@ func checkCoordinatorValues(t *testing.T, f families) {
 			t.Errorf("coordinator %s = %v (exported %v); want %v", name, got, ok, want)
 		}
 	}
+	if got, ok := f.value("quota_audit_last_duration_seconds", nil); !ok || got <= 0 || got > 10 {
+		t.Errorf("coordinator quota_audit_last_duration_seconds = %v (exported %v); want the last round's time, above 0 and under 10 s", got, ok)
+	}
 	for _, state := range []string{"requested", "pending", "stranded", "unsettled"} {
 		if got, ok := f.value("quota_transfers", map[string]string{"state": state}); !ok || got != 0 {
 			t.Errorf("quota_transfers{state=%q} = %v (exported %v); want 0: the allocation's transfers all finished", state, got, ok)
