@@ -133,6 +133,9 @@ type autoState struct {
 	// moved by the SKUs moved within a cooldown (moving).
 	idle     map[string]time.Time
 	idleRuns map[string]int
+	// wakes counts each sale's wakes, so a plan read while a change came in is not taken
+	// for idle (planned): a wake is never lost to the plan it raced.
+	wakes map[string]uint64
 	// live reports whether every source of changes is listening (changeFeed.live); nil: no.
 	live func() bool
 }
@@ -155,6 +158,11 @@ func (s *autoState) keepOnly(sales []string) {
 			delete(s.idleRuns, sale)
 		}
 	}
+	for sale := range s.wakes {
+		if !slices.Contains(sales, sale) {
+			delete(s.wakes, sale)
+		}
+	}
 }
 
 // due reports whether sale should be planned at now.
@@ -170,16 +178,28 @@ func (s *autoState) wake(sale string) {
 	defer s.mu.Unlock()
 	delete(s.idle, sale)
 	delete(s.idleRuns, sale)
+	if s.wakes == nil {
+		s.wakes = map[string]uint64{}
+	}
+	s.wakes[sale]++
+}
+
+// wakeCount is how many times sale was woken: read before its plan, given to planned.
+func (s *autoState) wakeCount(sale string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wakes[sale]
 }
 
 // planned records whether sale's plan at now found it idle; a sale not yet open is planned
 // again when it opens at the latest, and one open for less than maxIdleBackoff waits
-// maxIdleWait at most, so its first buyers are seen within 2 s.
-func (s *autoState) planned(sale string, idle bool, now, opensAt time.Time) {
+// maxIdleWait at most, so its first buyers are seen within 2 s. wakes is wakeCount from
+// before the plan was read: a sale woken since is planned again next round, idle or not.
+func (s *autoState) planned(sale string, idle bool, now, opensAt time.Time, wakes uint64) {
 	live := s.live != nil && s.live()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !idle {
+	if !idle || s.wakes[sale] != wakes {
 		delete(s.idle, sale)
 		delete(s.idleRuns, sale)
 		return
@@ -454,12 +474,13 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 		if !st.due(sale, c.cfg.Clock.Now()) {
 			continue
 		}
+		wakes := st.wakeCount(sale)
 		plan, err := c.PlanRebalance(ctx, sale)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("plan sale %s: %w", sale, err))
 			continue
 		}
-		st.planned(sale, idlePlan(plan), plan.At, s.OpensAt)
+		st.planned(sale, idlePlan(plan), plan.At, s.OpensAt, wakes)
 		for _, sp := range plan.SKUs {
 			if err := c.startMoves(ctx, gen, sale, sp); err != nil {
 				errs = append(errs, err)

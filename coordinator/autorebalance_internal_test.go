@@ -25,12 +25,12 @@ func TestIdleSalesArePlannedLessOften(t *testing.T) {
 		t.Fatal("a plan without demand or moves is not idle")
 	}
 	var never time.Time
-	st.planned("s", true, now, never)
-	st.planned("s", true, now, never) // without a live change feed the wait does not grow
+	st.planned("s", true, now, never, st.wakeCount("s"))
+	st.planned("s", true, now, never, st.wakeCount("s")) // without a live change feed the wait does not grow
 	if st.due("s", now.Add(maxIdleWait-time.Millisecond)) || !st.due("s", now.Add(maxIdleWait)) {
 		t.Fatalf("an idle sale is due again after %s, not before", maxIdleWait)
 	}
-	st.planned("s", false, now, never)
+	st.planned("s", false, now, never, st.wakeCount("s"))
 	if !st.due("s", now) {
 		t.Fatal("a busy sale is not due every round")
 	}
@@ -45,7 +45,7 @@ func TestIdleSalesWaitLongerWhileChangesAreTold(t *testing.T) {
 	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, live: func() bool { return live }}
 	var never time.Time
 	for i, want := range []time.Duration{2, 4, 8, 16, 30, 30} {
-		st.planned("s", true, now, never) // opened long ago
+		st.planned("s", true, now, never, st.wakeCount("s")) // opened long ago
 		wait := want * time.Second
 		if st.due("s", now.Add(wait-time.Millisecond)) || !st.due("s", now.Add(wait)) {
 			t.Fatalf("idle plan %d: due again after %s, not before", i+1, wait)
@@ -55,31 +55,39 @@ func TestIdleSalesWaitLongerWhileChangesAreTold(t *testing.T) {
 	if !st.due("s", now) {
 		t.Fatal("a woken sale is not due at once")
 	}
-	st.planned("s", true, now, never)
+	st.planned("s", true, now, never, st.wakeCount("s"))
 	if !st.due("s", now.Add(maxIdleWait)) {
 		t.Fatal("a woken sale's wait does not start again from maxIdleWait")
 	}
+	before := st.wakeCount("s") // a change comes in while the plan is read: the plan found it idle, but it is due
+	st.wake("s")
+	st.planned("s", true, now, never, before)
+	if !st.due("s", now) {
+		t.Fatal("a sale woken while its plan was read is not due at once")
+	}
+	st.planned("s", true, now, never, st.wakeCount("s"))
 	opens := now.Add(700 * time.Millisecond)
-	st.planned("t", true, now, opens)
+	st.planned("t", true, now, opens, st.wakeCount("t"))
 	if st.due("t", opens.Add(-time.Millisecond)) || !st.due("t", opens) {
 		t.Fatal("a sale not yet open is not due when it opens")
 	}
 	for range 5 { // just opened: its first buyers are seen within maxIdleWait
-		st.planned("t", true, opens, opens.Add(-time.Second))
+		st.planned("t", true, opens, opens.Add(-time.Second), st.wakeCount("t"))
 	}
 	if !st.due("t", opens.Add(maxIdleWait)) {
 		t.Fatal("a sale open for a second waits more than maxIdleWait")
 	}
 	live = false
 	for range 5 {
-		st.planned("u", true, now, never)
+		st.planned("u", true, now, never, st.wakeCount("u"))
 	}
 	if !st.due("u", now.Add(maxIdleWait)) {
 		t.Fatalf("without a live change feed an idle sale waits more than %s", maxIdleWait)
 	}
+	st.wake("gone")
 	st.keepOnly([]string{"s"})
-	if len(st.idle) != 1 || len(st.idleRuns) != 1 {
-		t.Fatalf("keepOnly kept %d idle marks and %d counts, want 1 each", len(st.idle), len(st.idleRuns))
+	if len(st.idle) != 1 || len(st.idleRuns) != 1 || len(st.wakes) != 1 {
+		t.Fatalf("keepOnly kept %d idle marks, %d counts and %d wake counts, want 1 each", len(st.idle), len(st.idleRuns), len(st.wakes))
 	}
 }
 
