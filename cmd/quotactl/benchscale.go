@@ -30,9 +30,9 @@ func benchScaleCmd() *cobra.Command {
                transactions per second each region database and the ledger commit
                (pg_stat_database xact_commit + xact_rollback deltas over --idle-window), this
                process's CPU and the coordinator's share of it (COORD%, from a CPU profile of
-               the window by component); once with the rebalancer off and manual sales (the
-               sold-out loop alone), once with it on and auto sales (both loops); a point with
-               no sale first
+               the window by component), and how long the continuous audit's last round took
+               (AUDIT MS); once with the rebalancer off and manual sales (the sold-out loop
+               alone), once with it on and auto sales (both loops); a point with no sale first
   takeover     a region database with --takeover-live held holds of a running sale and
                --closed-holds archived closed holds of an earlier sale (holds_closed, as the
                archiver leaves them): --takeover-runs cold takeovers (every hold in the holds
@@ -150,11 +150,11 @@ func printScale(w io.Writer, rep *bench.ScaleReport) {
 	}
 	if len(rep.Coordinator) > 0 {
 		p := rep.Coordinator[0]
-		fmt.Fprintf(w, "\nCOORDINATOR: idle sales of %d SKUs, continuous audit every %gs (0: none), transactions/s at each region database (pg_stat_database)\n%-28s %6s %9s %9s %9s %9s %9s %7s %7s %7s\n",
-			p.SKUs, p.AuditEverySec, "MODE", "SALES", "US TX/S", "EU TX/S", "AP TX/S", "PER SALE", "LEDGER", "COORD%", "CPU%", "BUSY%")
+		fmt.Fprintf(w, "\nCOORDINATOR: idle sales of %d SKUs, continuous audit every %gs (0: none), transactions/s at each region database (pg_stat_database)\n%-28s %6s %9s %9s %9s %9s %9s %7s %7s %7s %9s\n",
+			p.SKUs, p.AuditEverySec, "MODE", "SALES", "US TX/S", "EU TX/S", "AP TX/S", "PER SALE", "LEDGER", "COORD%", "CPU%", "BUSY%", "AUDIT MS")
 		for _, p := range rep.Coordinator {
-			fmt.Fprintf(w, "%-28s %6d %9.1f %9.1f %9.1f %9.3f %9.1f %7.1f %7.1f %7.1f\n", p.Mode, p.Sales, p.TxPerSec["us"], p.TxPerSec["eu"],
-				p.TxPerSec["ap"], p.PerSalePerSec, p.LedgerTxPerSec, p.CoordinatorCPUPct, p.ProcessCPUPct, p.MachineBusyPct)
+			fmt.Fprintf(w, "%-28s %6d %9.1f %9.1f %9.1f %9.3f %9.1f %7.1f %7.1f %7.1f %9.1f\n", p.Mode, p.Sales, p.TxPerSec["us"], p.TxPerSec["eu"],
+				p.TxPerSec["ap"], p.PerSalePerSec, p.LedgerTxPerSec, p.CoordinatorCPUPct, p.ProcessCPUPct, p.MachineBusyPct, p.AuditMs)
 		}
 	}
 	printScaleHistory(w, rep)

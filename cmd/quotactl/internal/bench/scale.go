@@ -553,6 +553,9 @@ type IdlePoint struct {
 	// of the window by component (ComponentCPUPct: every component's, "other" the bench's).
 	CoordinatorCPUPct float64            `json:"coordinator_cpu_pct_of_one_core"`
 	ComponentCPUPct   map[string]float64 `json:"cpu_pct_of_one_core_by_component"`
+	// AuditMs is how long the continuous audit's last round before the window's end took
+	// (quota_audit_last_duration_seconds); 0 if none had run.
+	AuditMs float64 `json:"audit_last_round_ms"`
 }
 
 // runIdleCurve measures, on two clusters of three regions, what idle sales cost the region
@@ -609,8 +612,8 @@ func runIdleMode(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag, mod
 		if len(out) > 0 && n > 0 {
 			p.PerSalePerSec = round3((p.MeanTxPerSec - out[0].MeanTxPerSec) / float64(n))
 		}
-		cfg.progress("coordinator: %s, %d sales: %.1f tx/s per region database, process CPU %.1f%% of a core (coordinator %.1f%%, by component %v)",
-			mode, n, p.MeanTxPerSec, p.ProcessCPUPct, p.CoordinatorCPUPct, p.ComponentCPUPct)
+		cfg.progress("coordinator: %s, %d sales: %.1f tx/s per region database, process CPU %.1f%% of a core (coordinator %.1f%%, by component %v), last audit round %.1f ms",
+			mode, n, p.MeanTxPerSec, p.ProcessCPUPct, p.CoordinatorCPUPct, p.ComponentCPUPct, p.AuditMs)
 		out = append(out, p)
 	}
 	return out, nil
@@ -646,7 +649,8 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	window := time.Since(t0)
 	cpu, mach := processCPU()-cpu0, readMachineCPU()
 	p := IdlePoint{Mode: mode, Sales: sales, SKUs: cfg.IdleSKUs, WindowSec: round3(window.Seconds()), AuditEverySec: cfg.AuditInterval.Seconds(), TxPerSec: map[string]float64{},
-		ProcessCPUPct: round1(100 * cpu.Seconds() / window.Seconds()), CoordinatorCPUPct: byComponent["coordinator"], ComponentCPUPct: byComponent}
+		ProcessCPUPct: round1(100 * cpu.Seconds() / window.Seconds()), CoordinatorCPUPct: byComponent["coordinator"], ComponentCPUPct: byComponent,
+		AuditMs: round1(float64(g.dev.Coordinator.C.AuditDuration().Microseconds()) / 1000)}
 	if mach.ok && mach0.ok && mach.total > mach0.total {
 		p.MachineBusyPct = round1(100 * float64(mach.busy-mach0.busy) / float64(mach.total-mach0.total))
 	}
