@@ -42,11 +42,17 @@ type Limits struct {
 	// MaxAnonymousConnections is the most connections without a client certificate, which
 	// may only check health (default 64); more are closed after their handshake.
 	MaxAnonymousConnections int
+	// StreamWorkers is how many goroutines the server keeps to serve calls (default 256). A
+	// call served by one of them does not start a goroutine whose stack then grows, copied
+	// at each doubling, through the handler's interceptors; calls beyond it start their own
+	// goroutine as without workers.
+	StreamWorkers uint32
 }
 
 // DefaultLimits are the limits a server has unless told otherwise (docs/security.md).
 var DefaultLimits = Limits{MaxRecvMsgBytes: 1 << 20, MaxConcurrentStreams: 1024, MaxConnections: 1024,
-	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 5 * time.Second, MaxHandshakesPerIP: 32, MaxAnonymousConnections: 64}
+	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 5 * time.Second, MaxHandshakesPerIP: 32, MaxAnonymousConnections: 64,
+	StreamWorkers: 256}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -67,6 +73,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxHandshakesPerIP > 0 {
 		d.MaxHandshakesPerIP = l.MaxHandshakesPerIP
+	}
+	if l.StreamWorkers > 0 {
+		d.StreamWorkers = l.StreamWorkers
 	}
 	if l.MaxAnonymousConnections > 0 {
 		d.MaxAnonymousConnections = l.MaxAnonymousConnections
@@ -143,7 +152,7 @@ func Listen(addr string, opts Options) (*Server, error) {
 	}
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(lim.MaxRecvMsgBytes), grpc.MaxConcurrentStreams(lim.MaxConcurrentStreams),
-		grpc.ConnectionTimeout(lim.HandshakeTimeout),
+		grpc.ConnectionTimeout(lim.HandshakeTimeout), grpc.NumStreamWorkers(lim.StreamWorkers),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim, !opts.TLS.Insecure(), opts.Logger)}
