@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/quotaworks/quota/internal/clock"
 )
 
 // HTTPEdge sends Run's buyers through the regions' storefront HTTP/JSON edges
@@ -236,7 +238,7 @@ func (b httpBuyer) call(ctx context.Context, fn func(context.Context) error) err
 			if errors.As(err, &e) {
 				wait = max(wait, e.retryAfter)
 			}
-			if !sleep(ctx, wait) {
+			if clock.Sleep(ctx, wait) != nil {
 				return err
 			}
 		}
@@ -248,18 +250,6 @@ func (b httpBuyer) call(ctx context.Context, fn func(context.Context) error) err
 		}
 	}
 	return err
-}
-
-// sleep waits d, or less if ctx ends first; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func (b httpBuyer) run(ctx context.Context) {
@@ -376,7 +366,7 @@ func (b httpBuyer) poll(ctx context.Context, a *admissionAnswer) error {
 	}
 	wait = max(wait, b.pollFloor)
 	wait = min(wait, 5*time.Second) + rand.N(wait/10+1) // jitter: polls of buyers queued together spread
-	if !sleep(ctx, wait) {
+	if clock.Sleep(ctx, wait) != nil {
 		return fmt.Errorf("buyer %s still queued at %s when the run ended: %w", b.user, b.region, ctx.Err())
 	}
 	b.c.polls.Add(1)

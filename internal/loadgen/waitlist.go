@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/quotaworks/quota/internal/clock"
 )
 
 // errWaitedOut: a waitlisted buyer's wait (HTTPEdge.Waitlist) ended with no offer.
@@ -67,7 +69,7 @@ func (b httpBuyer) joinWaitlist(ctx context.Context, a *admissionAnswer) error {
 		if err := b.enterRoom(ctx, a); edgeReason(err) != "SOLD_OUT" {
 			return err
 		}
-		if !sleep(ctx, time.Second) {
+		if clock.Sleep(ctx, time.Second) != nil {
 			return fmt.Errorf("buyer %s waiting for the waitlist of %s at %s: %w", b.user, b.cfg.SKU, b.region, ctx.Err())
 		}
 	}

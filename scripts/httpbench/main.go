@@ -41,6 +41,7 @@ import (
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
@@ -127,7 +128,7 @@ func runEnter(args []string) error {
 					return
 				}
 				for e.outstanding.Load() >= e.window && ctx.Err() == nil {
-					sleep(ctx, 5*time.Millisecond)
+					_ = clock.Sleep(ctx, 5*time.Millisecond) // an ended ctx ends the loop
 				}
 				e.outstanding.Add(1)
 				if err := e.enter(ctx, i, fmt.Sprintf("%s%d", *prefix, i), clientAddress(i)); err != nil {
@@ -230,7 +231,7 @@ func (e *enterer) enter(ctx context.Context, i int, user, addr string) error {
 			return err
 		}
 		e.overloaded.Add(1)
-		if !sleep(ctx, max(apierr.RetryAfter(err), 10*time.Millisecond)) {
+		if clock.Sleep(ctx, max(apierr.RetryAfter(err), 10*time.Millisecond)) != nil {
 			return ctx.Err()
 		}
 	}
@@ -311,7 +312,7 @@ func (e *enterer) admit(ctx context.Context, users, conc int) {
 			}
 		}
 		waiting = rest
-		sleep(ctx, 20*time.Millisecond)
+		_ = clock.Sleep(ctx, 20*time.Millisecond) // an ended ctx ends the loop
 	}
 }
 
@@ -327,17 +328,6 @@ func ready(conn *grpc.ClientConn) error {
 		}
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func readLines(path string) ([]string, error) {
