@@ -88,7 +88,7 @@ SEEDS ?= 1000
 FIRST ?= 1
 SHAPE ?= default
 sim:
-	@case '$(SHAPE)' in default) per=500;; national) per=15;; *) echo "make sim: SHAPE=$(SHAPE): want default or national"; exit 2;; esac; \
+	@case '$(SHAPE)' in default) per=500;; national) per=8;; *) echo "make sim: SHAPE=$(SHAPE): want default or national"; exit 2;; esac; \
 	if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / per + 5 )); fi; \
 	set -- -shape '$(SHAPE)' "$$@"; \
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \

@@ -1,7 +1,8 @@
-// Package sim is quota's deterministic simulation: one seeded,
-// single-threaded run of three regions, two coordinators, a ledger, storefronts and an
-// operator, on a simulated clock, over a message layer that drops, delays, duplicates and
-// reorders, with crashes that lose a process's memory and keep its durable state.
+// Package sim is quota's deterministic simulation: one seeded, single-threaded run of three
+// regions (or, at the national shape, a dozen regions and 3,000 pools), two coordinators, a
+// ledger, storefronts and an operator, on a simulated clock, over a message layer that
+// drops, delays, duplicates and reorders, with crashes that lose a process's memory and
+// keep its durable state.
 //
 // What runs is the product's own logic: each region is a region.Core (the writer's
 // in-memory reserve, confirm, release and expiry ops, and the participant rules

@@ -136,15 +136,20 @@ func counts(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// TestSimulationIsDeterministic runs one seed twice: the same seed must give the same run.
+// TestSimulationIsDeterministic runs one seed twice at each shape (the national one for 100
+// steps of faults): the same seed must give the same run.
 func TestSimulationIsDeterministic(t *testing.T) {
-	a, errA := Run(DefaultConfig(42))
-	b, errB := Run(DefaultConfig(42))
-	if fmt.Sprint(a) != fmt.Sprint(b) || fmt.Sprint(errA) != fmt.Sprint(errB) {
-		t.Fatalf("seed 42 ran twice differently:\n%+v %v\n%+v %v", a, errA, b, errB)
-	}
-	if a.Ops["reserve"] == 0 || a.Ops["transfer"] == 0 || len(a.Faults) == 0 {
-		t.Fatalf("seed 42 did too little to prove anything: %+v", a)
+	national := NationalConfig(42)
+	national.Steps = 100
+	for _, cfg := range []Config{DefaultConfig(42), national} {
+		a, errA := Run(cfg)
+		b, errB := Run(cfg)
+		if fmt.Sprint(a) != fmt.Sprint(b) || fmt.Sprint(errA) != fmt.Sprint(errB) {
+			t.Fatalf("seed 42 (%s) ran twice differently:\n%+v %v\n%+v %v", cfg.Shape, a, errA, b, errB)
+		}
+		if a.Ops["reserve"] == 0 || a.Ops["transfer"] == 0 || len(a.Faults) == 0 {
+			t.Fatalf("seed 42 (%s) did too little to prove anything: %+v", cfg.Shape, a)
+		}
 	}
 }
 
