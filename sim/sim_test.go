@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -182,8 +183,15 @@ func TestSimulationNational(t *testing.T) {
 	for _, f := range failures {
 		t.Error(f)
 	}
-	t.Logf("SIM national: %d seeds, %d failed, %d steps, simulated %s\n  faults: %s\n  ops: %s",
+	line := fmt.Sprintf("SIM national: %d seeds, %d failed, %d steps, simulated %s\n  faults: %s\n  ops: %s",
 		ran, len(failures), total.Steps, total.SimTime.Round(time.Second), counts(total.Faults), counts(total.Ops))
+	t.Log(line)
+	// After TestSimulation's figures in the file `make test` prints (QUOTA_SIM_REPORT).
+	if path := os.Getenv("QUOTA_SIM_REPORT"); path != "" {
+		if err := appendFile(path, line+"\n"); err != nil {
+			t.Errorf("append the national figures to QUOTA_SIM_REPORT: %v", err)
+		}
+	}
 	// Every seed allocates every SKU to every region, and the faults and the storefronts act.
 	if allocations := ran * nationalRegions * nationalSKUs; total.Ops["transfer"] < allocations ||
 		total.Ops["reserve"] == 0 || total.Faults["region crash"] == 0 || total.Ops["coordinator write fenced"] == 0 {
@@ -225,4 +233,16 @@ func TestSimulationNationalCatchesBrokenState(t *testing.T) {
 			}
 		})
 	}
+}
+
+// appendFile adds text at the end of the file at path, creating it if need be.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	return f.Close()
 }
