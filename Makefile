@@ -86,11 +86,14 @@ chaos: pg
 	QUOTA_VERIFY=1 QUOTA_CHAOS_DURATION=$$d QUOTA_CHAOS_SEED='$(SEED)' \
 		$(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout "$$(( m + 15 ))m" ./deploy/local/
 
-## sim: the deterministic simulation alone: `make sim SEEDS=100000 [FIRST=1]`, or one seed: `make sim SEED=1234`
+## sim: the deterministic simulation alone: `make sim SEEDS=100000 [FIRST=1] [SHAPE=national]`, or one seed: `make sim SEED=1234 [SHAPE=national]` (SHAPE=national: 12 regions, 3,000 pools)
 SEEDS ?= 1000
 FIRST ?= 1
+SHAPE ?= default
 sim:
-	@if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / 500 + 5 )); fi; \
+	@case '$(SHAPE)' in default) per=500;; national) per=8;; *) echo "make sim: SHAPE=$(SHAPE): want default or national"; exit 2;; esac; \
+	if [ -n '$(SEED)' ]; then set -- -seed '$(SEED)'; t=5; else set -- -seeds '$(SEEDS)' -first '$(FIRST)'; t=$$(( $(SEEDS) / per + 5 )); fi; \
+	set -- -shape '$(SHAPE)' "$$@"; \
 	echo "go test -run 'TestSimulation$$' ./sim/ $$* (timeout $${t}m)"; \
 	$(GO) test -count=1 -v -run 'TestSimulation$$' -timeout "$${t}m" ./sim/ -args "$$@" | grep -v '^=== RUN'
 

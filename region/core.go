@@ -1,6 +1,7 @@
 package region
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"fmt"
@@ -216,7 +217,7 @@ func (c *Core) HoldByID(id string) (Hold, bool) {
 // Pools returns every pool's counters, ordered by sale then SKU.
 func (c *Core) Pools() []CorePool {
 	ks := slices.SortedFunc(maps.Keys(c.m.pools), func(a, b poolKey) int {
-		return strings.Compare(a.sale+"\x00"+a.sku, b.sale+"\x00"+b.sku)
+		return cmp.Or(strings.Compare(a.sale, b.sale), strings.Compare(a.sku, b.sku))
 	})
 	ps := make([]CorePool, len(ks))
 	for i, k := range ks {

@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -14,6 +15,9 @@ import (
 // check judges the durable state after a step: the auditor's rules over the ledger and
 // every region's durable books (I1, I2, I3, I5; final: nothing may be in flight), and for
 // each region that committed this step, every acknowledged hold and the per-user limit.
+// The auditor's rules judge every SKU at least every shape.fullEvery steps and at the end;
+// the checks in between judge the SKUs whose ledger rows, pools or transfer records
+// changed since the last check, which is all a step can have broken.
 func (w *world) check(final bool) {
 	if w.fail != nil {
 		return
@@ -26,16 +30,23 @@ func (w *world) check(final bool) {
 		return // nothing durable moved since the last check
 	}
 	w.checked = w.ledger.version
-	books := map[string]map[string]transfer.RegionBooks{}
-	for _, name := range regionNames {
-		r := w.regions[name]
-		if r.dirty || r.books.Pools == nil {
-			r.books = r.durable.Books(sale)
+	w.ledger.takeTouched(w.touched)
+	for _, name := range w.shape.regions {
+		if r := w.regions[name]; r.dirty || r.books.Pools == nil {
+			r.readBooks(w.touched)
 		}
-		books[name] = map[string]transfer.RegionBooks{sale: r.books}
 	}
-	// The ledger's transfers as they are: EvaluateSnapshot only reads them.
-	rep := coordinator.EvaluateSnapshot(w.ledger.skuLedgers(), w.ledger.transfers, books, final)
+	whole := final || w.shape.fullEvery <= 1 || w.step-w.full >= w.shape.fullEvery
+	var rep coordinator.Report
+	if whole {
+		w.full = w.step
+		rep = w.evaluate(w.shape.skus, final)
+	} else if len(w.touched) > 0 {
+		rep = w.evaluate(slices.Sorted(maps.Keys(w.touched)), false)
+	} else {
+		rep.OK = true
+	}
+	clear(w.touched)
 	if !rep.OK {
 		var lines []string // sorted: the auditor visits maps, and a replay must print the same
 		for _, v := range rep.Violations {
@@ -52,12 +63,108 @@ func (w *world) check(final bool) {
 			}
 		}
 	}
-	for _, name := range regionNames {
+	for _, name := range w.shape.regions {
 		if r := w.regions[name]; r.dirty || final {
 			r.dirty = false
 			w.checkHolds(r)
 		}
 	}
+}
+
+// evaluate runs the auditor's rules (coordinator.EvaluateSnapshot) over skus: their ledger
+// rows and transfers, and every region's pools and transfer records of them. Over every SKU
+// it hands the auditor the ledger's transfers as they are (it only reads them).
+func (w *world) evaluate(skus []string, final bool) coordinator.Report {
+	books := map[string]map[string]transfer.RegionBooks{}
+	if len(skus) == len(w.shape.skus) {
+		for _, name := range w.shape.regions {
+			books[name] = map[string]transfer.RegionBooks{sale: w.regions[name].books}
+		}
+		return coordinator.EvaluateSnapshot(w.ledger.skuLedgers(skus), w.ledger.transfers, books, final)
+	}
+	ts := map[string]transfer.Transfer{}
+	for _, sku := range skus {
+		for _, id := range w.ledger.bySKU[sku] {
+			ts[id] = w.ledger.transfers[id]
+		}
+	}
+	for _, name := range w.shape.regions {
+		books[name] = map[string]transfer.RegionBooks{sale: w.regions[name].booksOf(skus, w.ledger)}
+	}
+	return coordinator.EvaluateSnapshot(w.ledger.skuLedgers(skus), ts, books, final)
+}
+
+// readBooks reads the region's durable books again, and adds to touched every SKU whose
+// pool or transfer records are not as they were.
+func (r *regionNode) readBooks(touched map[string]bool) {
+	old, nb := r.books, r.durable.Books(sale)
+	i, j := 0, 0 // both pool lists are in SKU order (one sale): walk them side by side
+	for i < len(old.Pools) || j < len(nb.Pools) {
+		switch {
+		case j == len(nb.Pools) || (i < len(old.Pools) && old.Pools[i].SKU < nb.Pools[j].SKU):
+			touched[old.Pools[i].SKU] = true
+			i++
+		case i == len(old.Pools) || nb.Pools[j].SKU < old.Pools[i].SKU:
+			touched[nb.Pools[j].SKU] = true
+			j++
+		default:
+			if old.Pools[i] != nb.Pools[j] {
+				touched[nb.Pools[j].SKU] = true
+			}
+			i, j = i+1, j+1
+		}
+	}
+	diffRecords(old.Inbound, nb.Inbound, func(rec transfer.InboundRecord) string { return rec.SKU }, touched)
+	diffRecords(old.Outbound, nb.Outbound, func(rec transfer.OutboundRecord) string { return rec.SKU }, touched)
+	r.books = nb
+}
+
+// diffRecords adds to touched the SKU of every record added, changed (its SKU before and
+// after) or removed between old and next.
+func diffRecords[R comparable](old, next map[string]R, sku func(R) string, touched map[string]bool) {
+	kept := 0
+	for id, rec := range next {
+		o, ok := old[id]
+		if ok {
+			kept++
+		}
+		if !ok || o != rec {
+			touched[sku(rec)] = true
+		}
+		if ok && o != rec {
+			touched[sku(o)] = true
+		}
+	}
+	if kept == len(old) {
+		return
+	}
+	for id, o := range old {
+		if _, ok := next[id]; !ok {
+			touched[sku(o)] = true
+		}
+	}
+}
+
+// booksOf is the region's books of skus alone: their pools, and the records of their
+// transfers in the ledger (a record of no transfer the ledger has is the whole check's to
+// find: the auditor calls that a stale read).
+func (r *regionNode) booksOf(skus []string, l *ledger) transfer.RegionBooks {
+	b := transfer.RegionBooks{Region: r.books.Region, Inbound: map[string]transfer.InboundRecord{},
+		Outbound: map[string]transfer.OutboundRecord{}}
+	for _, sku := range skus {
+		if i, ok := slices.BinarySearchFunc(r.books.Pools, sku, func(p transfer.PoolBooks, s string) int { return strings.Compare(p.SKU, s) }); ok {
+			b.Pools = append(b.Pools, r.books.Pools[i])
+		}
+		for _, id := range l.bySKU[sku] {
+			if rec, ok := r.books.Inbound[id]; ok {
+				b.Inbound[id] = rec
+			}
+			if rec, ok := r.books.Outbound[id]; ok {
+				b.Outbound[id] = rec
+			}
+		}
+	}
+	return b
 }
 
 // userSKU is one buyer's count of one SKU.

@@ -38,14 +38,17 @@ type coordNode struct {
 	drives      []*driving
 	waiting     map[int]*driving
 	round       map[string]time.Time // transfer → when its last background drive ended
+	background  map[string]int       // transfer → its background drives among drives
 }
 
-func newCoordNode(name string) *coordNode { return &coordNode{name: name} }
+func newCoordNode(name string) *coordNode {
+	return &coordNode{name: name, background: map[string]int{}}
+}
 
 // lead makes the node leader with generation gen and a fresh memory.
 func (c *coordNode) lead(gen int64) {
 	c.gen, c.zombieUntil = gen, time.Time{}
-	c.drives, c.waiting, c.round = nil, map[int]*driving{}, map[string]time.Time{}
+	c.drives, c.waiting, c.round, c.background = nil, map[int]*driving{}, map[string]time.Time{}, map[string]int{}
 }
 
 // depose ends the node's leadership: at once (crashed), or after zombie time (paused past
@@ -60,7 +63,7 @@ func (c *coordNode) depose(now time.Time, zombie time.Duration) {
 
 // stop ends the process's leadership and every drive of it (StepDown).
 func (c *coordNode) stop() {
-	c.gen, c.drives, c.waiting = 0, nil, map[int]*driving{}
+	c.gen, c.drives, c.waiting, c.background = 0, nil, map[int]*driving{}, map[string]int{}
 }
 
 func (c *coordNode) leading(w *world) bool {
@@ -106,15 +109,17 @@ func (c *coordNode) turn(w *world) {
 	}
 }
 
-func (c *coordNode) driving(id string) bool {
-	return slices.ContainsFunc(c.drives, func(dr *driving) bool { return dr.background && dr.transfer == id })
-}
+// driving reports whether a background drive of transfer id is under way.
+func (c *coordNode) driving(id string) bool { return c.background[id] > 0 }
 
 // start drives transfer t (refuse: as Resolve --refuse does).
 func (c *coordNode) start(w *world, t transfer.Transfer, refuse, background bool) {
 	dr := &driving{d: coordinator.NewDrive(c.driveConfig(w), c.gen, t, refuse), transfer: t.ID,
 		background: background, stranded: t.Stranded}
 	c.drives = append(c.drives, dr)
+	if background {
+		c.background[t.ID]++
+	}
 	call, ok := dr.d.Start(context.Background())
 	c.next(w, dr, call, ok)
 }
@@ -131,6 +136,9 @@ func (c *coordNode) next(w *world, dr *driving, call coordinator.Call, ok bool) 
 	c.drives = slices.DeleteFunc(c.drives, func(o *driving) bool { return o == dr })
 	if dr.background {
 		c.round[dr.transfer] = w.now
+		if c.background[dr.transfer]--; c.background[dr.transfer] <= 0 {
+			delete(c.background, dr.transfer)
+		}
 	}
 	t, err := dr.d.Result()
 	if t.Stranded && !dr.stranded {

@@ -9,18 +9,19 @@ import (
 )
 
 // setup creates the sale at every region (gen 1) and the ledger's SKUs, and allocates each
-// SKU 40/35/25 through transfers from the unallocated pool, as `sale create --allocate` does.
+// SKU by the shape's weights (40/35/25 by default) through transfers from the unallocated
+// pool, as `sale create --allocate` does.
 func (w *world) setup() {
-	terms := region.SaleTerms{Sale: sale, SKUs: skus, PerUserLimit: 3, HoldTTL: holdTTL, OpensAt: epoch}
-	for _, name := range regionNames {
+	terms := region.SaleTerms{Sale: sale, SKUs: w.shape.skus, PerUserLimit: 3, HoldTTL: holdTTL, OpensAt: epoch}
+	for _, name := range w.shape.regions {
 		r := w.regions[name]
 		if err := r.leader.live.PutSale(1, terms); err != nil {
 			panic(fmt.Sprintf("sim: put sale: %v", err))
 		}
 		r.durable = r.leader.live.Clone()
 	}
-	weights := []transfer.Weight{{Region: "us", Weight: 40}, {Region: "eu", Weight: 35}, {Region: "ap", Weight: 25}}
-	for _, sku := range skus {
+	weights := w.shape.weights
+	for _, sku := range w.shape.skus {
 		w.ledger.total[sku], w.ledger.unallocated[sku] = w.cfg.Total, w.cfg.Total
 		split, err := transfer.Split(w.cfg.Total, weights)
 		if err != nil {
@@ -57,19 +58,19 @@ func (w *world) createTransfer(id, sku, from, to string, units transfer.Units) {
 func (w *world) nemesis() {
 	switch x := w.rng.Float64(); {
 	case x < 0.004:
-		r := w.regions[pick(w, regionNames)]
+		r := w.regions[pick(w, w.shape.regions)]
 		if r.up {
 			w.stats.Faults["region crash"]++
 			r.crash(w)
 		}
 	case x < 0.008:
-		name := pick(w, append([]string{"c1", "c2"}, regionNames...))
+		name := pick(w, w.procs)
 		w.net.cut = mapSet(w.net.cut, name, w.now.Add(w.between(500*time.Millisecond, 8*time.Second)))
 		w.stats.Faults["link cut"]++
 	case x < 0.010:
 		w.changeLeader(w.between(0, 3*time.Second))
 	case x < 0.012:
-		if r := w.regions[pick(w, regionNames)]; r.up && r.deposed == nil {
+		if r := w.regions[pick(w, w.shape.regions)]; r.up && r.deposed == nil {
 			r.changeLeader(w, w.between(100*time.Millisecond, 3*time.Second))
 		}
 	}
@@ -99,26 +100,24 @@ func mapSet(m map[string]time.Time, k string, v time.Time) map[string]time.Time 
 	return m
 }
 
-// pools are where the operator moves stock by hand: the regions, and the unallocated pool
-// (stock returned to the centre, and allocated again), each drawn with the same odds.
-var pools = append([]string{transfer.Unallocated}, regionNames...)
-
-// operator moves stock by hand, rebalances by the policy, runs rounds of the automatic
+// operator moves stock by hand (between w.pools: the regions, and the unallocated pool,
+// where stock returns to the centre and is allocated again, each drawn with the same
+// odds), rebalances by the policy, runs rounds of the automatic
 // rebalancer, and now and then resolves a stranded transfer with --refuse (Coordinator.Resolve: a pending one is refused at its
 // destination, a requested one at its source).
 func (w *world) operator() {
 	switch x := w.rng.Float64(); {
 	case x < 0.01:
-		from, to := pick(w, pools), pick(w, pools)
+		from, to := pick(w, w.pools), pick(w, w.pools)
 		if from != to {
-			w.createTransfer(fmt.Sprintf("t%d", w.nextID()), pick(w, skus), from, to, transfer.Units(1+w.rng.IntN(20)))
+			w.createTransfer(fmt.Sprintf("t%d", w.nextID()), w.pickSKU(), from, to, transfer.Units(1+w.rng.IntN(20)))
 		}
 	case x < 0.013:
-		w.rebalance(pick(w, skus))
+		w.rebalance(w.pickSKU())
 	case x < 0.016:
 		w.resolveRefuse()
 	case x < 0.026:
-		w.autoRebalance(pick(w, skus))
+		w.autoRebalance(w.pickSKU())
 	}
 }
 
@@ -154,7 +153,7 @@ const maxAutoInFlight = 4
 // the plan, as readPoolDemand leaves out one that does not answer.
 func (w *world) demand(sku string, window time.Duration) []transfer.PoolDemand {
 	var pools []transfer.PoolDemand
-	for _, name := range regionNames {
+	for _, name := range w.shape.regions {
 		r := w.regions[name]
 		if !r.up || w.isCut(name) || w.isCut(w.coords[w.leader].name) {
 			continue
@@ -212,7 +211,7 @@ func (w *world) heal() {
 			c.stop()
 		}
 	}
-	for _, name := range regionNames {
+	for _, name := range w.shape.regions {
 		w.regions[name].deposed = nil
 	}
 	for i := 0; i < healSteps && w.fail == nil; i++ {

@@ -22,6 +22,15 @@ type ledger struct {
 	total       map[string]transfer.Units // sku → units
 	unallocated map[string]transfer.Units
 	transfers   map[string]transfer.Transfer
+	// bySKU is each SKU's transfer ids, in the order they were created (none is deleted).
+	bySKU map[string][]string
+	// unsettled is the ids of the transfers unfinished lists (the open ones, by put).
+	unsettled map[string]bool
+	// touched is the SKUs written since the checks last took it (takeTouched).
+	touched map[string]bool
+	// undo is the running transaction's journal: what it changed, as it was before (nil
+	// outside a transaction).
+	undo *ledgerUndo
 	// open is unfinished's answer at a version.
 	open struct {
 		version int
@@ -30,9 +39,84 @@ type ledger struct {
 	}
 }
 
+// ledgerUndo is what a transaction changed, as it was before it: a failed one puts it back,
+// so that its cost is its writes, not the ledger's size.
+type ledgerUndo struct {
+	gen         int64
+	unallocated map[string]transfer.Units
+	absent      map[string]bool // SKUs the transaction gave an unallocated row they had not
+	transfers   map[string]transfer.Transfer
+}
+
 func newLedger() *ledger {
 	return &ledger{total: map[string]transfer.Units{}, unallocated: map[string]transfer.Units{},
-		transfers: map[string]transfer.Transfer{}}
+		transfers: map[string]transfer.Transfer{}, bySKU: map[string][]string{}, unsettled: map[string]bool{},
+		touched: map[string]bool{}}
+}
+
+// drivable reports whether a coordinator still has to drive t (unfinished, or posted and not settled).
+func drivable(t transfer.Transfer) bool {
+	return !t.State.Final() || (t.State == transfer.Posted && !t.Settled)
+}
+
+// put writes transfer t's row (journaled inside a transaction), keeping the index of the
+// unfinished ones and the SKUs touched.
+func (l *ledger) put(t transfer.Transfer) {
+	if u := l.undo; u != nil {
+		if _, ok := u.transfers[t.ID]; !ok {
+			u.transfers[t.ID] = l.transfers[t.ID]
+		}
+	}
+	l.restore(t)
+}
+
+// restore writes t's row without journaling it.
+func (l *ledger) restore(t transfer.Transfer) {
+	l.transfers[t.ID] = t
+	l.touched[t.SKU] = true
+	if drivable(t) {
+		l.unsettled[t.ID] = true
+	} else {
+		delete(l.unsettled, t.ID)
+	}
+}
+
+// addUnallocated changes sku's unallocated units by delta (journaled inside a transaction).
+func (l *ledger) addUnallocated(sku string, delta transfer.Units) {
+	if u := l.undo; u != nil {
+		if _, ok := u.unallocated[sku]; !ok && !u.absent[sku] {
+			if v, had := l.unallocated[sku]; had {
+				u.unallocated[sku] = v
+			} else {
+				u.absent[sku] = true
+			}
+		}
+	}
+	l.unallocated[sku] += delta
+	l.touched[sku] = true
+}
+
+// rollback puts back what the running transaction changed.
+func (l *ledger) rollback() {
+	u := l.undo
+	l.gen = u.gen
+	for sku, v := range u.unallocated {
+		l.unallocated[sku] = v
+	}
+	for sku := range u.absent {
+		delete(l.unallocated, sku)
+	}
+	for _, t := range u.transfers { // every one existed before: transactions create none
+		l.restore(t)
+	}
+}
+
+// takeTouched returns the SKUs written since the last call, and forgets them.
+func (l *ledger) takeTouched(into map[string]bool) {
+	for sku := range l.touched {
+		into[sku] = true
+	}
+	clear(l.touched)
 }
 
 // write passes the ledger's fence for generation gen (a one-statement transaction of the
@@ -60,7 +144,8 @@ func (l *ledger) create(gen int64, now time.Time, t transfer.Transfer) error {
 		return fmt.Errorf("unallocated %s has %d, not %d", t.SKU, l.unallocated[t.SKU], t.Units)
 	}
 	t.State, t.Generation, t.CreatedAt = transfer.Requested, gen, now
-	l.transfers[t.ID] = t
+	l.bySKU[t.SKU] = append(l.bySKU[t.SKU], t.ID)
+	l.put(t)
 	return nil
 }
 
@@ -72,12 +157,9 @@ func (l *ledger) unfinished() []transfer.Transfer {
 		return l.open.ts
 	}
 	var ts []transfer.Transfer
-	for _, t := range l.transfers {
-		if !t.State.Final() || (t.State == transfer.Posted && !t.Settled) {
-			ts = append(ts, t)
-		}
+	for _, id := range slices.Sorted(maps.Keys(l.unsettled)) {
+		ts = append(ts, l.transfers[id])
 	}
-	slices.SortFunc(ts, func(a, b transfer.Transfer) int { return strings.Compare(a.ID, b.ID) })
 	l.open.version, l.open.ts, l.open.ok = l.version, ts, true
 	return ts
 }
@@ -87,8 +169,8 @@ func (l *ledger) unfinished() []transfer.Transfer {
 // were created.
 func (l *ledger) recent(sku string, fedSince time.Time) []transfer.Transfer {
 	var ts []transfer.Transfer
-	for _, t := range l.transfers {
-		if t.SKU == sku && (!t.State.Final() || (t.State == transfer.Posted && !t.CreatedAt.Before(fedSince))) {
+	for _, id := range l.bySKU[sku] {
+		if t := l.transfers[id]; !t.State.Final() || (t.State == transfer.Posted && !t.CreatedAt.Before(fedSince)) {
 			ts = append(ts, t)
 		}
 	}
@@ -101,8 +183,8 @@ func (l *ledger) recent(sku string, fedSince time.Time) []transfer.Transfer {
 	return ts
 }
 
-// skuLedgers is the ledger's SKUs as the auditor reads them.
-func (l *ledger) skuLedgers() map[string][]coordinator.SKULedger {
+// skuLedgers is the ledger's rows of skus as the auditor reads them.
+func (l *ledger) skuLedgers(skus []string) map[string][]coordinator.SKULedger {
 	var ks []coordinator.SKULedger
 	for _, sku := range skus {
 		ks = append(ks, coordinator.SKULedger{SKU: sku, Total: l.total[sku], Unallocated: l.unallocated[sku]})
@@ -122,9 +204,15 @@ type nodeLedger struct {
 // the fence exists so that a deposed coordinator writes nothing.
 func (n nodeLedger) Tx(_ context.Context, fn func(coordinator.LedgerTx) error) error {
 	l := n.w.ledger
-	gen, unalloc, ts := l.gen, maps.Clone(l.unallocated), maps.Clone(l.transfers)
-	if err := fn(ledgerTx{l}); err != nil {
-		l.gen, l.unallocated, l.transfers = gen, unalloc, ts
+	gen := l.gen
+	l.undo = &ledgerUndo{gen: gen, unallocated: map[string]transfer.Units{}, absent: map[string]bool{},
+		transfers: map[string]transfer.Transfer{}}
+	err := fn(ledgerTx{l})
+	if err != nil {
+		l.rollback()
+	}
+	l.undo = nil
+	if err != nil {
 		return err
 	}
 	if n.c.gen < gen {
@@ -161,7 +249,7 @@ func (x ledgerTx) AddUnallocated(s, sku string, delta transfer.Units) (bool, err
 	if s != sale || x.l.unallocated[sku]+delta < 0 {
 		return false, nil
 	}
-	x.l.unallocated[sku] += delta
+	x.l.addUnallocated(sku, delta)
 	return true, nil
 }
 
@@ -172,7 +260,7 @@ func (x ledgerTx) SetState(id string, from, next transfer.State, reason string, 
 		return false, nil
 	}
 	t.State, t.Stranded, t.Reason, t.Settled = next, false, reason, settled
-	x.l.transfers[id] = t
+	x.l.put(t)
 	return true, nil
 }
 
@@ -180,7 +268,7 @@ func (x ledgerTx) SetState(id string, from, next transfer.State, reason string, 
 func (x ledgerTx) SetReason(id, reason string, _ time.Time) error {
 	if t, ok := x.l.transfers[id]; ok && !t.State.Final() {
 		t.Reason = reason
-		x.l.transfers[id] = t
+		x.l.put(t)
 	}
 	return nil
 }
@@ -189,7 +277,7 @@ func (x ledgerTx) SetReason(id, reason string, _ time.Time) error {
 func (x ledgerTx) Strand(id, reason string, _ time.Time) error {
 	if t, ok := x.l.transfers[id]; ok && !t.State.Final() {
 		t.Stranded, t.Reason = true, reason
-		x.l.transfers[id] = t
+		x.l.put(t)
 	}
 	return nil
 }
@@ -198,7 +286,7 @@ func (x ledgerTx) Strand(id, reason string, _ time.Time) error {
 func (x ledgerTx) SetSettled(id string) error {
 	if t, ok := x.l.transfers[id]; ok {
 		t.Settled = true
-		x.l.transfers[id] = t
+		x.l.put(t)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ var (
 	flagPlantedSeeds = flag.Int("planted-seeds", 1000, "seeds the simulation may take to catch each planted bug")
 	flagPlantedOnly  = flag.String("planted-only", "", "plant only the bug of this name")
 	flagPlantedAll   = flag.Bool("planted-all", false, "run every seed, not stopping at the first failure, and count the failing ones")
+	flagPlantedShape = flag.String("planted-shape", ShapeDefault, "the shape the simulation runs each planted bug at (default or national)")
 )
 
 // plantedBug is a small textual change to one file of the tree: old must occur in it
@@ -111,7 +112,7 @@ func TestPlantedBugs(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			out, runErr := simIn(dir, *flagPlantedSeeds, !*flagPlantedAll)
+			out, runErr := simIn(dir, *flagPlantedShape, *flagPlantedSeeds, !*flagPlantedAll)
 			seed, detail := firstFailure(out)
 			if runErr == nil || seed == 0 {
 				t.Fatalf("%s (%s): the simulation did not catch it in %d seeds (err %v):\n%s", b.name, b.what, *flagPlantedSeeds, runErr, out)
@@ -134,13 +135,13 @@ func plant(dir string, b plantedBug) error {
 	return os.WriteFile(path, []byte(strings.Replace(string(src), b.old, b.new, 1)), 0o644)
 }
 
-// simIn runs the simulation in module dir over seeds 1..seeds (with stop, none after the
-// first failure), bounded by 10 minutes.
-func simIn(dir string, seeds int, stop bool) (string, error) {
+// simIn runs the simulation at shape in module dir over seeds 1..seeds (with stop, none
+// after the first failure), bounded by 10 minutes.
+func simIn(dir, shape string, seeds int, stop bool) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", "TestSimulation$", "./sim/",
-		"-args", "-seeds", strconv.Itoa(seeds), "-stop="+strconv.FormatBool(stop))
+		"-args", "-shape", shape, "-seeds", strconv.Itoa(seeds), "-stop="+strconv.FormatBool(stop))
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	return string(out), err

@@ -1,7 +1,8 @@
-// Package sim is quota's deterministic simulation: one seeded,
-// single-threaded run of three regions, two coordinators, a ledger, storefronts and an
-// operator, on a simulated clock, over a message layer that drops, delays, duplicates and
-// reorders, with crashes that lose a process's memory and keep its durable state.
+// Package sim is quota's deterministic simulation: one seeded, single-threaded run of three
+// regions (or, at the national shape, a dozen regions and 3,000 pools), two coordinators, a
+// ledger, storefronts and an operator, on a simulated clock, over a message layer that
+// drops, delays, duplicates and reorders, with crashes that lose a process's memory and
+// keep its durable state.
 //
 // What runs is the product's own logic: each region is a region.Core (the writer's
 // in-memory reserve, confirm, release and expiry ops, and the participant rules
@@ -43,6 +44,8 @@ type Config struct {
 	Total transfer.Units
 	// Faults turns the nemesis and the lossy network on.
 	Faults bool
+	// Shape names the regions and SKUs simulated: ShapeDefault ("" too) or ShapeNational.
+	Shape string
 }
 
 // Validate reports the first bad field.
@@ -55,12 +58,35 @@ func (c Config) Validate() error {
 	case c.Total <= 0 || c.Total > transfer.MaxUnits:
 		return fmt.Errorf("total: must be 1..%d, got %d", transfer.MaxUnits, c.Total)
 	}
-	return nil
+	s, err := shapeOf(c.Shape)
+	if err != nil {
+		return err
+	}
+	return s.validate()
 }
 
 // DefaultConfig is the run `make test` does for each seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 1500, Users: 40, Total: 300, Faults: true}
+}
+
+// NationalConfig is one seed at the national shape: a dozen regions and 3,000 pools, each
+// SKU's 60 units spread thin over them (2 to 9 a region) so that the wanted SKUs run out
+// where they are wanted and transfers move them.
+func NationalConfig(seed uint64) Config {
+	return Config{Seed: seed, Steps: 1500, Users: 100, Total: 60, Faults: true, Shape: ShapeNational}
+}
+
+// ConfigOf is the run of one seed at the shape of that name.
+func ConfigOf(shapeName string, seed uint64) (Config, error) {
+	switch shapeName {
+	case "", ShapeDefault:
+		return DefaultConfig(seed), nil
+	case ShapeNational:
+		return NationalConfig(seed), nil
+	}
+	_, err := shapeOf(shapeName)
+	return Config{}, err
 }
 
 // Stats is what one run did.
@@ -81,12 +107,17 @@ type Failure struct {
 	At        time.Duration
 	Invariant string
 	Detail    string
+	Shape     string // the Config's shape, to replay it with
 }
 
 // Error reports the failure and how to replay it.
 func (f *Failure) Error() string {
-	return fmt.Sprintf("seed %d, step %d (simulated %s): %s: %s\nreplay: go test ./sim -run 'TestSimulation$' -seed %d -v",
-		f.Seed, f.Step, f.At, f.Invariant, f.Detail, f.Seed)
+	shape := ""
+	if f.Shape != "" && f.Shape != ShapeDefault {
+		shape = " -shape " + f.Shape
+	}
+	return fmt.Sprintf("seed %d, step %d (simulated %s): %s: %s\nreplay: go test ./sim -run 'TestSimulation$' -seed %d%s -v",
+		f.Seed, f.Step, f.At, f.Invariant, f.Detail, f.Seed, shape)
 }
 
 const (
@@ -99,15 +130,14 @@ const (
 	healSteps   = 4000
 )
 
-var (
-	regionNames = []string{"us", "eu", "ap"}
-	skus        = []string{"phone", "case"}
-	epoch       = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-)
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // world is one run's whole state. Only Run's goroutine touches it.
 type world struct {
 	cfg     Config
+	shape   shape
+	pools   []string // where the operator moves stock: the unallocated pool and the regions
+	procs   []string // the processes whose links the nemesis cuts
 	rng     *rand.Rand
 	now     time.Time
 	step    int
@@ -121,7 +151,9 @@ type world struct {
 	store   *storefront
 	stats   Stats
 	seq     int
-	checked int // the ledger version the last check saw
+	checked int             // the ledger version the last check saw
+	full    int             // the step of the last check of every SKU
+	touched map[string]bool // SKUs whose durable state changed since the last check
 	scratch checkScratch
 	fail    *Failure
 }
@@ -158,12 +190,19 @@ func (w *world) run() {
 	}
 }
 
+// newWorld builds the world of a valid cfg (Run validates it first).
 func newWorld(cfg Config) *world {
-	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)), now: epoch, faults: cfg.Faults,
-		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(),
+	sh, err := shapeOf(cfg.Shape)
+	if err != nil {
+		panic(fmt.Sprintf("sim: %v", err))
+	}
+	w := &world{cfg: cfg, shape: sh, rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)), now: epoch, faults: cfg.Faults,
+		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(), touched: map[string]bool{},
+		pools:   append([]string{transfer.Unallocated}, sh.regions...),
+		procs:   append([]string{"c1", "c2"}, sh.regions...),
 		scratch: checkScratch{used: map[userSKU][2]transfer.Units{}, perKey: map[dupKey]string{}},
 		stats:   Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
-	for _, r := range regionNames {
+	for _, r := range sh.regions {
 		w.regions[r] = newRegionNode(r)
 	}
 	w.coords = []*coordNode{newCoordNode("c1"), newCoordNode("c2")}
@@ -178,7 +217,7 @@ func newWorld(cfg Config) *world {
 func (w *world) tick(traffic bool) {
 	w.now = w.now.Add(time.Duration(1+w.rng.IntN(20)) * time.Millisecond)
 	w.net.deliverDue(w)
-	for _, name := range regionNames {
+	for _, name := range w.shape.regions {
 		w.regions[name].turn(w)
 	}
 	for _, c := range w.coords {
@@ -206,7 +245,8 @@ func (w *world) failf(inv, format string, args ...any) {
 	if w.fail != nil {
 		return
 	}
-	w.fail = &Failure{Seed: w.cfg.Seed, Step: w.step, At: w.now.Sub(epoch), Invariant: inv, Detail: fmt.Sprintf(format, args...)}
+	w.fail = &Failure{Seed: w.cfg.Seed, Step: w.step, At: w.now.Sub(epoch), Invariant: inv, Detail: fmt.Sprintf(format, args...),
+		Shape: w.cfg.Shape}
 }
 
 // chance is true with probability p.

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quotaworks/quota/region"
 )
 
 var (
@@ -20,12 +23,17 @@ var (
 	flagFirst = flag.Uint64("first", 1, "the first seed of the range")
 	flagSteps = flag.Int("steps", 0, "steps of the faulty phase per seed (0: the default)")
 	flagStop  = flag.Bool("stop", false, "start no seed after the first failure (planted-bug runs: the first failing seed is the smallest)")
+	flagShape = flag.String("shape", ShapeDefault, "the regions and SKUs simulated: default (3 regions, 2 SKUs) or national (12 regions, 250 SKUs: 3,000 pools)")
 )
 
 // TestSimulation runs the deterministic simulation over a range of seeds (1,000 in `make
 // test`; `make sim SEEDS=100000` for more) and prints the figures; any failing seed is
 // named with the command that replays it.
 func TestSimulation(t *testing.T) {
+	sh, err := shapeOf(*flagShape)
+	if err != nil {
+		t.Fatal(err)
+	}
 	seeds := make([]uint64, 0, *flagSeeds)
 	if *flagSeed != 0 {
 		seeds = append(seeds, *flagSeed)
@@ -38,11 +46,11 @@ func TestSimulation(t *testing.T) {
 	// size spends a fifth less CPU on the collector, for some tens of megabytes.
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	start := time.Now()
-	total, ran, failures := runSeeds(seeds)
+	total, ran, failures := runSeeds(sh.name, seeds)
 	for _, f := range failures {
 		t.Error(f)
 	}
-	line := fmt.Sprintf("SIM: %d seeds (%d..%d), %d failed, %d steps, simulated %s, wall %s\n  faults: %s\n  ops: %s",
+	line := shapeLine(sh) + fmt.Sprintf("SIM: %d seeds (%d..%d), %d failed, %d steps, simulated %s, wall %s\n  faults: %s\n  ops: %s",
 		ran, seeds[0], seeds[0]+uint64(ran)-1, len(failures), total.Steps, total.SimTime.Round(time.Second),
 		time.Since(start).Round(time.Millisecond), counts(total.Faults), counts(total.Ops))
 	t.Log(line)
@@ -55,9 +63,19 @@ func TestSimulation(t *testing.T) {
 	}
 }
 
-// runSeeds runs the seeds on every core (each run is single-threaded and independent) and
-// sums their figures; it returns how many seeds ran (all but those -stop skipped).
-func runSeeds(seeds []uint64) (Stats, int, []error) {
+// shapeLine names a shape other than the default above the figures ("" for the default,
+// whose figures read as they always have).
+func shapeLine(sh shape) string {
+	if sh.name == ShapeDefault {
+		return ""
+	}
+	return "shape " + sh.describe() + "\n"
+}
+
+// runSeeds runs the seeds at shape shapeName on every core (each run is single-threaded and
+// independent) and sums their figures; it returns how many seeds ran (all but those -stop
+// skipped).
+func runSeeds(shapeName string, seeds []uint64) (Stats, int, []error) {
 	var (
 		mu       sync.Mutex
 		total    = Stats{Faults: map[string]int{}, Ops: map[string]int{}}
@@ -71,7 +89,10 @@ func runSeeds(seeds []uint64) (Stats, int, []error) {
 		go func() {
 			defer wg.Done()
 			for seed := range next {
-				cfg := DefaultConfig(seed)
+				cfg, err := ConfigOf(shapeName, seed)
+				if err != nil {
+					panic(err) // the shape was checked before any seed ran
+				}
 				if *flagSteps > 0 {
 					cfg.Steps = *flagSteps
 				}
@@ -116,15 +137,20 @@ func counts(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// TestSimulationIsDeterministic runs one seed twice: the same seed must give the same run.
+// TestSimulationIsDeterministic runs one seed twice at each shape (the national one for 100
+// steps of faults): the same seed must give the same run.
 func TestSimulationIsDeterministic(t *testing.T) {
-	a, errA := Run(DefaultConfig(42))
-	b, errB := Run(DefaultConfig(42))
-	if fmt.Sprint(a) != fmt.Sprint(b) || fmt.Sprint(errA) != fmt.Sprint(errB) {
-		t.Fatalf("seed 42 ran twice differently:\n%+v %v\n%+v %v", a, errA, b, errB)
-	}
-	if a.Ops["reserve"] == 0 || a.Ops["transfer"] == 0 || len(a.Faults) == 0 {
-		t.Fatalf("seed 42 did too little to prove anything: %+v", a)
+	national := NationalConfig(42)
+	national.Steps = 100
+	for _, cfg := range []Config{DefaultConfig(42), national} {
+		a, errA := Run(cfg)
+		b, errB := Run(cfg)
+		if fmt.Sprint(a) != fmt.Sprint(b) || fmt.Sprint(errA) != fmt.Sprint(errB) {
+			t.Fatalf("seed 42 (%s) ran twice differently:\n%+v %v\n%+v %v", cfg.Shape, a, errA, b, errB)
+		}
+		if a.Ops["reserve"] == 0 || a.Ops["transfer"] == 0 || len(a.Faults) == 0 {
+			t.Fatalf("seed 42 (%s) did too little to prove anything: %+v", cfg.Shape, a)
+		}
 	}
 }
 
@@ -145,4 +171,78 @@ func TestSimulationCatchesBrokenState(t *testing.T) {
 	if f := w.fail; f == nil || f.Invariant != "audit" || !strings.Contains(f.Detail, "I1") {
 		t.Fatalf("a unit from nowhere was not reported as an I1 breach: %v", f)
 	}
+}
+
+// nationalSeeds are the national seeds the suite runs (`make sim SHAPE=national` runs more).
+var nationalSeeds = []uint64{1, 2}
+
+// TestSimulationNational runs a few seeds at the national shape, a dozen regions and 3,000
+// pools: the invariants must hold there too, with every fault picking among all of them.
+func TestSimulationNational(t *testing.T) {
+	total, ran, failures := runSeeds(ShapeNational, nationalSeeds)
+	for _, f := range failures {
+		t.Error(f)
+	}
+	line := fmt.Sprintf("SIM national: %d seeds, %d failed, %d steps, simulated %s\n  faults: %s\n  ops: %s",
+		ran, len(failures), total.Steps, total.SimTime.Round(time.Second), counts(total.Faults), counts(total.Ops))
+	t.Log(line)
+	// After TestSimulation's figures in the file `make test` prints (QUOTA_SIM_REPORT).
+	if path := os.Getenv("QUOTA_SIM_REPORT"); path != "" {
+		if err := appendFile(path, line+"\n"); err != nil {
+			t.Errorf("append the national figures to QUOTA_SIM_REPORT: %v", err)
+		}
+	}
+	// Every seed allocates every SKU to every region, and the faults and the storefronts act.
+	if allocations := ran * nationalRegions * nationalSKUs; total.Ops["transfer"] < allocations ||
+		total.Ops["reserve"] == 0 || total.Faults["region crash"] == 0 || total.Ops["coordinator write fenced"] == 0 {
+		t.Fatalf("the national seeds did too little to prove anything (want at least %d transfers): %+v", allocations, total)
+	}
+}
+
+// TestSimulationNationalCatchesBrokenState makes sure the checks between two whole ones
+// judge what a step changed: at the national shape, a unit from nowhere in the ledger or at
+// a region is reported as an I1 breach by the next check, not only by the next whole one.
+func TestSimulationNationalCatchesBrokenState(t *testing.T) {
+	for _, where := range []string{"ledger", "region"} {
+		t.Run(where, func(t *testing.T) {
+			w := newWorld(NationalConfig(7))
+			w.setup()
+			for w.step = 1; w.step <= 20 && w.fail == nil; w.step++ {
+				w.tick(true)
+			}
+			if w.fail != nil {
+				t.Fatalf("seed 7 failed before the test broke anything: %v", w.fail)
+			}
+			w.full = w.step // the next check judges only what changed
+			sku := w.shape.skus[len(w.shape.skus)-1]
+			switch where {
+			case "ledger":
+				w.ledger.addUnallocated(sku, 1) // as a ledger write does
+				w.ledger.version++
+			case "region": // a credit of a transfer the ledger never made
+				r := w.regions[w.shape.regions[len(w.shape.regions)-1]]
+				_, err := r.durable.Credit(region.CreditRequest{Generation: w.gen, TransferID: "from-nowhere", Sale: sale, SKU: sku, Units: 1})
+				if err != nil {
+					t.Fatalf("credit from nowhere: %v", err)
+				}
+				r.dirty = true // as a commit does
+			}
+			w.check(false)
+			if f := w.fail; f == nil || f.Invariant != "audit" || !strings.Contains(f.Detail, "I1 "+sale+"/"+sku) {
+				t.Fatalf("a unit from nowhere in %s's %s was not reported as an I1 breach: %v", where, sku, f)
+			}
+		})
+	}
+}
+
+// appendFile adds text at the end of the file at path, creating it if need be.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	return f.Close()
 }

@@ -74,10 +74,10 @@ func (s *storefront) send(w *world, to string, a ask, body func(id int) any) {
 }
 
 func (s *storefront) reserve(w *world) {
-	req := region.ReserveRequest{Sale: sale, SKU: pick(w, skus), User: fmt.Sprintf("u%d", w.rng.IntN(w.cfg.Users)),
+	req := region.ReserveRequest{Sale: sale, SKU: w.pickSKU(), User: fmt.Sprintf("u%d", w.rng.IntN(w.cfg.Users)),
 		Quantity: transfer.Units(1 + w.rng.IntN(2)), RequestKey: fmt.Sprintf("k%d", w.nextID())}
 	key := req.User + "/" + req.RequestKey
-	s.keys[key] = &keyState{region: pick(w, regionNames), req: req}
+	s.keys[key] = &keyState{region: pick(w, w.shape.regions), req: req}
 	s.open = append(s.open, key)
 	s.retry(w, key)
 }
