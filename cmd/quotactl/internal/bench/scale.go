@@ -619,14 +619,24 @@ func runIdleMode(ctx context.Context, cfg *ScaleConfig, dbs *databases, tag, mod
 	return out, nil
 }
 
+// idleSettle is how long the coordinator curve waits after creating its sales before it
+// watches them: past a new sale's first 30 s open (coordinator.maxIdleBackoff).
+const idleSettle = 35 * time.Second
+
 // watchIdle lets the cluster settle after the sales' creation, then counts
 // the transactions of every database of the cluster over cfg.IdleWindow.
 func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpool.Pool, tag, mode string, sales int) (IdlePoint, error) {
 	// Creating a sale moves its stock to each region, one transfer per SKU, and each step
 	// tells the coordinator of a change: the sold-out loop reads the sale again for a few
-	// seconds after. Idle is after that: wait half the window (1 to 15 s) before it opens, which
-	// also lets PostgreSQL (it flushes a backend's counts at most once a second) count it.
-	if err := sleepCtx(ctx, min(15*time.Second, max(time.Second, cfg.IdleWindow/2))); err != nil {
+	// seconds after, and the rebalancer plans a sale every 2 s in its first 30 s open. Idle
+	// is after that: wait idleSettle before the window opens (for a window under 10 s, as
+	// the tests run, the window's length), which also lets PostgreSQL (it flushes a
+	// backend's counts at most once a second) count the creation.
+	settle := idleSettle
+	if cfg.IdleWindow < 10*time.Second {
+		settle = max(time.Second, cfg.IdleWindow)
+	}
+	if err := sleepCtx(ctx, settle); err != nil {
 		return IdlePoint{}, err
 	}
 	names := map[string]string{"coordinator": cluster.DBName(cfg.DBPrefix+"_"+tag, "coordinator")}
