@@ -52,9 +52,9 @@ reservations/s is highest, every variant at that same concurrency, and are also 
 each concurrency. With (g) and (h), (d)/(g) (target >= 1) and (d)/(h) (target >= 0.6) are
 printed too; after each, the bench checks on the server that the units held equal the units
 acknowledged and never exceed the stock, that no user is above the limit, and that a retry
-of a taken request replays its hold. Figures in docs/benchmarks.md: on 2 cores loaded by
-other work, the last example gave (d)/(g) 1.577 and (d)/(h) 1.537 at 1,024 callers (9,184
-reservations/s against 5,824 and 5,974 takes/s) and 0.688 and 0.632 at 256, oversell 0.`,
+of a taken request replays its hold. Figures in docs/benchmarks.md: on 2 idle cores, the
+last example with --rounds 3 gave (d)/(g) 1.058 and (d)/(h) 0.992 at 256 callers (11,986
+reservations/s against 11,332 and 12,087 takes/s) and 1.200 and 1.066 at 1,024, oversell 0.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
   quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
