@@ -63,9 +63,9 @@ test: pg redis chromium
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
 		QUOTA_SIM_REPORT=$(CURDIR)/.cache/sim-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
 	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \
-	step allocs $(GO) test -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
+	step allocs env GO=$(GO) scripts/run-tests.sh 3 -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
 		./admission/ ./region/regionhttp/ ./region/; \
-	step flood-p99 env QUOTA_FLOOD_P99=1 $(GO) test -count=1 -v -run '^TestStorefrontFloodLatency$$' ./cmd/internal/cluster/; \
+	step flood-p99 env QUOTA_FLOOD_P99=1 GO=$(GO) scripts/run-tests.sh 1 -count=1 -run '^TestStorefrontFloodLatency$$' ./cmd/internal/cluster/; \
 	step readme $(MAKE) --no-print-directory readme; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \

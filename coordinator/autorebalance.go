@@ -133,8 +133,9 @@ type autoState struct {
 	// moved by the SKUs moved within a cooldown (moving).
 	idle     map[string]time.Time
 	idleRuns map[string]int
-	// wakes counts each sale's wakes, so a plan read while a change came in is not taken
-	// for idle (planned): a wake is never lost to the plan it raced.
+	// wakes counts the wakes of each sale a plan has read (wakeCount registers it), so a
+	// plan read while a change came in is not taken for idle (planned): a wake is never lost
+	// to the plan it raced. Bounded like idle (keepOnly); empty while the rebalancer is off.
 	wakes map[string]uint64
 	// live reports whether every source of changes is listening (changeFeed.live); nil: no.
 	live func() bool
@@ -178,17 +179,24 @@ func (s *autoState) wake(sale string) {
 	defer s.mu.Unlock()
 	delete(s.idle, sale)
 	delete(s.idleRuns, sale)
-	if s.wakes == nil {
-		s.wakes = map[string]uint64{}
+	if n, ok := s.wakes[sale]; ok { // counted only for sales a plan reads
+		s.wakes[sale] = n + 1
 	}
-	s.wakes[sale]++
 }
 
-// wakeCount is how many times sale was woken: read before its plan, given to planned.
+// wakeCount is how many times sale was woken since a plan first read it: read before its
+// plan, given to planned. It registers sale, whose wakes are counted from now on.
 func (s *autoState) wakeCount(sale string) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.wakes[sale]
+	if s.wakes == nil {
+		s.wakes = map[string]uint64{}
+	}
+	n, ok := s.wakes[sale]
+	if !ok {
+		s.wakes[sale] = 0
+	}
+	return n
 }
 
 // planned records whether sale's plan at now found it idle; a sale not yet open is planned

@@ -201,6 +201,7 @@ type Coordinator struct {
 	auditViolations atomic.Int64
 	auditedAt       atomic.Int64
 	auditTook       atomic.Int64 // the last round's duration, in nanoseconds: what the continuous audit costs
+	unsoldLog       readFailureLog
 
 	// autoMoves and autoUnits count the transfers the automatic rebalancer started and
 	// their units, in this process's life.
@@ -321,7 +322,7 @@ func (c *Coordinator) FenceRejections() int64 { return c.fenceRejections.Load() 
 func (c *Coordinator) AuditViolations() int64 { return c.auditViolations.Load() }
 
 // AuditDuration is how long the continuous audit's last round in this term took (every
-// sale read and evaluated); zero before the first.
+// sale read and evaluated), a round that failed included; zero before the first.
 func (c *Coordinator) AuditDuration() time.Duration { return time.Duration(c.auditTook.Load()) }
 
 // AuditedAt is when the continuous audit's last round in this term ended; zero before the

@@ -3,6 +3,9 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/transfer"
@@ -80,7 +83,7 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st f
 // be sold (unsold) and all available. read names the sales every region answered for. Once a
 // region fails a read (or takes over CallTimeout) no region is asked anything more this
 // round, so one region down costs a round one timeout, not one per sale; the sales left are
-// read again next round, and the failure is logged once.
+// read again next round, and the failure is logged (at most once a minute a region).
 func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer.Units) (unsold, available map[skuKey]transfer.Units, read map[string]bool) {
 	unsold, available, read = map[skuKey]transfer.Units{}, map[skuKey]transfer.Units{}, map[string]bool{}
 	for k, u := range ledger {
@@ -111,8 +114,10 @@ func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 			}
 		}
 	}
-	for region, err := range failed {
-		c.cfg.Logger.Warn("reading a region's stock for the sold-out flags failed; its sales are read again next round", "region", region, "err", err)
+	if ctx.Err() == nil { // a term that ended is no news
+		for region, err := range failed {
+			c.unsoldLog.warn(c.cfg.Logger, c.cfg.Clock.Now(), region, err)
+		}
 	}
 	return unsold, available, read
 }
@@ -165,4 +170,32 @@ func (c *Coordinator) ledgerRemaining(ctx context.Context, all bool, sales []str
 		out[k] = transfer.Units(n)
 	}
 	return out, rows.Err()
+}
+
+// readFailureLog rate-limits the sold-out loop's warnings of failed region reads: at most one
+// a region every readFailureLogEvery, with how many were not logged since, so a region down
+// for an hour logs about 60 lines, not one each round.
+type readFailureLog struct {
+	mu    sync.Mutex
+	last  map[string]time.Time
+	quiet map[string]int
+}
+
+// readFailureLogEvery is how often a region's failed reads are logged at most.
+const readFailureLogEvery = time.Minute
+
+// warn logs region's failed read err at now, unless it logged one within readFailureLogEvery.
+func (l *readFailureLog) warn(log *slog.Logger, now time.Time, region string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last, l.quiet = map[string]time.Time{}, map[string]int{}
+	}
+	if last, ok := l.last[region]; ok && now.Sub(last) < readFailureLogEvery {
+		l.quiet[region]++
+		return
+	}
+	log.Warn("reading a region's stock for the sold-out flags failed; its sales are read again next round",
+		"region", region, "err", err, "not_logged_since", l.quiet[region])
+	l.last[region], l.quiet[region] = now, 0
 }

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/transfer"
 )
 
 // A region that does not answer costs a sold-out round one read timeout, not one per sale:
 // no region is asked anything more that round, its sales are left unread (read again next
-// round), and the failure is logged once.
+// round), and the failure is logged at most once a minute, not when the term has ended.
 func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
 	var stuckCalls, okCalls atomic.Int64
 	ok := func(_ context.Context, sale string) (map[string]transfer.Stock, error) {
@@ -27,7 +28,8 @@ func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
 		return nil, ctx.Err()
 	}
 	var logs bytes.Buffer
-	c := &Coordinator{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), CallTimeout: 300 * time.Millisecond,
+	clk := clock.NewManual(time.Unix(1000, 0))
+	c := &Coordinator{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), CallTimeout: 300 * time.Millisecond, Clock: clk,
 		Regions: []RegionLink{{Name: "us", Unsold: ok}, {Name: "eu", Unsold: stuck}}}}
 	ledger := map[skuKey]transfer.Units{}
 	for _, s := range []string{"a", "b", "c", "d", "e"} {
@@ -46,12 +48,25 @@ func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
 		!strings.Contains(logs.String(), "deadline exceeded") {
 		t.Errorf("logged %d failures: %s; want one naming eu and the timeout", n, logs.String())
 	}
+	c.readUnsold(context.Background(), ledger) // within a minute: not logged again, counted
+	clk.Advance(readFailureLogEvery)
+	c.readUnsold(context.Background(), ledger)
+	if n := strings.Count(logs.String(), "sold-out flags failed"); n != 2 || !strings.Contains(logs.String(), "not_logged_since=1") {
+		t.Errorf("logged %d failures: %s; want a second a minute later, saying one was not logged", n, logs.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	clk.Advance(readFailureLogEvery)
+	c.readUnsold(ctx, ledger)
+	if n := strings.Count(logs.String(), "sold-out flags failed"); n != 2 {
+		t.Errorf("a round of a term that ended logged its failures: %s", logs.String())
+	}
 	c.cfg.Regions[1].Unsold = ok // eu answers again: every sale is read, both regions' units added
 	unsold, available, read := c.readUnsold(context.Background(), ledger)
 	if len(read) != 5 || unsold[skuKey{"c", "sku"}] != 16 || available[skuKey{"c", "sku"}] != 14 {
 		t.Errorf("read %v, unsold %v, available %v: want every sale, 10 + 2 × 3 unsold and 10 + 2 × 2 available", read, unsold, available)
 	}
-	if okCalls.Load() != 1+2*5 {
-		t.Errorf("the answering region was asked %d times; want once in the first round (no more once eu failed), 5 sales × 2 regions in the second", okCalls.Load())
+	if okCalls.Load() != 4+2*5 {
+		t.Errorf("the answering region was asked %d times; want once in each of the first four rounds (no more once eu failed), 5 sales × 2 regions in the last", okCalls.Load())
 	}
 }

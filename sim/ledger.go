@@ -64,7 +64,11 @@ func drivable(t transfer.Transfer) bool {
 func (l *ledger) put(t transfer.Transfer) {
 	if u := l.undo; u != nil {
 		if _, ok := u.transfers[t.ID]; !ok {
-			u.transfers[t.ID] = l.transfers[t.ID]
+			old, had := l.transfers[t.ID]
+			if !had { // rollback restores rows; it could not take a new one back
+				panic("sim: a ledger transaction created transfer " + t.ID + "; transfers are created outside transactions")
+			}
+			u.transfers[t.ID] = old
 		}
 	}
 	l.restore(t)

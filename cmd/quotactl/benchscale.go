@@ -26,8 +26,9 @@ func benchScaleCmd() *cobra.Command {
                long as it took, at most 15 s): --pool-ops reservations from --concurrency
                callers on one pool (hot), then as many spread round-robin over every pool
                (spread)
-  coordinator  with --sales idle sales (--idle-skus SKUs each, over three regions; 35 s after
-               the last is created, past a new sale's first 30 s open), the
+  coordinator  with --sales idle sales (--idle-skus SKUs each, over three regions; watched
+               35 s after the last is created, past a new sale's first 30 s open, or with an
+               --idle-window under 10 s as long as the window), the
                transactions per second each region database and the ledger commit
                (pg_stat_database xact_commit + xact_rollback deltas over --idle-window), this
                process's CPU and the coordinator's share of it (COORD%, from a CPU profile of

@@ -297,7 +297,9 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 // "etcd-client" (the client the nodes share), "region/<name>" or "coordinator". Goroutines
 // inherit it from the one that started them, so a CPU profile of `quotad dev` (or of a bench
 // that runs a cluster in process) tells the components apart: `go tool pprof -tagfocus` or
-// `-tags`.
+// `-tags`. Work a component hands to a goroutine another one started counts there: the
+// shared etcd client's lease keep-alive loop, started by the first node to campaign, carries
+// that node's label for every node's leases; the Go runtime's collector carries none.
 const ComponentLabel = "component"
 
 // inComponent runs start with its goroutine, and every goroutine it starts, labeled as the

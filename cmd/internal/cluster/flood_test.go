@@ -73,6 +73,7 @@ func TestStorefrontFloodLatency(t *testing.T) {
 	}
 	_, shop := startFloodRegion(t)
 	counts := map[string]int64{}
+	othersFor(t, shop, "warm", 50, timeUp(time.Hour)) // connections and plans warm before the first quiet spell
 	quiet := othersFor(t, shop, "quiet0", othersMaxCalls, timeUp(quietSpell))
 	var during []time.Duration
 	for round := range 2 {
@@ -82,6 +83,9 @@ func TestStorefrontFloodLatency(t *testing.T) {
 		addCounts(counts, c)
 		during = append(during, lat...)
 		quiet = append(quiet, othersFor(t, shop, "quiet"+strconv.Itoa(round+1), othersMaxCalls, timeUp(quietSpell))...)
+	}
+	if len(quiet) < 400 || len(during) < 400 {
+		t.Fatalf("other buyers made %d calls in the quiet spells and %d during the floods; want at least 400 of each for a p99", len(quiet), len(during))
 	}
 	q, busy := p99(quiet), p99(during)
 	t.Logf("flood outcomes %v; others' latency quiet (%d calls) %s, during the floods (%d calls) %s; p99 ratio %.2f",
@@ -215,7 +219,7 @@ func timeUp(d time.Duration) func() bool {
 }
 
 // othersMaxCalls bounds each caller's reserves in one spell of othersFor: 8 callers, each
-// reserve a unit of the sale's 100,000, over two floods and three quiet spells.
+// reserve a unit of the sale's 100,000, over a warm-up, two floods and three quiet spells.
 const othersMaxCalls = 1500
 
 // othersFor has 8 buyers reserve (one unit, a new buyer per call) until stop says so, each

@@ -209,7 +209,7 @@ func registerCoordinator(reg prometheus.Registerer, c *coordinator.Coordinator) 
 			audited: prometheus.NewDesc("quota_audit_last_run_timestamp_seconds",
 				"When the continuous audit's last round ended (Unix time); absent before the first.", nil, nil),
 			auditTook: prometheus.NewDesc("quota_audit_last_duration_seconds",
-				"How long the continuous audit's last round took (every sale read and evaluated); absent before the first.", nil, nil)})
+				"How long the continuous audit's last round took (every sale read and evaluated), a round that failed included; absent before the first.", nil, nil)})
 }
 
 // ledgerCollector reads the ledger's open transfers on each scrape (one query, over the rows
@@ -237,7 +237,9 @@ func (l *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(l.audit, prometheus.GaugeValue, float64(l.c.AuditViolations()))
 	if at := l.c.AuditedAt(); !at.IsZero() {
 		ch <- prometheus.MustNewConstMetric(l.audited, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
-		ch <- prometheus.MustNewConstMetric(l.auditTook, prometheus.GaugeValue, l.c.AuditDuration().Seconds())
+	}
+	if took := l.c.AuditDuration(); took > 0 {
+		ch <- prometheus.MustNewConstMetric(l.auditTook, prometheus.GaugeValue, took.Seconds())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()

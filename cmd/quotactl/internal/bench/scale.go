@@ -550,7 +550,8 @@ type IdlePoint struct {
 	ProcessCPUPct  float64 `json:"process_cpu_pct_of_one_core"`
 	MachineBusyPct float64 `json:"machine_busy_pct"`
 	// CoordinatorCPUPct is the coordinator's own share of ProcessCPUPct, from a CPU profile
-	// of the window by component (ComponentCPUPct: every component's, "other" the bench's).
+	// of the window by component (ComponentCPUPct: every component's; "other" the bench's own
+	// and the Go runtime's collector, which no component's figure includes).
 	CoordinatorCPUPct float64            `json:"coordinator_cpu_pct_of_one_core"`
 	ComponentCPUPct   map[string]float64 `json:"cpu_pct_of_one_core_by_component"`
 	// AuditMs is how long the continuous audit's last round before the window's end took
