@@ -157,14 +157,7 @@ func TestSimulationIsDeterministic(t *testing.T) {
 // TestSimulationCatchesBrokenState makes sure the checks can fail: a unit appearing from
 // nowhere in the ledger is reported as an I1 breach.
 func TestSimulationCatchesBrokenState(t *testing.T) {
-	w := newWorld(DefaultConfig(7))
-	w.setup()
-	for w.step = 1; w.step <= 300 && w.fail == nil; w.step++ {
-		w.tick(true)
-	}
-	if w.fail != nil {
-		t.Fatalf("seed 7 failed before the test broke anything: %v", w.fail)
-	}
+	w := healthyWorld(t, DefaultConfig(7), 300)
 	w.ledger.unallocated["phone"]++ // a unit from nowhere: I1
 	w.ledger.version++              // as a ledger write does
 	w.check(false)
@@ -205,14 +198,7 @@ func TestSimulationNational(t *testing.T) {
 func TestSimulationNationalCatchesBrokenState(t *testing.T) {
 	for _, where := range []string{"ledger", "region"} {
 		t.Run(where, func(t *testing.T) {
-			w := newWorld(NationalConfig(7))
-			w.setup()
-			for w.step = 1; w.step <= 20 && w.fail == nil; w.step++ {
-				w.tick(true)
-			}
-			if w.fail != nil {
-				t.Fatalf("seed 7 failed before the test broke anything: %v", w.fail)
-			}
+			w := healthyWorld(t, NationalConfig(7), 20)
 			w.full = w.step // the next check judges only what changed
 			sku := w.shape.skus[len(w.shape.skus)-1]
 			switch where {
@@ -233,6 +219,21 @@ func TestSimulationNationalCatchesBrokenState(t *testing.T) {
 			}
 		})
 	}
+}
+
+// healthyWorld sets up cfg's world and runs it steps steps, failing the test if it breaks
+// before the test has broken anything.
+func healthyWorld(t *testing.T, cfg Config, steps int) *world {
+	t.Helper()
+	w := newWorld(cfg)
+	w.setup()
+	for w.step = 1; w.step <= steps && w.fail == nil; w.step++ {
+		w.tick(true)
+	}
+	if w.fail != nil {
+		t.Fatalf("seed %d failed before the test broke anything: %v", cfg.Seed, w.fail)
+	}
+	return w
 }
 
 // appendFile adds text at the end of the file at path, creating it if need be.
