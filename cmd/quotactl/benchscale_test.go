@@ -83,16 +83,30 @@ func checkIdleCurve(t *testing.T, pts []bench.IdlePoint) {
 			}
 		}
 		ledger += p.LedgerTxPerSec
-		// Reading every sale every half second would be 4 transactions a second at each region
+		// Reading every sale every half second would be 4 transactions a second at every region
 		// database with 2 sales; idle sales are read only when they change (and by an audit
-		// round, one read per sale, if one falls in the window).
-		if mode == bench.ModeSoldOutLoop && sales == 2 && p.MeanTxPerSec >= 4 {
-			t.Errorf("coordinator point %d %+v: %.1f transactions/s at each region database with 2 idle sales; want fewer than 4", i, p, p.MeanTxPerSec)
+		// round, one read per sale, if one falls in the window). Polling shows at every region;
+		// PostgreSQL can publish an idle backend's counts seconds late (its idle flush), so the
+		// creation's transactions can land in a 1 s window at one region: the least of the
+		// three is the one a poll cannot hide from.
+		if least := leastTxPerSec(p.TxPerSec); mode == bench.ModeSoldOutLoop && sales == 2 && least >= 4 {
+			t.Errorf("coordinator point %d %+v: %.1f transactions/s at the least busy region database with 2 idle sales; want fewer than 4", i, p, least)
 		}
 	}
 	if ledger <= 0 {
 		t.Errorf("no transaction counted at the ledger: %+v", pts)
 	}
+}
+
+// leastTxPerSec is the smallest of the region databases' transaction rates.
+func leastTxPerSec(byRegion map[string]float64) float64 {
+	least := -1.0
+	for _, r := range byRegion {
+		if least < 0 || r < least {
+			least = r
+		}
+	}
+	return least
 }
 
 // checkTakeoverCurve: the archived history is in holds_closed, never in the holds table a
