@@ -53,25 +53,27 @@ vet:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then proto-check, vet, fuzz and metrics-check
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, proto-check, vet, fuzz and metrics-check
 test: pg redis chromium
 	@declare -A res; fail=0; \
-	step() { local name=$$1; shift; echo "==> $$name"; \
-		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; }; \
-	mkdir -p .cache; rm -f .cache/chaos-report.txt .cache/sim-report.txt; \
+	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
+		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; \
+		echo "==> $$name: $${res[$$name]} in $$(( SECONDS - t0 )) s"; }; \
+	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
 	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
-		QUOTA_SIM_REPORT=$(CURDIR)/.cache/sim-report.txt $(GO) test -race -count=1 -timeout 20m ./...; \
-	for f in .cache/sim-report.txt .cache/chaos-report.txt; do if [ -f $$f ]; then cat $$f; fi; done; \
+		$(GO) test -race -count=1 -timeout 20m ./...; \
+	if [ -f .cache/chaos-report.txt ]; then cat .cache/chaos-report.txt; fi; \
+	step sim env GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestSimulation|TestSimulationNational)$$' ./sim/; \
 	step allocs env GO=$(GO) scripts/run-tests.sh 3 -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
 		./admission/ ./region/regionhttp/ ./region/; \
-	step flood-p99 env QUOTA_FLOOD_P99=1 GO=$(GO) scripts/run-tests.sh 1 -count=1 -run '^TestStorefrontFloodLatency$$' ./cmd/internal/cluster/; \
+	step flood env QUOTA_FLOOD=1 GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestStorefrontFloodIsBounded|TestStorefrontFloodLatency)$$' ./cmd/internal/cluster/; \
 	step readme $(MAKE) --no-print-directory readme; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
-	summary="go test: $${res[go-test]}, allocs: $${res[allocs]}, flood-p99: $${res[flood-p99]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
+	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 

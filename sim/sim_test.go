@@ -1,11 +1,9 @@
 package sim
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"maps"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -26,19 +24,28 @@ var (
 	flagShape = flag.String("shape", ShapeDefault, "the regions and SKUs simulated: default (3 regions, 2 SKUs) or national (12 regions, 250 SKUs: 3,000 pools)")
 )
 
+// raceSeeds is how many seeds TestSimulation runs under -race when -seeds is not given:
+// `make test` runs the full 1,000 in its sim step, without -race (race_test.go).
+const raceSeeds = 100
+
 // TestSimulation runs the deterministic simulation over a range of seeds (1,000 in `make
-// test`; `make sim SEEDS=100000` for more) and prints the figures; any failing seed is
-// named with the command that replays it.
+// test`'s sim step; `make sim SEEDS=100000` for more) and prints the figures; any failing
+// seed is named with the command that replays it.
 func TestSimulation(t *testing.T) {
 	sh, err := shapeOf(*flagShape)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seeds := make([]uint64, 0, *flagSeeds)
+	n := *flagSeeds
+	if raceEnabled && !flagSet("seeds") {
+		n = raceSeeds
+		t.Logf("built with -race: %d seeds (make test's sim step runs %d without it)", n, *flagSeeds)
+	}
+	seeds := make([]uint64, 0, n)
 	if *flagSeed != 0 {
 		seeds = append(seeds, *flagSeed)
 	} else {
-		for i := 0; i < *flagSeeds; i++ {
+		for i := 0; i < n; i++ {
 			seeds = append(seeds, *flagFirst+uint64(i))
 		}
 	}
@@ -54,13 +61,13 @@ func TestSimulation(t *testing.T) {
 		ran, seeds[0], seeds[0]+uint64(ran)-1, len(failures), total.Steps, total.SimTime.Round(time.Second),
 		time.Since(start).Round(time.Millisecond), counts(total.Faults), counts(total.Ops))
 	t.Log(line)
-	// go test prints a passing package's output only with -v: `make test` names a file to
-	// find the figures in (QUOTA_SIM_REPORT) and prints it after the run.
-	if path := os.Getenv("QUOTA_SIM_REPORT"); path != "" {
-		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
-			t.Errorf("write the figures to QUOTA_SIM_REPORT: %v", err)
-		}
-	}
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // shapeLine names a shape other than the default above the figures ("" for the default,
@@ -166,25 +173,24 @@ func TestSimulationCatchesBrokenState(t *testing.T) {
 	}
 }
 
-// nationalSeeds are the national seeds the suite runs (`make sim SHAPE=national` runs more).
+// nationalSeeds are the national seeds the suite runs (`make sim SHAPE=national` runs more);
+// under -race only the first.
 var nationalSeeds = []uint64{1, 2}
 
 // TestSimulationNational runs a few seeds at the national shape, a dozen regions and 3,000
 // pools: the invariants must hold there too, with every fault picking among all of them.
 func TestSimulationNational(t *testing.T) {
-	total, ran, failures := runSeeds(ShapeNational, nationalSeeds)
+	seeds := nationalSeeds
+	if raceEnabled {
+		seeds = seeds[:1]
+	}
+	total, ran, failures := runSeeds(ShapeNational, seeds)
 	for _, f := range failures {
 		t.Error(f)
 	}
 	line := fmt.Sprintf("SIM national: %d seeds, %d failed, %d steps, simulated %s\n  faults: %s\n  ops: %s",
 		ran, len(failures), total.Steps, total.SimTime.Round(time.Second), counts(total.Faults), counts(total.Ops))
 	t.Log(line)
-	// After TestSimulation's figures in the file `make test` prints (QUOTA_SIM_REPORT).
-	if path := os.Getenv("QUOTA_SIM_REPORT"); path != "" {
-		if err := appendFile(path, line+"\n"); err != nil {
-			t.Errorf("append the national figures to QUOTA_SIM_REPORT: %v", err)
-		}
-	}
 	// Every seed allocates every SKU to every region, and the faults and the storefronts act.
 	if allocations := ran * nationalRegions * nationalSKUs; total.Ops["transfer"] < allocations ||
 		total.Ops["reserve"] == 0 || total.Faults["region crash"] == 0 || total.Ops["coordinator write fenced"] == 0 {
@@ -234,16 +240,4 @@ func healthyWorld(t *testing.T, cfg Config, steps int) *world {
 		t.Fatalf("seed %d failed before the test broke anything: %v", cfg.Seed, w.fail)
 	}
 	return w
-}
-
-// appendFile adds text at the end of the file at path, creating it if need be.
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.WriteString(text); err != nil {
-		return errors.Join(err, f.Close())
-	}
-	return f.Close()
 }

@@ -7,20 +7,21 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
-	"github.com/quotaworks/quota/coordinator"
-	"github.com/quotaworks/quota/transfer"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/coordinator/coordhttp"
 	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // The console's acceptance runs the web console in a real headless Chromium (Debian's
@@ -107,6 +108,27 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 		main, merr := chromedp.Run(dctx, chromedp.Evaluate[string](`document.getElementById('main').innerText.slice(0, 2000)`))
 		t.Fatalf("browser: %s: %v; the page's status %q (%v), its text:\n%s (%v)", what, err, status, serr, main, merr)
 	}
+}
+
+// click clicks the element sel matches, as a person would. The console redraws its tables on
+// every refresh, so an element found for a click can be replaced before the click lands
+// (Chrome answers "Could not find node with given id"); the click is then tried again on the
+// new element, a few times, before the step fails.
+func click(t *testing.T, ctx context.Context, what, sel string) {
+	t.Helper()
+	for range 4 {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := chromedp.Do(sctx, chromedp.Click(chromedp.CSS(sel)))
+		cancel()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Could not find node") {
+			break
+		}
+		t.Logf("browser: %s: the page redrew the element under the click (%v); clicking again", what, err)
+	}
+	step(t, ctx, what, chromedp.Click(chromedp.CSS(sel)))
 }
 
 // eval evaluates a JavaScript expression (awaiting a promise) in the tab.
@@ -262,8 +284,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	op := login(t, browser, n, trust.Operator)
 	step(t, op, "the overview lists the sale", chromedp.WaitVisible(chromedp.CSS(`tr.sale[data-sale="flash"]`)))
 	screenshot(t, op, shots, "overview")
-	step(t, op, "open the sale", chromedp.Click(chromedp.CSS(`tr.sale[data-sale="flash"] a`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr.pool[data-region="ap"]`)))
+	click(t, op, "open the sale", `tr.sale[data-sale="flash"] a`)
+	step(t, op, "the sale's pools", chromedp.WaitVisible(chromedp.CSS(`tr.pool[data-region="ap"]`)))
 	samePools(t, op, tc)
 	screenshot(t, op, shots, "sale")
 	id := strandTransfer(t, tc, c)
@@ -302,7 +324,7 @@ func applyFromPage(t *testing.T, op context.Context, tc *testCluster, c quotav1.
 	eval[string](t, op, `location.hash = '#/sale/apply'`)
 	step(t, op, "open the sale with demand at ap", chromedp.WaitVisible(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
 	screenshot(t, op, shots, "plan")
-	step(t, op, "apply the plan", chromedp.Click(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
+	click(t, op, "apply the plan", `div.plan[data-sku="phone"] button.apply`)
 	waitFor(t, "the plan's transfers to ap", 15*time.Second, func() bool {
 		for _, tr := range listTransfers(t, c, "apply") {
 			if tr.GetFrom() != transfer.Unallocated && tr.GetTo() == "ap" && tr.GetState() == "posted" {
@@ -322,9 +344,8 @@ func applyFromPage(t *testing.T, op context.Context, tc *testCluster, c quotav1.
 // waiting to reconnect, and a resolve then leaves the transfer stranded, which the page says.
 func resolveFromPage(t *testing.T, ctx context.Context, c quotav1.CoordinatorServiceClient, id string) {
 	t.Helper()
-	button := chromedp.CSS(`button.resolve[data-id="` + id + `"]`)
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		step(t, ctx, "click resolve", chromedp.Click(button))
+		click(t, ctx, "click resolve", `button.resolve[data-id="`+id+`"]`)
 		for wait := time.Now().Add(2 * time.Second); time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
 			g, err := c.GetTransfer(context.Background(), &quotav1.GetTransferRequest{TransferId: id})
 			if err == nil && g.GetTransfer().GetState() == "posted" {
