@@ -322,21 +322,30 @@ func applyFromPage(t *testing.T, op context.Context, tc *testCluster, c quotav1.
 		t.Fatal(err)
 	}
 	eval[string](t, op, `location.hash = '#/sale/apply'`)
-	step(t, op, "open the sale with demand at ap", chromedp.WaitVisible(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
+	// The sale flash's page, still shown until the new one renders, has a plan for phone too.
+	step(t, op, "open the sale with demand at ap", chromedp.WaitVisible(chromedp.CSS(`#sale[data-sale="apply"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`div.plan[data-sku="phone"] button.apply`)))
 	screenshot(t, op, shots, "plan")
 	click(t, op, "apply the plan", `div.plan[data-sku="phone"] button.apply`)
-	waitFor(t, "the plan's transfers to ap", 15*time.Second, func() bool {
-		for _, tr := range listTransfers(t, c, "apply") {
-			if tr.GetFrom() != transfer.Unallocated && tr.GetTo() == "ap" && tr.GetState() == "posted" {
-				return true
-			}
+	for deadline := time.Now().Add(15 * time.Second); !movedToAP(t, c); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no transfer of the plan reached ap in 15 s; the page's status: %s; transfers %v", eval[string](t, op, `document.getElementById('status').textContent`), listTransfers(t, c, "apply"))
 		}
-		return false
-	})
+	}
 	if after := tc.stock("ap", "apply").GetAvailable(); after <= before-5 {
 		t.Fatalf("ap has %d available after the apply (%d before the 5 held); want more", after, before)
 	}
 	auditOK(t, c, "apply")
+}
+
+// movedToAP reports whether a transfer between regions has posted units to ap in the sale apply.
+func movedToAP(t *testing.T, c quotav1.CoordinatorServiceClient) bool {
+	for _, tr := range listTransfers(t, c, "apply") {
+		if tr.GetFrom() != transfer.Unallocated && tr.GetTo() == "ap" && tr.GetState() == "posted" {
+			return true
+		}
+	}
+	return false
 }
 
 // resolveFromPage clicks the transfer's resolve button until the ledger has it posted, as an
