@@ -262,6 +262,7 @@ func postAs(t *testing.T, ctx context.Context, path, body string) int {
 // from the page; an auditor's console shows the same with no action button, and its posts
 // of the actions are refused 403 and change nothing.
 func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	browser := newBrowser(t)
 	tc := newTestCluster(t, "us", "eu", "ap")
 	n, _ := startConsoleCoordinator(t, tc)

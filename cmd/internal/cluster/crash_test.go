@@ -127,6 +127,7 @@ func mustAudit(t *testing.T, c *coordinator.Coordinator, sale, when string) coor
 // after it; a new leader resumes the transfer to posted; the audit is clean at every moment;
 // the source is debited once and the destination credited once.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	cases := []struct {
 		step          string
 		before, after map[string]bool

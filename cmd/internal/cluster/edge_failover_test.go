@@ -107,6 +107,7 @@ func churnEnter(ctx context.Context, c *http.Client, base, sale, user string) (c
 // region, never BOUND_ELSEWHERE), nobody holds more than the per-user limit in SQL, and the
 // coordinator's audit is clean.
 func TestTicketsSurviveARegionFailover(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	const (
 		ttl    = 2 * time.Second
 		sale   = "edgefo"

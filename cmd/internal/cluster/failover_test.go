@@ -22,6 +22,7 @@ import (
 // there, and the audit is clean with nothing oversold. The standby takes over from the warm
 // copy of the state it kept (region.KeepWarm), not by loading every hold.
 func TestRegionFailover(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	const ttl = 2 * time.Second
 	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
 	if err != nil {

@@ -155,6 +155,7 @@ func createManualSale(t *testing.T, c quotav1.CoordinatorServiceClient, sale str
 // checks every transfer against both regions' records), every transfer ends, and that
 // region still sells at least 99.5% of the units.
 func TestAutoRebalanceSurvivesCoordinatorCrash(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	tc := newTestCluster(t, "us", "eu", "ap")
 	// Demand over 2 s stocked for 4 s: the rebalancer moves a little at a time, so it is
 	// moving when the leader dies.
