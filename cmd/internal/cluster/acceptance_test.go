@@ -47,7 +47,6 @@ func auditOK(t *testing.T, coord quotav1.CoordinatorServiceClient, sale string) 
 // Reserve calls over gRPC from 1,000 concurrent callers spread (skewed) over three regions:
 // exactly 10,000 units end up held or sold, none oversold, and the audit is clean.
 func TestFlashSaleNoOversell(t *testing.T) {
-	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	d := startDev(t, "us", "eu", "ap")
 	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	createSale(t, coord, "flash", 10000, 2, 10*time.Minute)

@@ -74,7 +74,6 @@ func (cs *coordinators) transfer(ctx context.Context, req *quotav1.TransferReque
 // between them and the coordinator leader is killed twice. An audit every second never
 // reports a violation, and the final audit is exact.
 func TestAuditUnderLoad(t *testing.T) {
-	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	tc := newTestCluster(t, "us", "eu", "ap")
 	first := leader(t, tc)
 	cs := &coordinators{tc: tc, nodes: append([]*cluster.CoordinatorNode(nil), tc.coords...)}

@@ -45,10 +45,11 @@ func (tc *testCluster) coordinatorGeneration(ctx context.Context) (int64, error)
 // behind a proxy; coordinators are added with addCoordinator.
 //
 // Every test's cluster is its own (etcd, databases, ports), so the long tests that assert
-// outcomes only (no oversell, every acknowledged hold kept, the audit exact) call t.Parallel:
-// their time is mostly waiting (leases, takeovers, loads), and two at a time take about half
-// the wall time. Tests that assert a time bound (the kill switch's second, the sold-out flags'
-// "at once") stay serial, so no other test in this package stretches them.
+// outcomes only (no oversell, every acknowledged hold kept, the audit exact) and spend their
+// time waiting (for leases to expire, takeovers, restarts) call t.Parallel: two at a time
+// take about half the wall time. Tests that assert a time bound (the kill switch's second,
+// the sold-out flags' "at once") stay serial, and so do the loads at full speed (the flash
+// sale, the shoppers, the audit under load), which would only slow each other.
 func newTestCluster(t *testing.T, names ...string) *testCluster {
 	t.Helper()
 	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))

@@ -104,7 +104,7 @@ func (p *quotadProc) kill9() {
 // hold whose Reserve was acknowledged is there, held or sold, and the audit is clean (so
 // nothing was counted twice).
 func TestKill9MidLoadKeepsEveryAcknowledgedHold(t *testing.T) {
-	t.Parallel() // its own cluster, no time bound (newTestCluster)
+	t.Parallel()                                // its own cluster, no time bound (newTestCluster)
 	base := testnet.Base(t, 0, 1, 2, 3, 90, 91) // coordinator, three regions, etcd client and peer
 	prefix := "quota_t_" + randHex(t)
 	t.Cleanup(func() { dropDBs(t, prefix, []string{"us", "eu", "ap"}) })

@@ -190,7 +190,6 @@ func envInt(name string, def int) int {
 // package; `make shoppers` runs the full 100,000 for 10,000 and asserts the 2 s bound
 // (QUOTA_SHOPPERS, QUOTA_SHOPPER_UNITS and QUOTA_SHOPPERS_TIMING=1).
 func TestShoppersOverThreeRegions(t *testing.T) {
-	t.Parallel() // its own cluster, no time bound (newTestCluster)
 	shoppers, units := envInt("QUOTA_SHOPPERS", 10_000), envInt("QUOTA_SHOPPER_UNITS", 1_000)
 	d := startDev(t, "us", "eu", "ap")
 	createWaitingSale(t, d, "flash", int64(units), 2000, map[string]int64{"us": 40, "eu": 35, "ap": 25})

@@ -631,8 +631,9 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	// tells the coordinator of a change: the sold-out loop reads the sale again for a few
 	// seconds after, and the rebalancer plans a sale every 2 s in its first 30 s open. Idle
 	// is after that: wait idleSettle before the window opens (for a window under 10 s, as
-	// the tests run, the window's length), which also lets PostgreSQL (it flushes a
-	// backend's counts at most once a second) count the creation.
+	// the tests run, the window's length), then until the region databases are quiet
+	// (waitQuiet), which also lets PostgreSQL (it flushes a backend's counts at most once a
+	// second) count the creation.
 	settle := idleSettle
 	if cfg.IdleWindow < 10*time.Second {
 		settle = max(time.Second, cfg.IdleWindow)
@@ -644,7 +645,7 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	for _, r := range scaleRegions {
 		names[r] = cluster.DBName(cfg.DBPrefix+"_"+tag, r)
 	}
-	before, err := xacts(ctx, admin, names)
+	before, err := waitQuiet(ctx, admin, names)
 	if err != nil {
 		return IdlePoint{}, err
 	}
@@ -676,6 +677,39 @@ func (g *scaleRig) watchIdle(ctx context.Context, cfg *ScaleConfig, admin *pgxpo
 	}
 	p.MeanTxPerSec = round1(p.MeanTxPerSec)
 	return p, nil
+}
+
+// quietProbe and quietBound: after the settle, the coordinator curve waits until no region
+// database's count moves over a quietProbe (longer than PostgreSQL's one second between a
+// backend's flushes of its counts), for at most quietBound. On a busy machine the creation's
+// last steps and their counts can still be arriving after a short settle; a coordinator that
+// polls never falls quiet and is measured as it is once quietBound has passed.
+const (
+	quietProbe = 1500 * time.Millisecond
+	quietBound = 12 * time.Second
+)
+
+// waitQuiet waits for the region databases named in names to fall quiet (quietProbe,
+// quietBound) and returns the counts of every named database at the last probe.
+func waitQuiet(ctx context.Context, admin *pgxpool.Pool, names map[string]string) (map[string]int64, error) {
+	prev, err := xacts(ctx, admin, names)
+	for deadline := time.Now().Add(quietBound); err == nil && time.Now().Before(deadline); {
+		if err := sleepCtx(ctx, quietProbe); err != nil {
+			return nil, err
+		}
+		cur, err := xacts(ctx, admin, names)
+		if err != nil {
+			return nil, err
+		}
+		moved := false
+		for _, r := range scaleRegions {
+			moved = moved || cur[r] != prev[r]
+		}
+		if prev = cur; !moved {
+			break
+		}
+	}
+	return prev, err
 }
 
 // xacts reads xact_commit + xact_rollback of each named database.
