@@ -37,7 +37,7 @@ func TestSimulation(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := *flagSeeds
-	if raceEnabled && !flagSet("seeds") {
+	if raceEnabled && *flagSeed == 0 && !flagSet("seeds") {
 		n = raceSeeds
 		t.Logf("built with -race: %d seeds (make test's sim step runs %d without it)", n, *flagSeeds)
 	}

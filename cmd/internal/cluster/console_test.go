@@ -102,12 +102,18 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := chromedp.Do(sctx, actions...); err != nil {
-		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		status, serr := chromedp.Run(dctx, chromedp.Evaluate[string](`document.getElementById('status').textContent`))
-		main, merr := chromedp.Run(dctx, chromedp.Evaluate[string](`document.getElementById('main').innerText.slice(0, 2000)`))
-		t.Fatalf("browser: %s: %v; the page's status %q (%v), its text:\n%s (%v)", what, err, status, serr, main, merr)
+		failStep(t, ctx, what, err)
 	}
+}
+
+// failStep fails the test for a browser step that ended in err, with what the page shows.
+func failStep(t *testing.T, ctx context.Context, what string, err error) {
+	t.Helper()
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	status, serr := chromedp.Run(dctx, chromedp.Evaluate[string](`document.getElementById('status').textContent`))
+	main, merr := chromedp.Run(dctx, chromedp.Evaluate[string](`document.getElementById('main').innerText.slice(0, 2000)`))
+	t.Fatalf("browser: %s: %v; the page's status %q (%v), its text:\n%s (%v)", what, err, status, serr, main, merr)
 }
 
 // click clicks the element sel matches, as a person would. The console redraws its tables on
@@ -116,19 +122,18 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 // new element, a few times, before the step fails.
 func click(t *testing.T, ctx context.Context, what, sel string) {
 	t.Helper()
-	for range 4 {
+	for try := 1; ; try++ {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := chromedp.Do(sctx, chromedp.Click(chromedp.CSS(sel)))
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			return
-		}
-		if !strings.Contains(err.Error(), "Could not find node") {
-			break
+		case try == 4 || !strings.Contains(err.Error(), "Could not find node"):
+			failStep(t, ctx, what, err)
 		}
 		t.Logf("browser: %s: the page redrew the element under the click (%v); clicking again", what, err)
 	}
-	step(t, ctx, what, chromedp.Click(chromedp.CSS(sel)))
 }
 
 // eval evaluates a JavaScript expression (awaiting a promise) in the tab.

@@ -693,7 +693,10 @@ const (
 // quietBound) and returns the counts of every named database at the last probe.
 func waitQuiet(ctx context.Context, admin *pgxpool.Pool, names map[string]string) (map[string]int64, error) {
 	prev, err := xacts(ctx, admin, names)
-	for deadline := time.Now().Add(quietBound); err == nil && time.Now().Before(deadline); {
+	if err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(quietBound); time.Now().Before(deadline); {
 		if err := sleepCtx(ctx, quietProbe); err != nil {
 			return nil, err
 		}
@@ -709,7 +712,7 @@ func waitQuiet(ctx context.Context, admin *pgxpool.Pool, names map[string]string
 			break
 		}
 	}
-	return prev, err
+	return prev, nil
 }
 
 // xacts reads xact_commit + xact_rollback of each named database.
