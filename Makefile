@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis chromium build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
+.PHONY: pg redis chromium etcdctl build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -49,12 +49,16 @@ proto-check:
 vet:
 	scripts/vet.sh
 
+## etcdctl: install Debian's etcd-client when missing (the etcd lock-down test's attacker, deploy/local's probes)
+etcdctl:
+	scripts/etcdctl-setup.sh
+
 ## chromium: install Debian's chromium when missing (the web console's browser test, scripts/chromium-setup.sh)
 chromium:
 	scripts/chromium-setup.sh
 
 ## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, proto-check, vet, fuzz and metrics-check
-test: pg redis chromium
+test: pg redis chromium etcdctl
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; \

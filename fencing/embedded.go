@@ -10,36 +10,67 @@ import (
 )
 
 // Embedded is an in-process, single-member etcd for `quotad dev` and tests. It is a real
-// etcd server (raft, WAL, leases), only not a separate process.
+// etcd server (raft, WAL, leases, authentication), only not a separate process.
 type Embedded struct {
 	e         *embed.Etcd
 	ClientURL string
 }
 
-// StartEmbedded starts a member storing its data in dir, serving clients on clientURL and
-// peers on peerURL (both http://127.0.0.1:port).
+// EmbeddedConfig configures an embedded member.
+type EmbeddedConfig struct {
+	// Dir stores the member's data.
+	Dir string
+	// ClientURL and PeerURL are http://host:port, or https:// with TLS.
+	ClientURL, PeerURL string
+	// TLS, when set, serves clients and the peer port over TLS and requires a client
+	// certificate signed by its CA on both; the certificate's CN is then the etcd user once
+	// authentication is on (EnsureAuth). Nil serves plaintext: tests and --insecure only.
+	TLS *TLSFiles
+	// Gateway serves etcd's JSON gateway (/v3/... over HTTP) beside gRPC. Off by default: the
+	// gateway cannot authenticate by certificate, and a browser page may post to it.
+	Gateway bool
+}
+
+// StartEmbedded starts a plaintext member without the JSON gateway, storing its data in
+// dir, serving clients on clientURL and peers on peerURL (both http://127.0.0.1:port).
+// Tests use it; quotad dev uses StartEmbeddedConfig with TLS.
 func StartEmbedded(dir, clientURL, peerURL string) (*Embedded, error) {
-	cu, err := url.Parse(clientURL)
+	return StartEmbeddedConfig(EmbeddedConfig{Dir: dir, ClientURL: clientURL, PeerURL: peerURL})
+}
+
+// StartEmbeddedConfig starts a member as cfg says and waits until it serves.
+func StartEmbeddedConfig(cfg EmbeddedConfig) (*Embedded, error) {
+	cu, err := url.Parse(cfg.ClientURL)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client url: %w", err)
 	}
-	pu, err := url.Parse(peerURL)
+	pu, err := url.Parse(cfg.PeerURL)
 	if err != nil {
 		return nil, fmt.Errorf("etcd peer url: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if cfg.TLS != nil {
+		if err := cfg.TLS.validate(); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = "quota-dev"
-	cfg.Dir = dir
-	cfg.ListenClientUrls = []url.URL{*cu}
-	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	cfg.ListenPeerUrls = []url.URL{*pu}
-	cfg.AdvertisePeerUrls = []url.URL{*pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.LogLevel = "panic" // its shutdown logs errors that are not ours to act on
-	e, err := embed.StartEtcd(cfg)
+	ec := embed.NewConfig()
+	ec.Name = "quota-dev"
+	ec.Dir = cfg.Dir
+	ec.ListenClientUrls = []url.URL{*cu}
+	ec.AdvertiseClientUrls = []url.URL{*cu}
+	ec.ListenPeerUrls = []url.URL{*pu}
+	ec.AdvertisePeerUrls = []url.URL{*pu}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.EnableGRPCGateway = cfg.Gateway
+	if cfg.TLS != nil {
+		ec.ClientTLSInfo = cfg.TLS.info()
+		ec.PeerTLSInfo = cfg.TLS.info()
+	}
+	ec.LogLevel = "panic" // its shutdown logs errors that are not ours to act on
+	e, err := embed.StartEtcd(ec)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
@@ -49,7 +80,7 @@ func StartEmbedded(dir, clientURL, peerURL string) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd not ready after 30s")
 	}
-	return &Embedded{e: e, ClientURL: clientURL}, nil
+	return &Embedded{e: e, ClientURL: cfg.ClientURL}, nil
 }
 
 // Close stops the member. Idempotent.

@@ -63,6 +63,9 @@ type MemberConfig struct {
 	// TLS, when set, secures client and peer traffic with client-certificate auth; every
 	// URL (InitialCluster's too) must then be https://. Nil serves plaintext http://.
 	TLS *TLSFiles
+	// Gateway serves etcd's JSON gateway (/v3/... over HTTP) beside gRPC; off by default
+	// (EmbeddedConfig.Gateway says why).
+	Gateway bool
 }
 
 // Validate checks the configuration, naming the bad field.
@@ -161,6 +164,7 @@ func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if ec.InitialClusterToken == "" {
 		ec.InitialClusterToken = "quota-local"
 	}
+	ec.EnableGRPCGateway = cfg.Gateway
 	ec.ClusterState = embed.ClusterStateFlagNew
 	if HasMemberData(cfg.Dir) {
 		ec.ClusterState = embed.ClusterStateFlagExisting

@@ -29,15 +29,24 @@ func certCmd() *cobra.Command {
   quotactl cert create-client --role storefront --name shop-eu --certs-dir certs`,
 		RunE: withEnv(runCreateClient)}
 	createClient.Flags().String("name", "", "the certificate's common name, shown in logs and refusals (default: the role); a name other than the role's is part of the file name")
+	createEtcd := &cobra.Command{Use: "create-etcd", Short: "Create etcd.<identity>.crt/.key: a process's etcd user, signed by ca.key", Args: cobra.NoArgs,
+		Long: `create-etcd makes the certificates etcd authenticates its clients by: the certificate's
+common name is the etcd user, and etcd lets each user touch only its own keys. root is etcd's
+administrator (quotad etcd sets up the users and roles with it; operators' etcdctl);
+coordinator is every coordinator process; region-<name> every process of region <name>.`,
+		Example: `  quotactl cert create-etcd --identity root --identity coordinator --identity region-us --certs-dir certs`,
+		RunE:    withEnv(runCreateEtcd)}
+	createEtcd.Flags().StringSlice("identity", nil, "root, coordinator or region-<name>, repeated for each (required)")
 	list := &cobra.Command{Use: "list", Short: "List the certificates of --certs-dir with their roles, hosts, expiry and problems", Args: cobra.NoArgs,
 		Example: `  quotactl cert list --certs-dir .dev/certs`, RunE: withEnv(runCertList)}
-	for _, c := range []*cobra.Command{createCA, createNode, createClient} {
+	for _, c := range []*cobra.Command{createCA, createNode, createClient, createEtcd} {
 		c.Flags().Bool("overwrite", false, "replace files that exist (replacing the CA invalidates every certificate it signed)")
 	}
-	cmd := group("cert", "Create and list the cluster's TLS certificates", createCA, createNode, createClient, list)
+	cmd := group("cert", "Create and list the cluster's TLS certificates", createCA, createNode, createClient, createEtcd, list)
 	cmd.Long = `A cluster trusts one certificate authority (ca.crt). Every server presents node.crt; every
 client presents client.<role>.crt, whose role (coordinator, storefront, operator, auditor)
-decides what it may call. Keep ca.key where certificates are made, not on the servers.`
+decides what it may call. Each process that talks to etcd has etcd.<identity>.crt, its etcd
+user. Keep ca.key where certificates are made, not on the servers.`
 	return cmd
 }
 
@@ -49,6 +58,24 @@ func runCreateClient(e *env) error {
 	name := e.v.GetString("name")
 	err = trust.CreateClient(e.v.GetString("certs-dir"), role, name, e.v.GetBool("overwrite"))
 	return certDone(e, err, trust.ClientCert(role, name), trust.ClientKey(role, name))
+}
+
+func runCreateEtcd(e *env) error {
+	ids := e.v.GetStringSlice("identity")
+	if len(ids) == 0 {
+		return usage("--identity: name at least one: root, coordinator or region-<name>")
+	}
+	var files []string
+	for _, id := range ids {
+		if err := trust.CheckEtcdIdentity(id); err != nil {
+			return usage("--%v", err)
+		}
+		if err := trust.CreateEtcd(e.v.GetString("certs-dir"), id, e.v.GetBool("overwrite")); err != nil {
+			return certDone(e, err, files...)
+		}
+		files = append(files, trust.EtcdCert(id), trust.EtcdKey(id))
+	}
+	return certDone(e, nil, files...)
 }
 
 func certDone(e *env, err error, files ...string) error {

@@ -34,8 +34,16 @@ created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
 Every server serves TLS and requires a client certificate whose role may make the call.
 What is missing of the certificates is created at start under --certs-dir (default
 <data-dir>/certs): ca.crt and ca.key, node.crt/node.key, and client.<role>.crt/.key for the
-roles coordinator, storefront, operator and auditor. quotactl finds them in .dev/certs by
-default. --insecure runs everything plaintext with no roles.`,
+roles coordinator, storefront, operator and auditor, and etcd.<identity>.crt/.key for etcd's
+users (root, coordinator, region-<name>). quotactl finds them in .dev/certs by default.
+
+The embedded etcd serves TLS on loopback, requires a client certificate, and has its
+authentication on: each region and the coordinator reach it as their own etcd user and may
+touch only their own keys; every other certificate may do nothing there. Inspect it as root:
+  etcdctl --endpoints https://127.0.0.1:7490 --cacert .dev/certs/ca.crt \
+    --cert .dev/certs/etcd.root.crt --key .dev/certs/etcd.root.key get --prefix /quota/
+Its JSON gateway is off unless --grpc-gateway. --insecure runs everything plaintext with no
+roles, etcd included.`,
 		Example: `  quotad dev
   quotad dev --regions us,eu --pg-url postgres://quota:quota@127.0.0.1:5432/postgres --data-dir .dev`,
 		RunE: runDev,
@@ -48,6 +56,7 @@ default. --insecure runs everything plaintext with no roles.`,
 	f.String("host", "127.0.0.1", "address every server binds")
 	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
+	f.Bool("grpc-gateway", false, "serve the embedded etcd's JSON gateway (/v3/... over HTTP); it cannot authenticate by certificate")
 	addAuditFlag(cmd)
 	addRebalanceFlags(cmd)
 	addRegionTuning(cmd)
@@ -67,7 +76,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
-		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v),
+		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), EtcdGateway: v.GetBool("grpc-gateway"),
 	}
 	return c, c.Validate()
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/trust"
@@ -20,10 +23,20 @@ clients once a quorum of the cluster is up, so start the others too. A member wh
 --data-dir already holds data restarts from it (initial cluster state "existing").
 With --certs-dir it serves clients and peers over TLS (https:// URLs) with node.crt and
 node.key, and requires a client certificate signed by ca.crt on both; --insecure serves
-plaintext (http:// URLs).`,
+plaintext (http:// URLs).
+
+With --certs-dir, etcd's authentication is on: a client is the etcd user its certificate's
+common name names, and may touch only the keys its role grants. Once the cluster has a quorum,
+every member makes sure (with etcd.root.crt) that the users and roles exist: quota/coordinator,
+and quota/region/<name> for each of --regions; a region added later is added by restarting the
+members with it in --regions. Every other certificate of the CA (a storefront's, an operator's,
+node.crt) may do nothing in etcd. Make the certificates with quotactl cert create-etcd.
+etcd's JSON gateway (/v3/... over HTTP) is off unless --grpc-gateway: it cannot authenticate by
+certificate, and a web page may post to it.`,
 		Example: `  quotad etcd --name e1 --data-dir .cluster/etcd1 --certs-dir .cluster/certs \
     --client-url https://127.0.0.1:7581 --peer-url https://127.0.0.1:7591 \
-    --initial-cluster e1=https://127.0.0.1:7591,e2=https://127.0.0.1:7592,e3=https://127.0.0.1:7593`,
+    --initial-cluster e1=https://127.0.0.1:7591,e2=https://127.0.0.1:7592,e3=https://127.0.0.1:7593 \
+    --regions us,eu,ap`,
 		Args: cobra.NoArgs,
 		RunE: runEtcd,
 	}
@@ -35,6 +48,8 @@ plaintext (http:// URLs).`,
 	f.String("initial-cluster", "", "every member as name=peer-url, comma-separated (required; the same on every member)")
 	f.String("cluster-token", "quota-local", "initial cluster token: tells clusters apart when they bootstrap")
 	f.String("etcd-log-level", "warn", "etcd's own log level: debug, info, warn, error")
+	f.StringSlice("regions", nil, "the regions whose processes get an etcd user and role (required unless --insecure; the same on every member)")
+	f.Bool("grpc-gateway", false, "serve etcd's JSON gateway (/v3/... over HTTP); it cannot authenticate by certificate")
 	addSecurityFlags(cmd, "(required unless --insecure; node.crt serves clients and peers and is presented to peers)")
 	return cmd
 }
@@ -42,6 +57,10 @@ plaintext (http:// URLs).`,
 // EtcdProcessConfig is `quotad etcd`'s configuration.
 type EtcdProcessConfig struct {
 	Member fencing.MemberConfig
+	// Regions get an etcd user and role each (fencing.EnsureAuth); unused when insecure.
+	Regions []string
+	// Root is the administrator's TLS, to set up authentication (nil when insecure).
+	Root *tls.Config
 }
 
 // Validate checks the configuration, naming the bad key.
@@ -55,6 +74,16 @@ func (c *EtcdProcessConfig) Validate() error {
 		}
 		if c.Member.TLS != nil && strings.HasPrefix(u, "http://") {
 			return fmt.Errorf("%s %s: with --certs-dir the member serves TLS: want https:// (or pass --insecure)", flag, u)
+		}
+	}
+	if c.Member.TLS != nil {
+		if len(c.Regions) == 0 {
+			return fmt.Errorf("regions: name the regions whose processes may use etcd (with --certs-dir, etcd authenticates every client)")
+		}
+		for _, r := range c.Regions {
+			if err := trust.CheckEtcdIdentity(trust.EtcdRegion(r)); err != nil {
+				return fmt.Errorf("regions: %w", err)
+			}
 		}
 	}
 	return c.Member.Validate()
@@ -93,7 +122,13 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := EtcdProcessConfig{Member: fencing.MemberConfig{Name: v.GetString("name"), Dir: v.GetString("data-dir"),
 		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"), InitialCluster: v.GetString("initial-cluster"),
-		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm)}}
+		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm),
+		Gateway: v.GetBool("grpc-gateway")}, Regions: v.GetStringSlice("regions")}
+	if !tlsm.Insecure() {
+		if cfg.Root, err = tlsm.EtcdClientConfig(trust.EtcdRoot); err != nil {
+			return badUsage(fmt.Errorf("certs-dir: %w", err))
+		}
+	}
 	cfg.Member.ClientURL = orDefaultURL(cfg.Member.ClientURL, "127.0.0.1:2379", tlsm)
 	cfg.Member.PeerURL = orDefaultURL(cfg.Member.PeerURL, "127.0.0.1:2380", tlsm)
 	if err := cfg.Validate(); err != nil {
@@ -116,6 +151,9 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer m.Close()
+	if err := secureMember(ctx, cfg); err != nil {
+		return err
+	}
 	fmt.Printf("quotad etcd %s: clients %s, peers %s (%s)\n", cfg.Member.Name, cfg.Member.ClientURL, cfg.Member.PeerURL, m.State)
 	select {
 	case <-ctx.Done():
@@ -126,4 +164,24 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 	case <-m.Done():
 		return fmt.Errorf("etcd member %s stopped on its own (see the log above)", cfg.Member.Name)
 	}
+}
+
+// secureMember makes sure, as etcd's administrator, that the cluster's users and roles
+// exist and authentication is on (fencing.EnsureAuth). Every member does it at every start:
+// it is idempotent, and the first member to get there does the work.
+func secureMember(ctx context.Context, cfg EtcdProcessConfig) error {
+	if cfg.Root == nil {
+		return nil
+	}
+	c, err := fencing.DialTLS([]string{cfg.Member.ClientURL}, 10*time.Second, cfg.Root)
+	if err != nil {
+		return fmt.Errorf("etcd member %s: dial as root to set up authentication: %w", cfg.Member.Name, err)
+	}
+	defer c.Close()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := fencing.EnsureAuth(actx, c, cfg.Regions); err != nil {
+		return fmt.Errorf("etcd member %s: %w", cfg.Member.Name, err)
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/coordinator/coordhttp"
 	"github.com/quotaworks/quota/fencing"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
@@ -52,11 +53,12 @@ func regionTuning(v *viper.Viper) (region.Config, error) {
 
 func regionCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "region",
-		Args:    cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
-		Short:   "Run one region server (leader or standby, elected in etcd)",
-		Example: `  quotad region --name us --listen 127.0.0.1:7401 --db-url postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
-		RunE:    runRegion,
+		Use:   "region",
+		Args:  cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
+		Short: "Run one region server (leader or standby, elected in etcd)",
+		Example: `  quotad region --name us --listen 127.0.0.1:7401 --db-url postgres://quota:quota@127.0.0.1:5432/quota_region_us \
+    --etcd https://127.0.0.1:2379 --certs-dir certs`,
+		RunE: runRegion,
 	}
 	f := cmd.Flags()
 	f.String("name", "", "region name (required)")
@@ -66,7 +68,7 @@ func regionCmd() *cobra.Command {
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
 		"waiting room: without it, their admissions and reservations are refused")
 	f.String("db-url", "", "the region's database URL (required; the database must exist: quotad dev creates its own)")
-	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure)")
@@ -112,11 +114,11 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log, HTTPListen: v.GetString("http-listen"),
-		TicketKeys: v.GetString("ticket-keys")}, Etcd: v.GetStringSlice("etcd")}
+		TicketKeys: v.GetString("ticket-keys")}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
-	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm)
+	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm, trust.EtcdRegion(rc.Name))
 	if err != nil {
 		return badUsage(err)
 	}
@@ -143,7 +145,8 @@ func coordinatorCmd() *cobra.Command {
 		Args:  cobra.NoArgs, // a stray word (a flag without its dashes) must not start a server on defaults
 		Short: "Run a coordinator (leader or standby, elected in etcd)",
 		Example: `  quotad coordinator --listen 127.0.0.1:7400 --db-url postgres://quota:quota@127.0.0.1:5432/quota_coordinator \
-    --region us=127.0.0.1:7401=postgres://quota:quota@127.0.0.1:5432/quota_region_us --etcd http://127.0.0.1:2379`,
+    --region us=127.0.0.1:7401=postgres://quota:quota@127.0.0.1:5432/quota_region_us \
+    --etcd https://127.0.0.1:2379 --certs-dir certs`,
 		RunE: runCoordinator,
 	}
 	f := cmd.Flags()
@@ -154,7 +157,7 @@ func coordinatorCmd() *cobra.Command {
 		"login tokens (quotactl console token); empty: no console unless --insecure (docs/console.md)")
 	f.String("db-url", "", "the ledger database URL (required)")
 	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
-	f.StringSlice("etcd", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
 	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
 	addAuditFlag(cmd)
@@ -267,11 +270,11 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
 		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
-		ConsoleKeys: v.GetString("console-keys")}, Etcd: v.GetStringSlice("etcd")}
+		ConsoleKeys: v.GetString("console-keys")}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
-	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm)
+	etcdTLSConfig, err := etcdTLS(cfg.Etcd, tlsm, trust.EtcdCoordinator)
 	if err != nil {
 		return badUsage(err)
 	}

@@ -48,26 +48,36 @@ func security(v *viper.Viper, log *slog.Logger) (*trust.Material, error) {
 	return m, nil
 }
 
-// etcdTLS is a server's TLS config for etcd at endpoints: nil when they are http://,
-// node.crt as the client certificate and ca.crt as the roots when they are https://.
-func etcdTLS(endpoints []string, m *trust.Material) (*tls.Config, error) {
-	secure := 0
+// etcdTLS is a server's TLS config for etcd at endpoints, as the etcd user of identity
+// (trust.EtcdRegion, trust.EtcdCoordinator): its etcd.<identity>.crt as the client
+// certificate and ca.crt as the roots. Insecure (nil m), the endpoints must be http:// and
+// the config is nil; with certificates they must be https://: etcd authenticates each
+// process by its certificate and lets it touch only its own keys (fencing.EnsureAuth).
+func etcdTLS(endpoints []string, m *trust.Material, identity string) (*tls.Config, error) {
 	for _, ep := range endpoints {
-		if strings.HasPrefix(ep, "https://") {
-			secure++
+		secure := strings.HasPrefix(ep, "https://")
+		switch {
+		case m.Insecure() && secure:
+			return nil, fmt.Errorf("etcd %s: https:// endpoints need --certs-dir (etcd.%s.crt is the client certificate), not --insecure", ep, identity)
+		case !m.Insecure() && !secure:
+			return nil, fmt.Errorf("etcd %s: want https://: with --certs-dir every etcd client authenticates with its certificate (pass --insecure for a plaintext etcd)", ep)
 		}
 	}
-	switch {
-	case secure == 0:
+	if m.Insecure() {
 		return nil, nil
-	case secure < len(endpoints):
-		return nil, fmt.Errorf("etcd %s: endpoints mix https:// and plaintext", strings.Join(endpoints, ","))
-	case m.Insecure():
-		return nil, fmt.Errorf("etcd %s: https:// endpoints need --certs-dir (node.crt is the client certificate), not --insecure", strings.Join(endpoints, ","))
 	}
-	cfg, err := m.NodeClientConfig()
+	cfg, err := m.EtcdClientConfig(identity)
 	if err != nil {
 		return nil, fmt.Errorf("certs-dir: etcd client certificate: %w", err)
 	}
 	return cfg, nil
+}
+
+// etcdEndpoints is the --etcd flag's value, or its default: the local member at
+// https://127.0.0.1:2379 (http:// with --insecure), as `quotad etcd` serves it by default.
+func etcdEndpoints(v *viper.Viper, m *trust.Material) []string {
+	if eps := v.GetStringSlice("etcd"); len(eps) > 0 {
+		return eps
+	}
+	return []string{orDefaultURL("", "127.0.0.1:2379", m)}
 }

@@ -12,12 +12,20 @@ import (
 	"google.golang.org/grpc/credentials"
 )
 
+// Regions are the regions whose etcd certificates New and Main make (trust.EnsureDevEtcd),
+// so that tests sharing one directory never make them at once: a dev cluster of tests names
+// only these.
+var Regions = []string{"us", "eu", "ap"}
+
 // New creates a development certificates directory (CA, node and one client certificate per
 // role) in a fresh temporary directory and loads it.
 func New(t testing.TB) *trust.Material {
 	t.Helper()
 	dir := t.TempDir()
 	if _, err := trust.EnsureDev(dir, trust.DevHosts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trust.EnsureDevEtcd(dir, Regions); err != nil {
 		t.Fatal(err)
 	}
 	m, err := trust.Load(dir)
@@ -66,7 +74,9 @@ func Main(m *testing.M, certs **trust.Material) {
 	dir, err := os.MkdirTemp("", "quota-test-certs-")
 	if err == nil {
 		if _, err = trust.EnsureDev(dir, trust.DevHosts); err == nil {
-			*certs, err = trust.Load(dir)
+			if _, err = trust.EnsureDevEtcd(dir, Regions); err == nil {
+				*certs, err = trust.Load(dir)
+			}
 		}
 	}
 	if err != nil {

@@ -143,6 +143,9 @@ func CreateClient(dir string, role Role, name string, overwrite bool) error {
 	if strings.ContainsAny(name, "/\\ \t\n") || len(name) > 64 {
 		return fmt.Errorf("name %q: at most 64 characters, no spaces or slashes", name)
 	}
+	if name == EtcdRoot {
+		return fmt.Errorf("name %q: reserved for etcd's administrator (etcd.go): a client certificate named root would be root in etcd", name)
+	}
 	tmpl, err := template(pkix.Name{CommonName: name, OrganizationalUnit: []string{string(role)}, Organization: []string{"quota"}}, CertLifetime)
 	if err != nil {
 		return err
@@ -246,6 +249,8 @@ func describe(file string, c *x509.Certificate, pool *x509.CertPool, now time.Ti
 		info.Kind = "ca"
 	case file == NodeCert:
 		info.Kind = "node"
+	case strings.HasPrefix(file, "etcd."):
+		info.Kind = "etcd"
 	default:
 		info.Kind, info.Role = "client", RoleOf(c)
 	}

@@ -17,7 +17,7 @@ func init() {
 	for _, k := range []string{
 		"admit-rate", "allocate", "allocation", "audit-interval", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
 		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
-		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "help",
+		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "grpc-gateway", "help", "identity",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "keys", "lease-ttl", "listen",
 		"log-level", "max-batch", "max-keys-per-user", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",

@@ -60,6 +60,9 @@ type DevConfig struct {
 	// ConsoleKeys is the web console's key file, created at start when missing (default
 	// <DataDir>/console.keys); unused when Insecure (the console has no login then).
 	ConsoleKeys string
+	// EtcdGateway serves the embedded etcd's JSON gateway (fencing.EmbeddedConfig.Gateway);
+	// off by default.
+	EtcdGateway bool
 	Logger      *slog.Logger
 }
 
@@ -127,14 +130,22 @@ func (c *DevConfig) certs() (*trust.Material, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("certs-dir: %w", err)
 	}
+	etcdMade, err := trust.EnsureDevEtcd(c.CertsDir, c.Regions)
+	if err != nil {
+		return nil, nil, fmt.Errorf("certs-dir: %w", err)
+	}
+	made = append(made, etcdMade...)
 	m, err := trust.Load(c.CertsDir)
 	return m, made, err
 }
 
 // Dev is a running all-in-one cluster.
 type Dev struct {
-	Etcd        *fencing.Embedded
+	Etcd *fencing.Embedded
+	// EtcdClient is etcd's administrator (root; with authentication on unless insecure): the
+	// setup of users and roles, and tests. Every node dials etcd as its own user.
 	EtcdClient  *fencing.Client
+	nodeEtcd    []*fencing.Client
 	Coordinator *CoordinatorNode
 	Regions     []*RegionNode
 	DBURLs      map[string]string // "coordinator" and region names → database URL
@@ -169,8 +180,12 @@ func freePort(host string) (int, error) {
 }
 
 func (c *DevConfig) etcdURLs() (string, string, error) {
+	scheme := "https://"
+	if c.Insecure {
+		scheme = "http://"
+	}
 	if c.BasePort != 0 {
-		return fmt.Sprintf("http://%s:%d", c.Host, c.BasePort+90), fmt.Sprintf("http://%s:%d", c.Host, c.BasePort+91), nil
+		return scheme + net.JoinHostPort(c.Host, strconv.Itoa(c.BasePort+90)), scheme + net.JoinHostPort(c.Host, strconv.Itoa(c.BasePort+91)), nil
 	}
 	cp, err := freePort(c.Host)
 	if err != nil {
@@ -180,7 +195,7 @@ func (c *DevConfig) etcdURLs() (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	return "http://" + net.JoinHostPort(c.Host, strconv.Itoa(cp)), "http://" + net.JoinHostPort(c.Host, strconv.Itoa(pp)), nil
+	return scheme + net.JoinHostPort(c.Host, strconv.Itoa(cp)), scheme + net.JoinHostPort(c.Host, strconv.Itoa(pp)), nil
 }
 
 func (c *DevConfig) listen(offset int) string {
@@ -217,7 +232,8 @@ func (d *Dev) startEtcd(cfg DevConfig) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		d.Etcd, err = fencing.StartEmbedded(filepath.Join(cfg.DataDir, "etcd"), clientURL, peerURL)
+		d.Etcd, err = fencing.StartEmbeddedConfig(fencing.EmbeddedConfig{Dir: filepath.Join(cfg.DataDir, "etcd"),
+			ClientURL: clientURL, PeerURL: peerURL, TLS: memberFiles(d.TLS), Gateway: cfg.EtcdGateway})
 		if err == nil {
 			return clientURL, nil
 		}
@@ -245,10 +261,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 	if err := inComponent(ctx, "etcd", func(context.Context) (err error) { clientURL, err = d.startEtcd(cfg); return err }); err != nil {
 		return err
 	}
-	if err := inComponent(ctx, "etcd-client", func(context.Context) (err error) {
-		d.EtcdClient, err = fencing.Dial([]string{clientURL}, etcdDialTimeout)
-		return err
-	}); err != nil {
+	if err := inComponent(ctx, "etcd-client", func(ctx context.Context) error { return d.secureEtcd(ctx, clientURL, cfg.Regions) }); err != nil {
 		return err
 	}
 	for _, role := range append([]string{"coordinator"}, cfg.Regions...) {
@@ -266,8 +279,12 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		rc.Name = name
 		var n *RegionNode
 		err := inComponent(ctx, "region/"+name, func(ctx context.Context) (err error) {
+			etcd, err := d.etcdAs(trust.EtcdRegion(name), clientURL)
+			if err != nil {
+				return err
+			}
 			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, d.EtcdClient)
+				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, etcd)
 			return err
 		})
 		if err != nil {
@@ -282,9 +299,13 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 	}
 	err = inComponent(ctx, "coordinator", func(ctx context.Context) (err error) {
+		etcd, err := d.etcdAs(trust.EtcdCoordinator, clientURL)
+		if err != nil {
+			return err
+		}
 		d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
 			Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
-			ConsoleKeys: d.ConsoleKeys}, d.EtcdClient)
+			ConsoleKeys: d.ConsoleKeys}, etcd)
 		return err
 	})
 	if err != nil {
@@ -318,11 +339,70 @@ func (d *Dev) Close() {
 	for _, r := range d.Regions {
 		r.Close()
 	}
+	for _, c := range d.nodeEtcd {
+		if err := c.Close(); err != nil {
+			slog.Debug("closing a node's etcd client", "err", err)
+		}
+	}
+	d.nodeEtcd = nil
 	if d.EtcdClient != nil {
-		d.EtcdClient.Close()
+		if err := d.EtcdClient.Close(); err != nil {
+			slog.Debug("closing the etcd administrator's client", "err", err)
+		}
 		d.EtcdClient = nil
 	}
 	if d.Etcd != nil {
 		d.Etcd.Close()
 	}
+}
+
+// memberFiles names the embedded etcd's TLS files: node.crt serves clients and peers (nil
+// when insecure).
+func memberFiles(m *trust.Material) *fencing.TLSFiles {
+	if m.Insecure() {
+		return nil
+	}
+	return &fencing.TLSFiles{CertFile: filepath.Join(m.Dir(), trust.NodeCert), KeyFile: filepath.Join(m.Dir(), trust.NodeKey),
+		TrustedCAFile: filepath.Join(m.Dir(), trust.CACert)}
+}
+
+// secureEtcd dials the embedded etcd as its administrator and, unless insecure, sets up its
+// users and roles and turns authentication on (fencing.EnsureAuth) before any node dials it.
+func (d *Dev) secureEtcd(ctx context.Context, clientURL string, regions []string) error {
+	var err error
+	if d.EtcdClient, err = d.dial(trust.EtcdRoot, clientURL); err != nil {
+		return err
+	}
+	if d.TLS.Insecure() {
+		return nil
+	}
+	actx, cancel := context.WithTimeout(ctx, etcdDialTimeout)
+	defer cancel()
+	return fencing.EnsureAuth(actx, d.EtcdClient, regions)
+}
+
+// etcdAs is a node's etcd client, as identity's etcd user; insecure, every node shares the
+// administrator's plaintext client.
+func (d *Dev) etcdAs(identity, clientURL string) (*fencing.Client, error) {
+	if d.TLS.Insecure() {
+		return d.EtcdClient, nil
+	}
+	c, err := d.dial(identity, clientURL)
+	if err != nil {
+		return nil, err
+	}
+	d.nodeEtcd = append(d.nodeEtcd, c)
+	return c, nil
+}
+
+// dial connects to the embedded etcd as identity (plaintext when insecure).
+func (d *Dev) dial(identity, clientURL string) (*fencing.Client, error) {
+	if d.TLS.Insecure() {
+		return fencing.Dial([]string{clientURL}, etcdDialTimeout)
+	}
+	cfg, err := d.TLS.EtcdClientConfig(identity)
+	if err != nil {
+		return nil, fmt.Errorf("certs-dir: %w", err)
+	}
+	return fencing.DialTLS([]string{clientURL}, etcdDialTimeout, cfg)
 }

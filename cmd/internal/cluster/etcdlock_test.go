@@ -1,0 +1,129 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/etcdattack"
+	"github.com/quotaworks/quota/internal/trust"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+)
+
+// etcdRoot is etcd's administrator in the package's certificates.
+func etcdRoot() etcdattack.Identity {
+	return etcdattack.Identity{Name: "root", Cert: filepath.Join(certs.Dir(), trust.EtcdCert(trust.EtcdRoot)),
+		Key: filepath.Join(certs.Dir(), trust.EtcdKey(trust.EtcdRoot))}
+}
+
+// etcdAs runs etcdctl against the dev cluster's etcd as id.
+func etcdAs(t *testing.T, d *cluster.Dev, id etcdattack.Identity, args ...string) string {
+	t.Helper()
+	out, err := etcdattack.Run(context.Background(), d.Etcd.ClientURL, filepath.Join(certs.Dir(), trust.CACert), id, args...)
+	if err != nil {
+		t.Fatalf("etcdctl %v as %s: %v: %s", args, id.Name, err, out)
+	}
+	return out
+}
+
+// TestEtcdWritesAreRefused replays with etcdctl every etcd write that hurt a sale while etcd
+// trusted anyone who reached it, with no certificate and with each client certificate of the
+// cluster's CA, against quotad dev's embedded etcd: each is refused, etcd holds what it held,
+// and the sale then sells exactly its stock with a clean audit. A region's own etcd user may
+// not touch another region's election, the coordinator's, or the stock flags either.
+func TestEtcdWritesAreRefused(t *testing.T) {
+	d := startDev(t, "us", "eu", "ap")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	createSale(t, op, "s", 30, 2, 10*time.Minute)
+	rcs := map[string]quotav1.RegionServiceClient{}
+	for _, n := range d.Regions {
+		rcs[n.R.Name()] = quotav1.NewRegionServiceClient(dial(t, n.Addr(), trust.Storefront))
+	}
+	greedy, err := rcs["us"].Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "greedy-2", Quantity: 2, RequestKey: "g1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	root := etcdRoot()
+	leaderKey := strings.TrimSpace(etcdAs(t, d, root, "get", "--prefix", "--keys-only", "--sort-by=CREATE", "--limit=1", "/quota/election/region/eu/"))
+	if !strings.HasPrefix(leaderKey, "/quota/election/region/eu/") {
+		t.Fatalf("eu's leader key: %q", leaderKey)
+	}
+	before := etcdAs(t, d, root, "get", "--prefix", "/quota/")
+	attempts := etcdattack.Attempts("s", "phone", "greedy-2", "victim-1", "eu", leaderKey)
+	ca := filepath.Join(certs.Dir(), trust.CACert)
+	results, err := etcdattack.Replay(ctx, d.Etcd.ClientURL, ca, etcdattack.Identities(certs.Dir()), attempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	us := etcdattack.Identity{Name: "etcd.region-us.crt", Cert: filepath.Join(certs.Dir(), trust.EtcdCert(trust.EtcdRegion("us"))),
+		Key: filepath.Join(certs.Dir(), trust.EtcdKey(trust.EtcdRegion("us")))}
+	regional, err := etcdattack.Replay(ctx, d.Etcd.ClientURL, ca, []etcdattack.Identity{us}, attempts[2:7]) // flags and elections
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAllRefused(t, append(results, regional...), len(attempts)*6+5)
+	if after := etcdAs(t, d, root, "get", "--prefix", "/quota/"); after != before {
+		t.Fatalf("etcd changed under the attacks:\nbefore %s\nafter  %s", before, after)
+	}
+
+	if _, err := rcs["eu"].Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "victim-1", Quantity: 1, RequestKey: "v1"}); err != nil {
+		t.Fatalf("victim-1 at eu after the attacks: %v", err)
+	}
+	sold := sellEach(t, ctx, rcs) + 1 + 2
+	if _, err := rcs["us"].Confirm(ctx, &quotav1.ConfirmRequest{HoldId: greedy.GetReservation().GetHoldId(), PaymentId: "pay-g"}); err != nil {
+		t.Fatal(err)
+	}
+	if sold != 30 {
+		t.Errorf("the sale placed %d units; want exactly its stock, 30", sold)
+	}
+	auditOK(t, op, "s")
+}
+
+// wantAllRefused fails the test for every attempt etcd accepted; a certificate's attempt must
+// be refused by etcd's authorization (permission denied), not by chance.
+func wantAllRefused(t *testing.T, results []etcdattack.Result, want int) {
+	t.Helper()
+	if len(results) != want {
+		t.Fatalf("%d attempts ran; want %d", len(results), want)
+	}
+	for _, r := range results {
+		switch {
+		case !r.Refused:
+			t.Errorf("%s: %s: accepted: %s", r.Identity, r.What, r.Output)
+		case r.Identity != "no certificate" && !r.Denied:
+			t.Errorf("%s: %s: failed, but not as permission denied: %s", r.Identity, r.What, r.Output)
+		}
+	}
+}
+
+// sellEach reserves one unit at a time for new buyers at every region until each answers
+// REGION_EXHAUSTED or SOLD_OUT, and returns the units reserved.
+func sellEach(t *testing.T, ctx context.Context, rcs map[string]quotav1.RegionServiceClient) int {
+	t.Helper()
+	n := 0
+	for name, rc := range rcs {
+		for i := 0; ; i++ {
+			if i == 100 {
+				t.Fatalf("%s: still selling after 100 buyers", name)
+			}
+			_, err := rc.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: fmt.Sprintf("b-%s-%d", name, i), Quantity: 1,
+				RequestKey: "k"})
+			if r := apierr.Reason(err); r == "REGION_EXHAUSTED" || r == "SOLD_OUT" {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: buyer %d: %v", name, i, err)
+			}
+			n++
+		}
+	}
+	return n
+}
