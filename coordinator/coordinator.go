@@ -130,6 +130,9 @@ type Config struct {
 	// (default 500ms).
 	PublishFlag     func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error
 	SoldOutInterval time.Duration
+	// WatchFlags, when set, follows the flags etcd holds; one that differs from what was
+	// published is derived again from the books (flagwatch.go).
+	WatchFlags FlagWatcher
 	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
 	// conservation (I1) is broken (auditLoop); 0 (the zero value, unlike the other
 	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says

@@ -33,14 +33,23 @@ type flagKey struct {
 // at different instants, so a flag is raised only after two rounds in a row agree (the sale
 // is read again next round); it is lowered at the first round that finds a unit. The flags
 // only choose answers (SOLD_OUT rather than REGION_EXHAUSTED; a waiting room's "sold out"
-// and its waitlist); nothing is granted or refused on them.
+// and its waitlist); nothing is granted or refused on them. A flag etcd holds that differs
+// from what was published is derived again from the books (flagwatch.go).
 func (c *Coordinator) soldOutLoop(ctx context.Context, feed *changeFeed) {
 	defer c.wg.Done()
 	if c.cfg.PublishFlag == nil {
 		return
 	}
 	st := flagState{published: map[flagKey]bool{}, rounds: map[flagKey]int{}}
-	every(ctx, c.cfg.SoldOutInterval, func() { c.refreshSoldOut(ctx, feed, st) })
+	seen := &seenFlags{flags: map[flagKey]bool{}}
+	if c.cfg.WatchFlags != nil {
+		c.wg.Add(1)
+		go c.watchFlags(ctx, seen)
+	}
+	every(ctx, c.cfg.SoldOutInterval, func() {
+		c.checkSeen(seen, feed, st)
+		c.refreshSoldOut(ctx, feed, st)
+	})
 }
 
 // flagState is the sold-out loop's memory: the flags it published, and how many rounds in a

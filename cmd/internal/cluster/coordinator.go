@@ -115,6 +115,9 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger, Auto: cfg.Auto,
 		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
 			return fencing.SetFlag(ctx, etcd, f, sale, sku, on)
+		},
+		WatchFlags: func(ctx context.Context, fn func(f fencing.Flag, sale, sku string, on bool)) error {
+			return fencing.WatchFlags(ctx, etcd, fn)
 		}}, n.DB)
 	if err != nil {
 		return nil, err

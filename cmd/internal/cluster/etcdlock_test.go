@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/etcdattack"
 	"github.com/quotaworks/quota/internal/trust"
@@ -126,4 +127,45 @@ func sellEach(t *testing.T, ctx context.Context, rcs map[string]quotav1.RegionSe
 		}
 	}
 	return n
+}
+
+// TestFalseFlagsAreCorrected writes false stock flags into etcd as its administrator (what a
+// stolen root certificate, or an earlier bug, could leave): a drained and a sold-out flag on
+// a SKU with stock, and a sold-out SKU's flags deleted. The coordinator leader sees each
+// differ from the books and publishes the truth again within a few seconds.
+func TestFalseFlagsAreCorrected(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	createSale2(t, op, "stock", 10)
+	createSale2(t, op, "gone", 2)
+	for _, r := range d.Regions {
+		rc := quotav1.NewRegionServiceClient(dial(t, r.Addr(), trust.Storefront))
+		res, err := rc.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "gone", Sku: "phone", UserId: "u-" + r.R.Name(), Quantity: 1, RequestKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rc.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: res.GetReservation().GetHoldId(), PaymentId: "p-" + r.R.Name()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flag := func(f fencing.Flag, sale string) bool {
+		resp := etcdAs(t, d, etcdRoot(), "get", "--print-value-only", "/quota/flags/"+string(f)+"/"+sale+"|phone")
+		return resp == "1"
+	}
+	waitFor(t, "gone's sold-out flag", 10*time.Second, func() bool { return flag(fencing.SoldOut, "gone") })
+	for _, f := range []fencing.Flag{fencing.SoldOut, fencing.Drained} {
+		if err := fencing.SetFlag(ctx, d.EtcdClient, f, "stock", "phone", true); err != nil {
+			t.Fatal(err)
+		}
+		if err := fencing.SetFlag(ctx, d.EtcdClient, f, "gone", "phone", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	waitFor(t, "the flags true to the books again", 10*time.Second, func() bool {
+		return !flag(fencing.SoldOut, "stock") && !flag(fencing.Drained, "stock") && flag(fencing.SoldOut, "gone") && flag(fencing.Drained, "gone")
+	})
+	t.Logf("false flags corrected in %s", time.Since(start).Round(10*time.Millisecond))
 }
