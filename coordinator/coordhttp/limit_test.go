@@ -78,3 +78,14 @@ func TestLoginRateLimits(t *testing.T) {
 	}
 	expect("an operator from that address", loginFrom(h, token(trust.Operator, "otto"), "192.0.2.5:2"), 200, "otto")
 }
+
+// TestDocumentedLimits pins the bounds docs/console.md and docs/security.md print.
+func TestDocumentedLimits(t *testing.T) {
+	want := coordhttp.LoginLimits{PerToken: coordhttp.Rate{Burst: 10, Every: 6 * time.Second},
+		PerAddress: coordhttp.Rate{Burst: 30, Every: 2 * time.Second}, MaxKeys: 4096}
+	if coordhttp.DefaultLoginLimits != want || coordhttp.MaxSessionsPerToken != 8 || coordhttp.MaxSessionsPerRole != 512 ||
+		coordhttp.MaxSessions != 1024 {
+		t.Fatalf("limits %+v, %d per token, %d per role, %d in all: a change here changes docs/console.md, docs/security.md and this test",
+			coordhttp.DefaultLoginLimits, coordhttp.MaxSessionsPerToken, coordhttp.MaxSessionsPerRole, coordhttp.MaxSessions)
+	}
+}
