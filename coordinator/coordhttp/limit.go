@@ -17,6 +17,7 @@ type Rate struct {
 	Every time.Duration
 }
 
+// String says the rate as the console's refusals name it.
 func (r Rate) String() string { return fmt.Sprintf("%d at once, then one every %s", r.Burst, r.Every) }
 
 // LoginLimits bound how fast logins may come. Each bucket table is per role (refused logins
