@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaworks/quota/admission"
@@ -74,22 +75,57 @@ type Options struct {
 	// --insecure). Otherwise every route but the page itself and the login needs a session.
 	Insecure bool
 	// Keys returns the console key file as last read (the keys that verify login tokens);
-	// nil, or nil keys, refuses every login.
+	// nil, or nil keys, refuses every login. Whoever reads the file again calls
+	// Console.KeysChanged, so the sessions of keys it no longer holds end at once.
 	Keys   func() *admission.Keyring
 	Logger *slog.Logger
 	// Now tells the time; default time.Now.
 	Now func() time.Time
+	// Limits bound how fast logins may come; nil is DefaultLoginLimits.
+	Limits *LoginLimits
 }
 
-// Handler serves the console under Prefix.
-func Handler(b Backend, opts Options) http.Handler {
+// Console serves the console under Prefix and keeps its sessions.
+type Console struct {
+	h   *handler
+	mux *http.ServeMux
+}
+
+// New makes the console. The error is an *apierr.InvalidError naming a bad field of
+// opts.Limits.
+func New(b Backend, opts Options) (*Console, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	h := &handler{b: b, opts: opts, sessions: newSessions(), views: newViewCache()}
+	lim := DefaultLoginLimits
+	if opts.Limits != nil {
+		lim = *opts.Limits
+	}
+	limiter, err := newLoginLimiter(lim)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	h := &handler{b: b, opts: opts, sessions: newSessions(MaxSessionsPerToken, MaxSessionsPerRole), views: newViewCache(),
+		limiter: limiter, logLimit: admission.NewLimiter(1, 1, 1)}
+	return &Console{h: h, mux: h.routes()}, nil
+}
+
+// ServeHTTP serves one request of the console.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.mux.ServeHTTP(w, r) }
+
+// Sessions is how many sessions the console keeps, by role.
+func (c *Console) Sessions() map[trust.Role]int { return c.h.sessions.count() }
+
+// KeysChanged ends every session whose token's key is not in the key file as Options.Keys
+// returns it now, and says how many it ended: the key file's reader calls it after each
+// read, so a replaced file (quotactl console keys create --overwrite) or a second rotation
+// empties the table of the retired key's sessions at once, not as each is next used.
+func (c *Console) KeysChanged() int { return c.h.retireKeys() }
+
+func (h *handler) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET "+Prefix+"{$}", h.static("index.html"))
 	mux.Handle("GET "+Prefix+"app.js", h.static("app.js"))
@@ -112,6 +148,11 @@ type handler struct {
 	opts     Options
 	sessions *sessions
 	views    *viewCache
+	limiter  *loginLimiter
+	logLimit *admission.Limiter // the log of rate-limited logins: a line a second at most
+	// retired is the key file whose retired keys' sessions were ended last, so that a login
+	// ends them too when the file changed and nobody called KeysChanged.
+	retired atomic.Pointer[admission.Keyring]
 }
 
 type route func(w http.ResponseWriter, r *http.Request, s session) error
@@ -169,12 +210,27 @@ func (h *handler) caller(r *http.Request) (session, error) {
 	return session{}, fmt.Errorf("console: log in with a token from quotactl console token: %w", apierr.ErrUnauthenticated)
 }
 
-// keyKnown reports whether the console key file still holds the key id.
-func (h *handler) keyKnown(id string) bool {
+// keys is the console key file as last read, or nil.
+func (h *handler) keys() *admission.Keyring {
 	if h.opts.Keys == nil {
-		return false
+		return nil
 	}
-	return slices.Contains(h.opts.Keys().IDs(), id)
+	return h.opts.Keys()
+}
+
+// keyKnown reports whether the console key file still holds the key id.
+func (h *handler) keyKnown(id string) bool { return slices.Contains(h.keys().IDs(), id) }
+
+// retireKeys ends the sessions whose key the key file no longer holds and says how many.
+func (h *handler) retireKeys() int {
+	k := h.keys()
+	h.retired.Store(k)
+	ids := k.IDs()
+	n := h.sessions.retire(func(id string) bool { return slices.Contains(ids, id) })
+	if n > 0 {
+		h.opts.Logger.Info("console sessions of retired keys ended", "sessions", n, "keys", ids)
+	}
+	return n
 }
 
 // authorize decides one action of a session by Actions.
@@ -227,10 +283,14 @@ func secureHeaders(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 }
 
-// writeError answers err in the one JSON error shape.
+// writeError answers err in the one JSON error shape, with Retry-After when it asks to try
+// again later.
 func writeError(w http.ResponseWriter, err error) {
-	code, body := apierr.HTTP(err)
-	rpcserve.WriteJSON(w, code, body)
+	a := apierr.AnswerHTTP(err)
+	if a.RetryAfter != "" {
+		w.Header().Set("Retry-After", a.RetryAfter)
+	}
+	rpcserve.WriteEncoded(w, a.Status, a.Body, a.Length)
 }
 
 // decode reads a JSON body into v, refusing unknown fields and trailing data.

@@ -1,6 +1,7 @@
 package coordhttp
 
 import (
+	"crypto/sha256"
 	"embed"
 	"fmt"
 	"mime"
@@ -65,7 +66,8 @@ func (h *handler) session(w http.ResponseWriter, _ *http.Request, s session) err
 }
 
 // login checks a token and starts a session: the cookie is HttpOnly, Secure and
-// SameSite=Strict, scoped to the console, and ends with the session.
+// SameSite=Strict, scoped to the console, and ends with the session. Logins are rate limited
+// (LoginLimits) and sessions bounded (MaxSessionsPerToken, MaxSessionsPerRole).
 func (h *handler) login(w http.ResponseWriter, r *http.Request, _ session) error {
 	if h.opts.Insecure {
 		return h.session(w, r, session{role: trust.Operator, name: "insecure"})
@@ -76,24 +78,51 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request, _ session) error
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if h.opts.Keys == nil || h.opts.Keys() == nil {
+	now := h.opts.Now()
+	keys := h.keys()
+	if keys == nil {
 		return fmt.Errorf("console: this coordinator has no console key file: %w", apierr.ErrUnauthenticated)
 	}
-	now := h.opts.Now()
-	tok, err := VerifyToken(h.opts.Keys(), req.Token, now)
+	tok, err := VerifyToken(keys, req.Token, now)
 	if err != nil {
+		if lerr := h.limiter.allowRefused(r.RemoteAddr, now); lerr != nil {
+			h.logLimited(lerr, now)
+			return lerr
+		}
 		h.opts.Logger.Info("console login refused", "remote", r.RemoteAddr, "err", err)
 		return err
 	}
-	id, s, err := h.sessions.create(tok, now)
+	id := tokenID(sha256.Sum256([]byte(req.Token)))
+	if err := h.limiter.allowLogin(tok, id, r.RemoteAddr, now); err != nil {
+		h.logLimited(err, now)
+		return err
+	}
+	if h.retired.Load() != keys { // the file changed and its reader did not say so
+		h.retireKeys()
+	}
+	cookie, s, ended, err := h.sessions.create(tok, id, now)
 	if err != nil {
 		return err
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: Prefix, Expires: s.expires,
+	if h.keys() != keys { // the file changed meanwhile: its sessions end with its keys
+		if h.retireKeys(); !h.keyKnown(tok.KeyID) {
+			return badToken("key %s left the console key file", tok.KeyID)
+		}
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: cookie, Path: Prefix, Expires: s.expires,
 		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
-	h.opts.Logger.Info("console login", "role", tok.Role, "name", tok.Name, "key", tok.KeyID, "remote", r.RemoteAddr, "until", s.expires)
+	h.opts.Logger.Info("console login", "role", tok.Role, "name", tok.Name, "key", tok.KeyID, "remote", r.RemoteAddr,
+		"until", s.expires, "ended_sessions", ended)
 	rpcserve.WriteJSON(w, http.StatusOK, h.sessionOf(s))
 	return nil
+}
+
+// logLimited logs a login refused by a rate limit, at most once a second: a flood of them
+// must not flood the log too.
+func (h *handler) logLimited(err error, now time.Time) {
+	if ok, _ := h.logLimit.Allow("", now); ok {
+		h.opts.Logger.Warn("console logins refused by a rate limit (logged at most once a second)", "err", err)
+	}
 }
 
 // logout ends the request's session, if any, and clears its cookie. It needs the session's

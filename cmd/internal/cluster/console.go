@@ -25,17 +25,26 @@ func (n *CoordinatorNode) consoleHandler(next http.Handler) (http.Handler, error
 		return next, nil
 	}
 	opts := coordhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger}
+	var keys *ticketKeys
 	if !opts.Insecure {
-		keys, err := loadKeyFile(cfg.ConsoleKeys, "console keys", "quotactl console keys create", cfg.Logger)
-		if err != nil {
+		var err error
+		if keys, err = loadKeyFile(cfg.ConsoleKeys, "console keys", "quotactl console keys create", cfg.Logger); err != nil {
 			return nil, err
 		}
-		n.consoleKeys = keys
 		opts.Keys = keys.get
 	}
+	console, err := coordhttp.New(n.C, opts)
+	if err != nil {
+		return nil, err
+	}
+	if keys != nil { // each read of the file ends the sessions of the keys it no longer holds
+		keys.changed = func() { console.KeysChanged() }
+		n.consoleKeys = keys
+	}
+	n.console = console
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
-	mux.Handle(coordhttp.Prefix, coordhttp.Handler(n.C, opts))
+	mux.Handle(coordhttp.Prefix, console)
 	mux.Handle("GET /{$}", http.RedirectHandler(coordhttp.Prefix, http.StatusSeeOther))
 	return mux, nil
 }
@@ -52,6 +61,9 @@ func (n *CoordinatorNode) watchConsoleKeys(ctx context.Context) {
 		n.consoleKeys.watch(ctx)
 	}()
 }
+
+// Console is the node's web console (nil when it serves none).
+func (n *CoordinatorNode) Console() *coordhttp.Console { return n.console }
 
 // ConsoleKeys is the console's keys as last read (nil when it serves no console or serves
 // it without login).

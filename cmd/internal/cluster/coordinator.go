@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/coordinator/coordhttp"
 	"github.com/quotaworks/quota/coordinator/coordrpc"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/metrics"
@@ -73,6 +74,7 @@ type CoordinatorNode struct {
 	Metrics      *prometheus.Registry
 	metrics      *nodeMetrics
 	consoleKeys  *ticketKeys
+	console      *coordhttp.Console
 	DB           *pgxpool.Pool
 	regionDBs    []*pgxpool.Pool
 	participants []*coordrpc.Participant

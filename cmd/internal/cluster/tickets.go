@@ -58,6 +58,9 @@ type ticketKeys struct {
 	keys  atomic.Pointer[admission.Keyring]
 	stamp fileStamp
 	log   *slog.Logger
+	// changed, when set, is called after each read of a changed file (the console's ends
+	// the sessions of the keys the file no longer holds). Set before watch starts.
+	changed func()
 }
 
 type fileStamp struct {
@@ -117,5 +120,8 @@ func (k *ticketKeys) watch(ctx context.Context) {
 			continue
 		}
 		k.log.Info(k.what+" read again", "path", k.path, "keys", k.get().String())
+		if k.changed != nil {
+			k.changed()
+		}
 	}
 }
