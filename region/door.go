@@ -284,12 +284,21 @@ func (d *Door) soldOutEverywhere(t SaleTerms) bool {
 	return true
 }
 
-// drained reports whether no unit of sku is available anywhere (the coordinator's flag).
+// drained reports whether no unit of sku is available anywhere (the coordinator's flag). The
+// flags come from etcd and are checked like input: a flag this region's own books contradict
+// (units available here) is not believed.
 func (d *Door) drained(sale, sku string) bool {
+	on := false
 	if f := d.r.cfg.Drained; f != nil {
-		return f(sale, sku)
+		on = f(sale, sku)
+	} else {
+		on = d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku)
 	}
-	return d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku)
+	if !on {
+		return false
+	}
+	avail, known := d.r.cachedAvailable(poolKey{sale, sku})
+	return !known || avail == 0
 }
 
 // limiterKey is the per-address bucket of ip: the address itself for IPv4, its /64 for IPv6

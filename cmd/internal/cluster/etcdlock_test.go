@@ -169,3 +169,23 @@ func TestFalseFlagsAreCorrected(t *testing.T) {
 	})
 	t.Logf("false flags corrected in %s", time.Since(start).Round(10*time.Millisecond))
 }
+
+// TestDrainedFlagTheBooksContradict: a drained flag raised in etcd while the region has units
+// available, with no coordinator to correct it, does not close the region's waiting room: the
+// region checks the flag against its own books and does not believe it.
+func TestDrainedFlagTheBooksContradict(t *testing.T) {
+	d := startDev(t, "us")
+	createWaitingSale(t, d, "rush", 10, 1000, map[string]int64{"us": 1})
+	d.Coordinator.Close() // nobody corrects the flag
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := fencing.SetFlag(ctx, d.EtcdClient, fencing.Drained, "rush", "phone", true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the region's flag watch has it
+	c := httpClient(t, trust.Storefront)
+	a := admit(t, c, edgeURL(d, "us"), "rush", "buyer-1")
+	if a.str("ticket") == "" {
+		t.Fatalf("with 10 units available, a false drained flag closed the room: %d %v", a.code, a.body)
+	}
+}
