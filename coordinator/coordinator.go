@@ -133,6 +133,9 @@ type Config struct {
 	// WatchFlags, when set, follows the flags etcd holds; one that differs from what was
 	// published is derived again from the books (flagwatch.go).
 	WatchFlags FlagWatcher
+	// Bindings, when set, are the buyers' bindings in etcd; one naming a region the cluster
+	// does not have is removed (bindcheck.go).
+	Bindings Bindings
 	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
 	// conservation (I1) is broken (auditLoop); 0 (the zero value, unlike the other
 	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says
@@ -258,7 +261,8 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	st.live = feed.live
 	c.auto.Store(st)
 	c.watchChanges(dctx, feed)
-	c.wg.Add(6)
+	c.wg.Add(7)
+	go c.bindCheckLoop(dctx)
 	go c.driveLoop(dctx, gen)
 	go c.termsLoop(dctx, gen)
 	go c.soldOutLoop(dctx, feed)

@@ -258,3 +258,69 @@ func (b *Binder) forget(sl *saleLease) {
 		delete(b.leases, sl.sale)
 	}
 }
+
+// bindScanPage is how many bindings FollowBindings reads per request.
+const bindScanPage = 1000
+
+// FollowBindings calls fn with every binding there is, read in pages, then with every
+// binding written from then on, until ctx ends or the watch fails. A binding's key that does
+// not parse is passed with an empty user.
+func FollowBindings(ctx context.Context, c *Client, fn func(sale, user, region string)) error {
+	from, end := bindPrefix, clientv3.GetPrefixRangeEnd(bindPrefix)
+	var rev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(bindScanPage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev)) // every page of one revision
+		}
+		resp, err := c.c.Get(ctx, from, opts...)
+		if err != nil {
+			return fmt.Errorf("read bindings: %w", err)
+		}
+		rev = resp.Header.Revision
+		for _, kv := range resp.Kvs {
+			sale, user := splitBind(string(kv.Key))
+			fn(sale, user, string(kv.Value))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	wch := c.c.Watch(ctx, bindPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("watch bindings: %w", err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypePut {
+				sale, user := splitBind(string(ev.Kv.Key))
+				fn(sale, user, string(ev.Kv.Value))
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+// splitBind is the sale and user of a binding's key ("" when it does not parse).
+func splitBind(key string) (sale, user string) {
+	rest := key[len(bindPrefix):]
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '|' {
+			return rest[:i], rest[i+1:]
+		}
+	}
+	return rest, ""
+}
+
+// Unbind removes the binding of user for sale if it still names region; it reports whether
+// it did. Only a binding naming a region that does not exist is removed (by the coordinator
+// leader): a true binding is written once and never changed.
+func Unbind(ctx context.Context, c *Client, sale, user, region string) (bool, error) {
+	key := bindKey(sale, user)
+	resp, err := c.c.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", region)).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return false, fmt.Errorf("unbind %s/%s from %s: %w", sale, user, region, err)
+	}
+	return resp.Succeeded, nil
+}

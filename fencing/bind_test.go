@@ -477,3 +477,49 @@ func startBindCluster(b *testing.B) []string {
 	}
 	return clients
 }
+
+// TestFollowBindingsAndUnbind: every binding there is, over several pages, then each one
+// written later; Unbind removes a binding only while it names the region given.
+func TestFollowBindingsAndUnbind(t *testing.T) {
+	c := dialBind(t, startBindEtcd(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 2500 // more than two pages
+	for i := range n {
+		if _, err := fencing.Bind(ctx, c, "s", fmt.Sprintf("u%04d", i), "us", fencing.NoLease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := make(chan [3]string, n+10)
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- fencing.FollowBindings(fctx, c, func(sale, user, region string) { seen <- [3]string{sale, user, region} })
+	}()
+	got := map[string]bool{}
+	for len(got) < n {
+		b := <-seen
+		if b[0] != "s" || b[2] != "us" || got[b[1]] {
+			t.Fatalf("binding %v: want each of s's once, at us", b)
+		}
+		got[b[1]] = true
+	}
+	if _, err := fencing.Bind(ctx, c, "s", "late", "mars", fencing.NoLease); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-seen; b != [3]string{"s", "late", "mars"} {
+		t.Fatalf("the binding written later: %v", b)
+	}
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("FollowBindings after its context ended: %v", err)
+	}
+	for _, tc := range []struct {
+		region string
+		want   bool
+	}{{"eu", false}, {"mars", true}, {"mars", false}} {
+		if removed, err := fencing.Unbind(ctx, c, "s", "late", tc.region); err != nil || removed != tc.want {
+			t.Errorf("unbind late from %s: %v, %v; want removed %v", tc.region, removed, err, tc.want)
+		}
+	}
+}

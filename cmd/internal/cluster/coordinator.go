@@ -120,7 +120,14 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		},
 		WatchFlags: func(ctx context.Context, fn func(f fencing.Flag, sale, sku string, on bool)) error {
 			return fencing.WatchFlags(ctx, etcd, fn)
-		}}, n.DB)
+		},
+		Bindings: coordinator.Bindings{
+			Follow: func(ctx context.Context, fn func(sale, user, region string)) error {
+				return fencing.FollowBindings(ctx, etcd, fn)
+			},
+			Unbind: func(ctx context.Context, sale, user, region string) (bool, error) {
+				return fencing.Unbind(ctx, etcd, sale, user, region)
+			}}}, n.DB)
 	if err != nil {
 		return nil, err
 	}

@@ -189,3 +189,31 @@ func TestDrainedFlagTheBooksContradict(t *testing.T) {
 		t.Fatalf("with 10 units available, a false drained flag closed the room: %d %v", a.code, a.body)
 	}
 }
+
+// TestForeignBindingIsRemoved: a binding to a region that does not exist, written into etcd
+// as its administrator, would turn its buyer away at every region; the coordinator leader
+// removes it within seconds, and the buyer then reserves.
+func TestForeignBindingIsRemoved(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	createSale2(t, op, "s", 10)
+	if _, err := fencing.Bind(ctx, d.EtcdClient, "s", "victim-1", "mars", fencing.NoLease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fencing.Bind(ctx, d.EtcdClient, "s", "bound-1", "eu", fencing.NoLease); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the binding to mars removed", 10*time.Second, func() bool {
+		_, ok, err := fencing.Bound(ctx, d.EtcdClient, "s", "victim-1")
+		return err == nil && !ok
+	})
+	if region, ok, err := fencing.Bound(ctx, d.EtcdClient, "s", "bound-1"); err != nil || !ok || region != "eu" {
+		t.Errorf("a true binding: %q, %v, %v; want it kept, eu", region, ok, err)
+	}
+	us := quotav1.NewRegionServiceClient(dial(t, d.Regions[0].Addr(), trust.Storefront))
+	if _, err := us.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "victim-1", Quantity: 1, RequestKey: "v"}); err != nil {
+		t.Fatalf("victim-1 after the removal: %v", err)
+	}
+}
