@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/internal/etcdattack"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/internal/trust"
@@ -307,6 +308,7 @@ func TestLocalCluster(t *testing.T) {
 	if err := c.reserve(c1, "u1", "k1"); err != nil {
 		t.Fatal(err)
 	}
+	c.etcdRefusesAttackers("t1")
 	// The standby refuses writes.
 	if err := c.transfer(c2, "us", "eu", 1, "t1-standby"); err == nil || !strings.Contains(err.Error(), "NOT_LEADER") {
 		t.Fatalf("transfer at the standby: %v, want NOT_LEADER", err)
@@ -381,4 +383,38 @@ func TestLocalCluster(t *testing.T) {
 		t.Errorf("after down --purge, databases %v (%v), want none", dbs, err)
 	}
 	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
+}
+
+// etcdRefusesAttackers replays with etcdctl the writes that hurt a sale while etcd trusted
+// anyone, with no certificate and with each client certificate of the cluster's CA: each is
+// refused by etcd's authorization, and etcd holds what it held.
+func (c *localCluster) etcdRefusesAttackers(sale string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ep, ca := "https://"+c.addr(181), filepath.Join(c.certsDir(), trust.CACert)
+	root := etcdattack.Identity{Name: "root", Cert: filepath.Join(c.certsDir(), trust.EtcdCert(trust.EtcdRoot)),
+		Key: filepath.Join(c.certsDir(), trust.EtcdKey(trust.EtcdRoot))}
+	asRoot := func(args ...string) string {
+		out, err := etcdattack.Run(ctx, ep, ca, root, args...)
+		if err != nil {
+			c.t.Fatalf("etcdctl %v as root: %v: %s", args, err, out)
+		}
+		return out
+	}
+	leaderKey := strings.TrimSpace(asRoot("get", "--prefix", "--keys-only", "--sort-by=CREATE", "--limit=1", "/quota/election/region/eu/"))
+	before := asRoot("get", "--prefix", "/quota/")
+	results, err := etcdattack.Replay(ctx, ep, ca, etcdattack.Identities(c.certsDir()),
+		etcdattack.Attempts(sale, "phone", "u1", "victim-1", "eu", leaderKey))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, r := range results {
+		if !r.Refused || r.Identity != "no certificate" && !r.Denied {
+			c.t.Errorf("etcd as %s: %s: not refused by etcd's authorization: %s", r.Identity, r.What, r.Output)
+		}
+	}
+	if after := asRoot("get", "--prefix", "/quota/"); after != before {
+		c.t.Fatalf("etcd changed under the attacks:\nbefore %s\nafter  %s", before, after)
+	}
 }
