@@ -48,10 +48,21 @@ type server struct {
 
 func servers() []server {
 	return []server{
-		{"grpc", func(t *testing.T, opts rpcserve.Options) string { return startGRPC(t, opts).Addr() }, testcerts.HoldGRPC},
+		{"grpc", func(t *testing.T, opts rpcserve.Options) string { return startGRPC(t, opts).Addr() },
+			func(m *trust.Material, role trust.Role, from, addr string) (net.Conn, error) {
+				h, err := testcerts.NewHolder(m, role, from)
+				if err != nil {
+					return nil, err
+				}
+				return h.HoldGRPC(addr)
+			}},
 		{"http", func(t *testing.T, opts rpcserve.Options) string { return startHTTPWith(t, opts).Addr() },
 			func(m *trust.Material, role trust.Role, from, addr string) (net.Conn, error) {
-				c, code, err := testcerts.HoldHTTP(m, role, from, addr, "/")
+				h, err := testcerts.NewHolder(m, role, from)
+				if err != nil {
+					return nil, err
+				}
+				c, code, err := h.HoldHTTP(addr, "/")
 				if err == nil && code != http.StatusOK {
 					return nil, errors.Join(fmt.Errorf("GET /: %d", code), c.Close())
 				}
@@ -176,8 +187,12 @@ func TestAnotherAddressIsServedPastTheBound(t *testing.T) {
 	m := testcerts.New(t)
 	s := startGRPC(t, rpcserve.Options{TLS: m, Limits: rpcserve.Limits{MaxConnectionsPerIP: 2}})
 	h := newHolder(t)
+	hold, err := testcerts.NewHolder(m, trust.Storefront, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range 2 {
-		h.must(testcerts.HoldGRPC(m, trust.Storefront, "127.0.0.1", s.Addr()))
+		h.must(hold.HoldGRPC(s.Addr()))
 	}
 	creds, err := m.ClientCreds(trust.Storefront)
 	if err != nil {

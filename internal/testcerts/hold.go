@@ -30,9 +30,16 @@ func LocalDialer(from string) *net.Dialer {
 	return d
 }
 
-// dialTLS opens a TLS connection from from to addr presenting role's certificate of m ("":
-// none), offering proto by ALPN.
-func dialTLS(m *trust.Material, role trust.Role, from, addr, proto string) (*tls.Conn, error) {
+// Holder opens TLS connections presenting one role's certificate from one local address
+// and holds them open as idle clients do, for tests that play a client hoarding connections.
+type Holder struct {
+	cfg  *tls.Config
+	from string
+}
+
+// NewHolder is a Holder presenting role's certificate of m ("": none) from the address from
+// (an IP such as "127.0.0.2"; "" lets the system pick).
+func NewHolder(m *trust.Material, role trust.Role, from string) (*Holder, error) {
 	cfg, err := m.ClientConfig(trust.Auditor)
 	if err != nil {
 		return nil, err
@@ -42,6 +49,15 @@ func dialTLS(m *trust.Material, role trust.Role, from, addr, proto string) (*tls
 	} else if cfg, err = m.ClientConfig(role); err != nil {
 		return nil, err
 	}
+	// X25519 alone: the default's post-quantum key share would cost a flood of thousands of
+	// connections (most of them refused before the server reads a byte) seconds under -race.
+	cfg.CurvePreferences = []tls.CurveID{tls.X25519}
+	return &Holder{cfg: cfg, from: from}, nil
+}
+
+// dialTLS opens a TLS connection to addr, offering proto by ALPN.
+func (h *Holder) dialTLS(addr, proto string) (*tls.Conn, error) {
+	cfg := h.cfg.Clone()
 	cfg.NextProtos = []string{proto}
 	if cfg.ServerName == "" {
 		host, _, err := net.SplitHostPort(addr)
@@ -50,7 +66,7 @@ func dialTLS(m *trust.Material, role trust.Role, from, addr, proto string) (*tls
 		}
 		cfg.ServerName = host
 	}
-	raw, err := LocalDialer(from).Dial("tcp", addr)
+	raw, err := LocalDialer(h.from).Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -65,11 +81,10 @@ func dialTLS(m *trust.Material, role trust.Role, from, addr, proto string) (*tls
 }
 
 // HoldGRPC opens a connection to the gRPC server at addr as an idle gRPC client keeps one:
-// TLS from the address from with role's certificate, then HTTP/2's preface, answered by the
-// server's settings; then nothing. It returns the open connection, or the error of one the
-// server closed (a limit) or did not answer.
-func HoldGRPC(m *trust.Material, role trust.Role, from, addr string) (net.Conn, error) {
-	c, err := dialTLS(m, role, from, addr, "h2")
+// TLS, then HTTP/2's preface, answered by the server's settings; then nothing. It returns the
+// open connection, or the error of one the server closed (a limit) or did not answer.
+func (h *Holder) HoldGRPC(addr string) (net.Conn, error) {
+	c, err := h.dialTLS(addr, "h2")
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +101,11 @@ func HoldGRPC(m *trust.Material, role trust.Role, from, addr string) (net.Conn, 
 }
 
 // HoldHTTP opens a connection to the HTTP server at addr as an idle HTTP/1.1 client keeps
-// one: TLS from the address from with role's certificate, one GET of path, its answer read
-// whole; then nothing. It returns the open connection and the answer's status, or the error
-// of a connection the server closed (a limit) or did not answer.
-func HoldHTTP(m *trust.Material, role trust.Role, from, addr, path string) (net.Conn, int, error) {
-	c, err := dialTLS(m, role, from, addr, "http/1.1")
+// one: TLS, one GET of path, its answer read whole; then nothing. It returns the open
+// connection and the answer's status, or the error of a connection the server closed (a
+// limit) or did not answer.
+func (h *Holder) HoldHTTP(addr, path string) (net.Conn, int, error) {
+	c, err := h.dialTLS(addr, "http/1.1")
 	if err != nil {
 		return nil, 0, err
 	}
