@@ -48,9 +48,9 @@ type limited struct {
 	refusal func(Refusal) // nil: none counted
 }
 
-// limitListener bounds l by lim; the bounds that start at the end of a connection's handshake
-// (handshakes per address, per certificate, without a certificate) hold only on a secure
-// server, whose handshakes mark them (establishing, connState).
+// limitListener bounds l by lim; the bounds that need the end of a connection's handshake
+// (connections in their handshake per address, per certificate, without a certificate) hold
+// only on a secure server, whose handshakes mark their end (establishing, connState).
 func limitListener(l net.Listener, lim Limits, secure bool, opts Options) *limited {
 	return &limited{Listener: l, lim: newLimiter(lim, secure), log: opts.Logger, refusal: opts.Refused}
 }
