@@ -110,8 +110,14 @@ HTTP=http://127.0.0.1:$((BASE + 1001))
 # --- 2. the server ---------------------------------------------------------------
 mkdir -p "$WORK/data"
 say "starting quotad dev --insecure (PLAINTEXT: wrk cannot present client certificates), databases ${PREFIX}_*"
+# wrk's CONNS connections all come from 127.0.0.1, with the scrapes of /metrics beside them:
+# above quotad's bound of 64 open connections per address (docs/security.md, "Connection
+# exhaustion"), which the run raises for itself.
+PER_IP=$((CONNS + 64))
+MAX_CONNS=$((PER_IP > 1024 ? PER_IP : 1024))
 "$ROOT/bin/quotad" dev --insecure --regions us --base-port "$BASE" --db-prefix "$PREFIX" \
-	--data-dir "$WORK/data" --pg-url "$PG_URL" "${QUOTAD_FLAGS[@]}" >"$WORK/quotad.log" 2>&1 &
+	--data-dir "$WORK/data" --pg-url "$PG_URL" --max-connections "$MAX_CONNS" --max-connections-per-ip "$PER_IP" \
+	"${QUOTAD_FLAGS[@]}" >"$WORK/quotad.log" 2>&1 &
 QUOTAD=$!
 for _ in $(seq 1 120); do
 	if grep -q 'storefront HTTP' "$WORK/quotad.log" && curl -fsS -o /dev/null "$HTTP/v1/ping" 2>/dev/null; then break; fi

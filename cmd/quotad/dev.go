@@ -61,6 +61,7 @@ roles, etcd included.`,
 	addRebalanceFlags(cmd)
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(default <data-dir>/certs; what is missing is created)")
+	addConnectionFlags(cmd)
 	return cmd
 }
 
@@ -72,11 +73,16 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 	if err := checkRebalanceFlags(v); err != nil {
 		return cluster.DevConfig{}, err
 	}
+	limits, err := connectionLimits(v)
+	if err != nil {
+		return cluster.DevConfig{}, err
+	}
 	c := cluster.DevConfig{
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
-		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), EtcdGateway: v.GetBool("grpc-gateway"),
+		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), Limits: limits,
+		EtcdGateway: v.GetBool("grpc-gateway"),
 	}
 	return c, c.Validate()
 }

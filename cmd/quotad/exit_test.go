@@ -30,6 +30,8 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"dev", "--rebalance-every", "1ms"},
 		{"dev", "--rebalance-max-in-flight", "0"},
 		{"dev", "--rebalance-min-units", "0"},
+		{"dev", "--max-connections-per-ip", "0"},
+		{"dev", "--max-connections-per-cert", "5000"},
 		{"coordinator", "--db-url", "postgres://q@h/db", "--region", "us=a:1=postgres://q@h/r", "--insecure", "--rebalance-window", "0s"},
 		{"coordinator", "--db-url", "postgres://q@h/db", "--region", "us=a:1=postgres://q@h/r", "--insecure", "--rebalance-max-in-flight", "101"},
 	} {

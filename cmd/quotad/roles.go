@@ -72,6 +72,7 @@ func regionCmd() *cobra.Command {
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure)")
+	addConnectionFlags(cmd)
 	return cmd
 }
 
@@ -112,9 +113,13 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badUsage(err)
 	}
+	limits, err := connectionLimits(v)
+	if err != nil {
+		return badUsage(err)
+	}
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log, HTTPListen: v.GetString("http-listen"),
-		TicketKeys: v.GetString("ticket-keys")}, Etcd: etcdEndpoints(v, tlsm)}
+		TicketKeys: v.GetString("ticket-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}
@@ -163,6 +168,7 @@ func coordinatorCmd() *cobra.Command {
 	addAuditFlag(cmd)
 	addRebalanceFlags(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure; client.coordinator.crt is used to call the regions)")
+	addConnectionFlags(cmd)
 	return cmd
 }
 
@@ -267,10 +273,14 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	if err := checkRebalanceFlags(v); err != nil {
 		return badUsage(err)
 	}
+	limits, err := connectionLimits(v)
+	if err != nil {
+		return badUsage(err)
+	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
 		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
-		ConsoleKeys: v.GetString("console-keys")}, Etcd: etcdEndpoints(v, tlsm)}
+		ConsoleKeys: v.GetString("console-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}

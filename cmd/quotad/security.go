@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
@@ -19,6 +20,41 @@ func addSecurityFlags(cmd *cobra.Command, certsHelp string) {
 	f.String("certs-dir", "", "directory of the cluster's certificates: ca.crt, node.crt/node.key, client.<role>.crt/.key "+certsHelp)
 	f.Bool("insecure", false, "serve plaintext with no client certificates and no roles: anyone who reaches a port may do anything (development only)")
 }
+
+// addConnectionFlags adds the bounds on connections every listener of a server command has
+// (rpcserve.Limits; docs/security.md, "Connection exhaustion").
+func addConnectionFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	d := rpcserve.DefaultLimits
+	f.Int("max-connections", d.MaxConnections, "most open connections of each listener (gRPC, HTTP); more are closed as they arrive")
+	f.Int("max-connections-per-ip", d.MaxConnectionsPerIP, "most open connections from one client address (an IPv6 address's /64) on each listener;\n"+
+		"more are closed as they arrive (counted in quota_connections_refused_total{limit=\"per_address\"}).\n"+
+		"Raise it for many clients behind one address (a NAT, a proxy) or a load test from one host")
+	f.Int("max-connections-per-cert", d.MaxConnectionsPerCert, "most open connections presenting one client certificate (by its fingerprint), from any\n"+
+		"address, on each listener; more are closed after their handshake (limit=\"per_certificate\")")
+}
+
+// connectionLimits reads addConnectionFlags' flags, refusing a bound out of its range.
+func connectionLimits(v *viper.Viper) (rpcserve.Limits, error) {
+	lim := rpcserve.Limits{MaxConnections: v.GetInt("max-connections"), MaxConnectionsPerIP: v.GetInt("max-connections-per-ip"),
+		MaxConnectionsPerCert: v.GetInt("max-connections-per-cert")}
+	if lim.MaxConnections < 1 || lim.MaxConnections > maxConnectionsFlag {
+		return lim, fmt.Errorf("max-connections %d: must be 1..%d", lim.MaxConnections, maxConnectionsFlag)
+	}
+	for _, b := range []struct {
+		flag string
+		n    int
+	}{{"max-connections-per-ip", lim.MaxConnectionsPerIP}, {"max-connections-per-cert", lim.MaxConnectionsPerCert}} {
+		if b.n < 1 || b.n > lim.MaxConnections {
+			return lim, fmt.Errorf("%s %d: must be 1..max-connections (%d)", b.flag, b.n, lim.MaxConnections)
+		}
+	}
+	return lim, nil
+}
+
+// maxConnectionsFlag bounds --max-connections: each connection costs a file descriptor and
+// its buffers.
+const maxConnectionsFlag = 65536
 
 // insecureBanner is what a server prints, to stderr and its log, when it runs without TLS.
 const insecureBanner = `

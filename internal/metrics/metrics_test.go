@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -128,5 +129,59 @@ quota_http_requests_total{code="404",route="unmatched"} 1
 	}
 	if n, err := testutil.GatherAndCount(reg, "quota_http_request_duration_seconds"); err != nil || n != 2 {
 		t.Errorf("%d duration series (%v); want one per route (2)", n, err)
+	}
+}
+
+// TestConnectionsRefusedAreCounted: a connection a listener's bound closes counts in
+// quota_connections_refused_total under the listener and the bound, and every bound's series
+// is there from the start.
+func TestConnectionsRefusedAreCounted(t *testing.T) {
+	m := testcerts.New(t)
+	reg := metrics.NewRegistry()
+	conns := metrics.NewConnections(reg)
+	hs, err := rpcserve.ListenHTTP("127.0.0.1:0", metrics.Serve(reg, false, nil),
+		rpcserve.Options{TLS: m, Limits: rpcserve.Limits{MaxConnectionsPerIP: 1}, Refused: conns.Refused("http")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs.Start()
+	defer hs.Stop()
+	h, err := testcerts.NewHolder(m, trust.Auditor, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, _, err := h.HoldHTTP(hs.Addr(), trust.MetricsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if c, _, err := h.HoldHTTP(hs.Addr(), trust.MetricsPath); err == nil {
+		c.Close()
+		t.Fatal("a second connection from the address was served past its bound of 1")
+	}
+	got := map[string]float64{}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "quota_connections_refused_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range s.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["listener"]+"/"+labels["limit"]] = s.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{}
+	for _, r := range rpcserve.Refusals() {
+		want["http/"+string(r)] = 0
+	}
+	want["http/"+string(rpcserve.RefusedPerAddress)] = 1
+	if !maps.Equal(got, want) {
+		t.Errorf("quota_connections_refused_total by listener/limit: %v, want %v", got, want)
 	}
 }

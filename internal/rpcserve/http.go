@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -55,16 +54,15 @@ func ListenHTTP(addr string, h http.Handler, opts Options) (*HTTPServer, error) 
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	l := limitListener(lis, lim, tlsCfg != nil, opts.Logger)
-	var budget *httpBudget
+	limits := limitListener(lis, lim, tlsCfg != nil, opts)
+	var l net.Listener = limits
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
-		budget = &httpBudget{max: int64(lim.MaxAnonymousConnections), log: opts.Logger}
 	}
 	srv := &http.Server{Handler: h, Protocols: &protos, ReadHeaderTimeout: lim.HandshakeTimeout,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: lim.MaxConnectionIdle,
 		MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
-		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(lim.MaxConcurrentStreams)}, ConnState: budget.connState}
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(lim.MaxConcurrentStreams)}, ConnState: limits.connState}
 	return &HTTPServer{srv: srv, listener: l, log: opts.Logger}, nil
 }
 
@@ -95,43 +93,6 @@ func (s *HTTPServer) Stop() {
 			}
 		}
 	})
-}
-
-// httpBudget is the HTTP port's anonymousBudget: once a TLS connection is serving (its
-// handshake done), it gives back the connection's handshake slot, and a connection without a
-// verified client certificate, which can only be refused, counts against a budget of its own
-// (Limits.MaxAnonymousConnections): past it the connection is closed, so callers without a
-// certificate cannot take the slots storefronts need.
-type httpBudget struct {
-	max  int64
-	open atomic.Int64
-	log  *slog.Logger
-}
-
-// connState is the server's ConnState hook; nil-safe (a plaintext server has no budget).
-func (b *httpBudget) connState(c net.Conn, s http.ConnState) {
-	if b == nil || s != http.StateActive {
-		return
-	}
-	tc, ok := c.(*tls.Conn)
-	if !ok {
-		return
-	}
-	cnt, ok := tc.NetConn().(*counted)
-	if !ok {
-		return
-	}
-	cnt.handshook()
-	if len(tc.ConnectionState().VerifiedChains) > 0 || !cnt.budgeted.CompareAndSwap(false, true) {
-		return // certified, or counted at an earlier request of this connection
-	}
-	if b.open.Add(1) > b.max {
-		b.open.Add(-1)
-		refused(b.log, c, "connections without a certificate")
-		return
-	}
-	release := func() { b.open.Add(-1) }
-	cnt.release.Store(&release)
 }
 
 // WriteJSON answers code with v as JSON and a new line, the one way the HTTP edges write a

@@ -15,6 +15,12 @@ import (
 
 func startHTTP(t *testing.T, m *trust.Material, lim rpcserve.Limits) *rpcserve.HTTPServer {
 	t.Helper()
+	return startHTTPWith(t, rpcserve.Options{TLS: m, Limits: lim})
+}
+
+// startHTTPWith is startHTTP with opts.
+func startHTTPWith(t *testing.T, opts rpcserve.Options) *rpcserve.HTTPServer {
+	t.Helper()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if trust.CallerOfState(r.TLS).Certified {
 			w.WriteHeader(http.StatusOK)
@@ -22,7 +28,7 @@ func startHTTP(t *testing.T, m *trust.Material, lim rpcserve.Limits) *rpcserve.H
 			w.WriteHeader(http.StatusUnauthorized)
 		}
 	})
-	s, err := rpcserve.ListenHTTP("127.0.0.1:0", h, rpcserve.Options{TLS: m, Limits: lim})
+	s, err := rpcserve.ListenHTTP("127.0.0.1:0", h, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

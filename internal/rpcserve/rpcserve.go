@@ -11,7 +11,6 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
@@ -42,6 +41,21 @@ type Limits struct {
 	// MaxAnonymousConnections is the most connections without a client certificate, which
 	// may only check health (default 64); more are closed after their handshake.
 	MaxAnonymousConnections int
+	// MaxConnectionsPerIP is the most open connections from one address (an IPv6 address's
+	// /64), in their handshake or past it; more are closed as they arrive. The default, 64,
+	// is a sixteenth of the default MaxConnections: one host cannot hold more than that
+	// share of a port however long it keeps its connections idle, and it takes 16 addresses
+	// to fill one. A client needs few: gRPC and HTTP/2 multiplex every call on one
+	// connection, and 64 is still 64 HTTP/1.1 requests in flight at once. Clients behind one
+	// address (a NAT, a proxy) or a load test from one host may need it raised.
+	MaxConnectionsPerIP int
+	// MaxConnectionsPerCert is the most open connections presenting one verified client
+	// certificate (by its fingerprint), counted from the end of their handshake; more are
+	// closed then. The default, 256, is a quarter of the default MaxConnections: a leaked or
+	// runaway certificate, from however many addresses, leaves three quarters of a port to
+	// the others, while 64 storefront hosts sharing one certificate may hold 4 connections
+	// each.
+	MaxConnectionsPerCert int
 	// StreamWorkers is how many goroutines the server keeps to serve calls (default 256). A
 	// call served by one of them does not start a goroutine whose stack then grows, copied
 	// at each doubling, through the handler's interceptors; calls beyond it start their own
@@ -52,7 +66,7 @@ type Limits struct {
 // DefaultLimits are the limits a server has unless told otherwise (docs/security.md).
 var DefaultLimits = Limits{MaxRecvMsgBytes: 1 << 20, MaxConcurrentStreams: 1024, MaxConnections: 1024,
 	MaxConnectionIdle: 5 * time.Minute, HandshakeTimeout: 5 * time.Second, MaxHandshakesPerIP: 32, MaxAnonymousConnections: 64,
-	StreamWorkers: 256}
+	MaxConnectionsPerIP: 64, MaxConnectionsPerCert: 256, StreamWorkers: 256}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -80,6 +94,12 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxAnonymousConnections > 0 {
 		d.MaxAnonymousConnections = l.MaxAnonymousConnections
 	}
+	if l.MaxConnectionsPerIP > 0 {
+		d.MaxConnectionsPerIP = l.MaxConnectionsPerIP
+	}
+	if l.MaxConnectionsPerCert > 0 {
+		d.MaxConnectionsPerCert = l.MaxConnectionsPerCert
+	}
 	return d
 }
 
@@ -90,6 +110,10 @@ type Options struct {
 	Limits Limits
 	// Logger receives the connections refused by a limit (at debug level); default slog.Default().
 	Logger *slog.Logger
+	// Refused, when set, is told of every connection a limit closed, naming the limit (the
+	// metric quota_connections_refused_total). It is called on the listener's accepting or
+	// handshaking goroutines: it must be quick and safe for concurrent use.
+	Refused func(Refusal)
 	// Unary and Stream run around every call of a gRPC server, in order, outside the error
 	// table and the authorization, so they see each call's final code (the gRPC metrics).
 	Unary  []grpc.UnaryServerInterceptor
@@ -137,12 +161,13 @@ func Listen(addr string, opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if !opts.TLS.Insecure() {
-		creds = &anonymousBudget{TransportCredentials: creds, max: int64(lim.MaxAnonymousConnections), open: &atomic.Int64{}, log: opts.Logger}
-	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	limits := limitListener(lis, lim, !opts.TLS.Insecure(), opts)
+	if !opts.TLS.Insecure() {
+		creds = &establishing{TransportCredentials: creds, l: limits}
 	}
 	unary := append(slices.Clone(opts.Unary), mapErrors)
 	stream := slices.Clone(opts.Stream)
@@ -155,7 +180,7 @@ func Listen(addr string, opts Options) (*Server, error) {
 		grpc.ConnectionTimeout(lim.HandshakeTimeout), grpc.NumStreamWorkers(lim.StreamWorkers),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limitListener(lis, lim, !opts.TLS.Insecure(), opts.Logger)}
+	s := &Server{GRPC: srv, Health: health.NewServer(), listener: limits}
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil

@@ -27,7 +27,13 @@ import (
 // authorization answers Unimplemented) over mutual TLS.
 func startSecure(t *testing.T, m *trust.Material, lim rpcserve.Limits) *rpcserve.Server {
 	t.Helper()
-	s, err := rpcserve.Listen("127.0.0.1:0", rpcserve.Options{TLS: m, Limits: lim})
+	return startGRPC(t, rpcserve.Options{TLS: m, Limits: lim})
+}
+
+// startGRPC is startSecure with opts.
+func startGRPC(t *testing.T, opts rpcserve.Options) *rpcserve.Server {
+	t.Helper()
+	s, err := rpcserve.Listen("127.0.0.1:0", opts)
 	if err != nil {
 		t.Fatal(err)
 	}

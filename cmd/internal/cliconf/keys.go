@@ -19,7 +19,7 @@ func init() {
 		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
 		"db-url", "dry-run", "duration", "etcd", "file", "etcd-log-level", "from", "gc-percent", "grpc-gateway", "help", "identity",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "key", "keys", "lease-ttl", "listen",
-		"log-level", "max-batch", "max-keys-per-user", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
+		"log-level", "max-batch", "max-connections", "max-connections-per-cert", "max-connections-per-ip", "max-keys-per-user", "max-live-tickets", "max-duration", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",
 		"quantity", "rate", "reason", "rebalance", "rebalance-cooldown", "rebalance-every", "rebalance-horizon", "rebalance-max-in-flight",
 		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-id", "role", "rounds", "sale", "seed",

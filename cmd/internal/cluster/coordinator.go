@@ -62,7 +62,10 @@ type CoordinatorConfig struct {
 	// (docs/console.md). "" serves none, except under insecure TLS, which serves it with no
 	// login.
 	ConsoleKeys string
-	Logger      *slog.Logger
+	// Limits bound what the gRPC server and the HTTP listener accept (zero fields: the
+	// defaults).
+	Limits rpcserve.Limits
+	Logger *slog.Logger
 }
 
 // CoordinatorNode is a running coordinator: ledger, gRPC server, and a campaign.
@@ -156,12 +159,12 @@ func (n *CoordinatorNode) serve() error {
 		if err != nil {
 			return err
 		}
-		if n.HTTP, err = rpcserve.ListenHTTP(cfg.HTTPListen, nm.http.Wrap(h), rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}); err != nil {
+		if n.HTTP, err = rpcserve.ListenHTTP(cfg.HTTPListen, nm.http.Wrap(h), nm.httpOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
 			return err
 		}
 		n.HTTP.Start()
 	}
-	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})); err != nil {
+	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
 		return err
 	}
 	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})

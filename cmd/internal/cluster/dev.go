@@ -17,6 +17,7 @@ import (
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/pgutil"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
@@ -47,6 +48,8 @@ type DevConfig struct {
 	AuditInterval time.Duration
 	// NoMetrics runs the regions without their metrics (RegionConfig.NoMetrics).
 	NoMetrics bool
+	// Limits bound what every listener accepts (zero fields: the defaults).
+	Limits rpcserve.Limits
 	// Auto is the coordinator's automatic rebalancer (CoordinatorConfig.Auto).
 	Auto coordinator.AutoRebalance
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
@@ -284,7 +287,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 				return err
 			}
 			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, etcd)
+				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics, Limits: cfg.Limits}, etcd)
 			return err
 		})
 		if err != nil {
@@ -305,7 +308,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		}
 		d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
 			Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
-			ConsoleKeys: d.ConsoleKeys}, etcd)
+			ConsoleKeys: d.ConsoleKeys, Limits: cfg.Limits}, etcd)
 		return err
 	})
 	if err != nil {

@@ -39,6 +39,7 @@ type nodeMetrics struct {
 	reg      *prometheus.Registry
 	grpc     *grpcprom.ServerMetrics
 	http     *metrics.HTTP
+	conns    *metrics.Connections
 	takeover prometheus.Histogram
 	labels   prometheus.Labels // role and region
 	// off leaves the gRPC server without the metrics' interceptors (RegionConfig.NoMetrics).
@@ -49,7 +50,7 @@ type nodeMetrics struct {
 // servers' metrics, and quota_takeover_seconds for role (and region, a region's name or "").
 func newNodeMetrics(role, regionName string) *nodeMetrics {
 	reg := metrics.NewRegistry()
-	m := &nodeMetrics{reg: reg, grpc: metrics.NewGRPC(reg), http: metrics.NewHTTP(reg), labels: prometheus.Labels{"role": role, "region": regionName}}
+	m := &nodeMetrics{reg: reg, grpc: metrics.NewGRPC(reg), http: metrics.NewHTTP(reg), conns: metrics.NewConnections(reg), labels: prometheus.Labels{"role": role, "region": regionName}}
 	m.takeover = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quota_takeover_seconds", ConstLabels: m.labels, Buckets: takeoverBuckets,
 		Help: "Time from winning the role's election to serving as its leader (fence raised, state loaded)."})
 	reg.MustRegister(m.takeover)
@@ -67,13 +68,27 @@ func (m *nodeMetrics) leader(leading func() bool) {
 	}))
 }
 
-// serverOptions adds the gRPC metrics' interceptors to opts.
+// Listener names of quota_connections_refused_total: the gRPC server, and the HTTP listener
+// (a region's storefront edge, the coordinator's console and metrics).
+const (
+	listenerGRPC = "grpc"
+	listenerHTTP = "http"
+)
+
+// serverOptions adds the gRPC metrics' interceptors and the connections refused to opts.
 func (m *nodeMetrics) serverOptions(opts rpcserve.Options) rpcserve.Options {
+	opts.Refused = m.conns.Refused(listenerGRPC)
 	if m.off {
 		return opts
 	}
 	opts.Unary = append(opts.Unary, m.grpc.UnaryServerInterceptor())
 	opts.Stream = append(opts.Stream, m.grpc.StreamServerInterceptor())
+	return opts
+}
+
+// httpOptions adds the connections refused of the HTTP listener to opts.
+func (m *nodeMetrics) httpOptions(opts rpcserve.Options) rpcserve.Options {
+	opts.Refused = m.conns.Refused(listenerHTTP)
 	return opts
 }
 

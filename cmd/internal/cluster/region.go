@@ -48,7 +48,9 @@ type RegionConfig struct {
 	// BindRetention is how long the buyer-to-region bindings of a sale live in etcd; default
 	// 7 days.
 	BindRetention time.Duration
-	Logger        *slog.Logger
+	// Limits bound what the gRPC server and the HTTP edge accept (zero fields: the defaults).
+	Limits rpcserve.Limits
+	Logger *slog.Logger
 }
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
@@ -188,7 +190,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	registerRegion(nm.reg, r)
 	nm.leader(r.Leading)
-	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger}))
+	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger}))
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -273,7 +275,7 @@ func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
 	}
 	edge := regionhttp.Handler(rs, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
 		Metrics: metrics.Handler(n.metrics.reg, cfg.Logger)})
-	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, n.metrics.http.Wrap(edge), rpcserve.Options{TLS: cfg.TLS, Logger: cfg.Logger})
+	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, n.metrics.http.Wrap(edge), n.metrics.httpOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger}))
 	if err != nil {
 		return err
 	}
