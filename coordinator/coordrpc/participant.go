@@ -7,6 +7,7 @@ import (
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
@@ -17,6 +18,7 @@ import (
 // Participant reaches one region's ParticipantService over gRPC: at the address its resolver
 // names (the region's current leader, from etcd), or at its fixed address.
 type Participant struct {
+	region   string
 	fallback string
 	resolve  func() string
 	creds    credentials.TransportCredentials
@@ -27,16 +29,17 @@ type Participant struct {
 // DialParticipant connects (lazily) to a region at addr, with creds (the coordinator role's
 // client certificate, or insecure).
 func DialParticipant(addr string, creds credentials.TransportCredentials) (*Participant, error) {
-	return DialResolving(addr, nil, creds)
+	return DialResolving("", addr, nil, creds)
 }
 
 // DialResolving connects (lazily) to wherever resolve names, or to fallback when it names
-// nothing: after a region's leader changes, the coordinator follows it.
-func DialResolving(fallback string, resolve func() string, creds credentials.TransportCredentials) (*Participant, error) {
+// nothing: after a region's leader changes, the coordinator follows it. Every call names
+// region (rpcserve.RegionHeader, when not ""), so a server of another region refuses it.
+func DialResolving(region, fallback string, resolve func() string, creds credentials.TransportCredentials) (*Participant, error) {
 	if creds == nil {
 		return nil, fmt.Errorf("region %s: no transport credentials (a certificate, or insecure)", fallback)
 	}
-	p := &Participant{fallback: fallback, resolve: resolve, creds: creds, conns: map[string]*grpc.ClientConn{}}
+	p := &Participant{region: region, fallback: fallback, resolve: resolve, creds: creds, conns: map[string]*grpc.ClientConn{}}
 	if _, err := p.conn(fallback); err != nil {
 		return nil, fmt.Errorf("region %s: %w", fallback, err)
 	}
@@ -49,7 +52,11 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds)}
+	if p.region != "" {
+		opts = append(opts, grpc.WithUnaryInterceptor(rpcserve.WithRegion(p.region)))
+	}
+	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -118,6 +118,9 @@ type Options struct {
 	// table and the authorization, so they see each call's final code (the gRPC metrics).
 	Unary  []grpc.UnaryServerInterceptor
 	Stream []grpc.StreamServerInterceptor
+	// Guards run inside the error table and the authorization, on the calls the role table
+	// allowed (AddressedTo).
+	Guards []grpc.UnaryServerInterceptor
 }
 
 // Server is a gRPC server listening on one address.
@@ -175,6 +178,7 @@ func Listen(addr string, opts Options) (*Server, error) {
 		unary = append(unary, authorize) // after mapErrors: it maps authorize's refusals too
 		stream = append(stream, authorizeStream)
 	}
+	unary = append(unary, opts.Guards...)
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(lim.MaxRecvMsgBytes), grpc.MaxConcurrentStreams(lim.MaxConcurrentStreams),
 		grpc.ConnectionTimeout(lim.HandshakeTimeout), grpc.NumStreamWorkers(lim.StreamWorkers),

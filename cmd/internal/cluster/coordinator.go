@@ -195,7 +195,7 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			role := "region/" + r.Name
 			resolve = func() string { return leaderOf(n.etcd, role) }
 		}
-		p, err := coordrpc.DialResolving(r.Addr, resolve, creds)
+		p, err := coordrpc.DialResolving(r.Name, r.Addr, resolve, creds)
 		if err != nil {
 			return nil, err
 		}

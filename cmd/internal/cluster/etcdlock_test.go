@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
+	"github.com/quotaworks/quota/coordinator/coordrpc"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/etcdattack"
@@ -216,4 +217,36 @@ func TestForeignBindingIsRemoved(t *testing.T) {
 	if _, err := us.Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "victim-1", Quantity: 1, RequestKey: "v"}); err != nil {
 		t.Fatalf("victim-1 after the removal: %v", err)
 	}
+}
+
+// TestMisdirectedParticipantCallIsRefused: the coordinator's calls for region us sent to eu's
+// server (a false or stale leader address) are refused as a conflict naming both regions, and
+// change nothing at eu; sent to us they are served.
+func TestMisdirectedParticipantCallIsRefused(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	op := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
+	createSale2(t, op, "s", 10)
+	creds, err := certs.ClientCreds(trust.Coordinator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		addr string
+		want string
+	}{{d.Regions[1].Addr(), "CONFLICT"}, {d.Regions[0].Addr(), ""}} {
+		p, err := coordrpc.DialResolving("us", tc.addr, nil, creds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = p.Status(ctx, "alloc-s-us")
+		if got := apierr.Reason(err); got != tc.want || tc.want != "" && !strings.Contains(err.Error(), "meant for region us") {
+			t.Errorf("a call for us at %s: %v (reason %q); want reason %q", tc.addr, err, got, tc.want)
+		}
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	auditOK(t, op, "s")
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/region/regionhttp"
 	"github.com/quotaworks/quota/region/regionrpc"
+	"google.golang.org/grpc"
 )
 
 // RegionConfig configures one region process.
@@ -190,7 +191,8 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	registerRegion(nm.reg, r)
 	nm.leader(r.Leading)
-	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger}))
+	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger,
+		Guards: []grpc.UnaryServerInterceptor{rpcserve.AddressedTo(cfg.Region.Name)}}))
 	if err != nil {
 		db.Close()
 		return nil, err
