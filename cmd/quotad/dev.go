@@ -34,8 +34,9 @@ created when missing: <db-prefix>_coordinator, <db-prefix>_region_<name>.
 Every server serves TLS and requires a client certificate whose role may make the call.
 What is missing of the certificates is created at start under --certs-dir (default
 <data-dir>/certs): ca.crt and ca.key, node.crt/node.key, and client.<role>.crt/.key for the
-roles coordinator, storefront, operator and auditor. quotactl finds them in .dev/certs by
-default. --insecure runs everything plaintext with no roles.`,
+roles coordinator, storefront, operator and auditor. One of those within 30 days of its end,
+expired, or not signed by ca.crt is made again from the same CA; an expired CA is made again
+with all of them. quotactl finds them in .dev/certs by default. --insecure runs everything plaintext with no roles.`,
 		Example: `  quotad dev
   quotad dev --regions us,eu --pg-url postgres://quota:quota@127.0.0.1:5432/postgres --data-dir .dev`,
 		RunE: runDev,
