@@ -54,8 +54,11 @@ func newUTF8Codec() utf8Codec { return utf8Codec{encoding.GetCodecV2(protocodec.
 // it with the field's path instead of failing.
 func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
 	m, ok := v.(proto.Message)
-	if err == nil || !ok || !isInvalidUTF8(err) {
+	if !ok || !isInvalidUTF8(err) {
 		return err
 	}
 	path := findInvalidUTF8(m.ProtoReflect().Descriptor(), data.Materialize(), 0)
