@@ -71,6 +71,20 @@ func (k *Keyring) Verify(token string, now time.Time) (Ticket, error) {
 // VerifyToken is Verify of a token already read (ParseToken): the same checks and answers
 // as Verify(tok.Text(), now), without reading the token again.
 func (k *Keyring) VerifyToken(tok *Token, now time.Time) (Ticket, error) {
+	t, err := k.VerifySignature(tok)
+	if err != nil {
+		return Ticket{}, err
+	}
+	if err := t.CheckLive(now); err != nil {
+		return Ticket{}, err
+	}
+	return t, nil
+}
+
+// VerifySignature checks that tok is signed by the keyring's key its KeyID names, and nothing
+// else: not its expiry (CheckLive) nor what it is for (Check). Its errors are VerifyToken's
+// ("unknown key k1", "bad signature"). Only a ticket that passed it says whose it is.
+func (k *Keyring) VerifySignature(tok *Token) (Ticket, error) {
 	t := tok.Ticket
 	i := k.index(t.KeyID)
 	if i < 0 {
@@ -79,10 +93,16 @@ func (k *Keyring) VerifyToken(tok *Token, now time.Time) (Ticket, error) {
 	if !k.checkTicketMAC(i, tok.payload, tok.sig[:]) {
 		return Ticket{}, ticketInvalid("bad signature")
 	}
-	if !now.Before(t.Expires) {
-		return Ticket{}, ticketInvalid("expired at %s", t.Expires.Format("2006-01-02T15:04:05.000Z07:00"))
-	}
 	return t, nil
+}
+
+// CheckLive reports whether t is unexpired at now (now >= Expires is expired): nil if so, else
+// an error wrapping ErrTicketInvalid saying when it expired.
+func (t Ticket) CheckLive(now time.Time) error {
+	if !now.Before(t.Expires) {
+		return ticketInvalid("expired at %s", t.Expires.Format("2006-01-02T15:04:05.000Z07:00"))
+	}
+	return nil
 }
 
 // Check reports whether t is for this sale, user and region: nil if so, else an error

@@ -187,6 +187,50 @@ func TestVerifyExpired(t *testing.T) {
 	wantInvalid(t, k, err, "expired at")
 }
 
+// TestVerifySignatureIgnoresOnlyExpiry: VerifySignature answers an expired ticket's buyer
+// (CheckLive says it expired) and refuses what Verify refuses for its signature: a changed
+// MAC, another secret under the same key id, an unknown key.
+func TestVerifySignatureIgnoresOnlyExpiry(t *testing.T) {
+	k, _, _ := testRings(t)
+	tk := sampleTicket()
+	token := mustSign(t, k, tk)
+	tok, err := ParseToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.VerifySignature(tok)
+	if err != nil || got.User != tk.User {
+		t.Fatalf("VerifySignature of a good ticket: %+v, %v", got, err)
+	}
+	if err := got.CheckLive(tk.Expires.Add(-time.Millisecond)); err != nil {
+		t.Errorf("CheckLive a millisecond before expiry: %v", err)
+	}
+	wantInvalid(t, k, got.CheckLive(tk.Expires), "expired at 2026-03-01T12:10:00.000Z")
+	forged := &Keyring{keys: []ringKey{{id: k.SigningKeyID()}}}
+	forged.keys[0].secret[0] = 1
+	unknown := &Keyring{keys: []ringKey{{id: "other"}}}
+	dot := strings.LastIndexByte(token, '.')
+	sig := []byte(token[dot+1:])
+	sig[0] ^= 'A' ^ 'B'
+	for reason, text := range map[string]string{
+		"bad signature":     mustSign(t, forged, tk),
+		"unknown key other": mustSign(t, unknown, tk),
+	} {
+		tok, err := ParseToken(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = k.VerifySignature(tok)
+		wantInvalid(t, k, err, reason)
+	}
+	tampered, err := ParseToken(token[:dot+1] + string(sig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = k.VerifySignature(tampered)
+	wantInvalid(t, k, err, "bad signature")
+}
+
 func TestVerifyMalformed(t *testing.T) {
 	k, _, _ := testRings(t)
 	good := mustSign(t, k, sampleTicket())

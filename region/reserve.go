@@ -44,11 +44,13 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		return ReserveResult{}, err
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
-	admitted, err := r.checkTicket(t, req, now)
+	admitted, vouched, err := r.checkTicket(t, req, now)
 	if err != nil {
 		// A retry of a granted request gets its hold back even once its ticket has expired
-		// (I6: the key decides), as long as the leader's memory has the key.
-		if m := r.state.Load(); m != nil && !r.inWriter(k) {
+		// (I6: the key decides), as long as the leader's memory has the key; but only for a
+		// ticket signed by the cluster for this buyer: a forged one that names the buyer gets
+		// TICKET_INVALID, never the buyer's hold.
+		if m := r.state.Load(); vouched && m != nil && !r.inWriter(k) {
 			if prior, ok := m.committedKey(k); ok {
 				return replayOf(prior, req)
 			}
@@ -424,42 +426,46 @@ func (b *batch) take(h *memHold) {
 }
 
 // checkTicket verifies a reservation's admission ticket in a sale with a waiting room: signed
-// by a key of the cluster, not expired by this region's clock, and for this sale, buyer and
-// region (and, from a waitlist, this SKU). Whether it already backs another request key is
-// the writer's to decide (reserveOp.apply), with the hold. A sale without a waiting room
-// takes no ticket.
-func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (admission.Ticket, error) {
+// by a key of the cluster, for this sale, buyer and region, not expired by this region's clock
+// (and, from a waitlist, for this SKU). Whether it already backs another request key is the
+// writer's to decide (reserveOp.apply), with the hold. A sale without a waiting room takes no
+// ticket. vouched is whether the request's buyer is who it says, for a replay of its key: the
+// ticket's signature and buyer checked out (a failure is then its expiry or its SKU), or the
+// sale has no waiting room (its requests name the buyer).
+func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (tk admission.Ticket, vouched bool, err error) {
 	if !t.Admission.Waiting() {
 		if req.Ticket != "" {
-			return admission.Ticket{}, apierr.Invalid("ticket", "sale %s has no waiting room; send no ticket", req.Sale)
+			return admission.Ticket{}, true, apierr.Invalid("ticket", "sale %s has no waiting room; send no ticket", req.Sale)
 		}
-		return admission.Ticket{}, nil
+		return admission.Ticket{}, true, nil
 	}
 	if req.Ticket == "" {
-		return admission.Ticket{}, fmt.Errorf("sale %s admits through its waiting room: a reservation needs a ticket: %w", req.Sale, ErrTicketInvalid)
+		return admission.Ticket{}, false, fmt.Errorf("sale %s admits through its waiting room: a reservation needs a ticket: %w", req.Sale, ErrTicketInvalid)
 	}
 	var keys *admission.Keyring
 	if r.cfg.Tickets != nil {
 		keys = r.cfg.Tickets()
 	}
 	if keys == nil {
-		return admission.Ticket{}, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
+		return admission.Ticket{}, false, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
 	}
-	var tk admission.Ticket
-	var err error
-	if tok := req.readToken(); tok != nil {
-		tk, err = keys.VerifyToken(tok, now)
-	} else {
-		tk, err = keys.Verify(req.Ticket, now)
+	tok := req.token()
+	if tok == nil {
+		_, err := admission.ParseToken(req.Ticket) // malformed: say how
+		return admission.Ticket{}, false, err
 	}
-	if err != nil {
-		return admission.Ticket{}, err
+	// The signature first: until it checks out the ticket says nothing, not even whose it is.
+	if tk, err = keys.VerifySignature(tok); err != nil {
+		return admission.Ticket{}, false, err
 	}
 	if err := tk.Check(req.Sale, req.User, r.cfg.Name); err != nil {
-		return admission.Ticket{}, err
+		return admission.Ticket{}, false, err
+	}
+	if err := tk.CheckLive(now); err != nil {
+		return admission.Ticket{}, true, err
 	}
 	if tk.SKU != "" && tk.SKU != req.SKU {
-		return admission.Ticket{}, fmt.Errorf("the ticket is a waitlist offer of %s, not %s: %w", tk.SKU, req.SKU, ErrTicketInvalid)
+		return admission.Ticket{}, true, fmt.Errorf("the ticket is a waitlist offer of %s, not %s: %w", tk.SKU, req.SKU, ErrTicketInvalid)
 	}
-	return tk, nil
+	return tk, true, nil
 }

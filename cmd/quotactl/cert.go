@@ -101,16 +101,16 @@ func runCertList(e *env) (err error) {
 	out := struct {
 		Certs []trust.CertInfo `json:"certificates"`
 	}{certs}
-	problems := 0
+	refused := 0
 	for _, c := range certs {
-		if c.Problem != "" {
-			problems++
+		if c.Refused() {
+			refused++
 		}
 	}
-	if problems > 0 {
+	if refused > 0 {
 		defer func() { // after the listing: exit 1, as audit does on a violation
 			if err == nil {
-				err = &exitError{code: 1, err: fmt.Errorf("%d certificate(s) would be refused", problems)}
+				err = &exitError{code: 1, err: fmt.Errorf("%d certificate(s) would be refused", refused)}
 			}
 		}()
 	}
@@ -120,7 +120,8 @@ func runCertList(e *env) (err error) {
 			if role == "" {
 				role = "-"
 			}
-			fmt.Fprintf(w, "%-28s %-6s role %-11s name %-14s expires %s", c.File, c.Kind, role, c.Name, c.NotAfter.Format("2006-01-02"))
+			fmt.Fprintf(w, "%-28s %-6s role %-11s name %-14s expires %s (%s)", c.File, c.Kind, role, c.Name,
+				c.NotAfter.Format("2006-01-02"), daysLeftText(c.DaysLeft))
 			if len(c.Hosts) > 0 {
 				fmt.Fprintf(w, "  hosts %v", c.Hosts)
 			}
@@ -130,4 +131,17 @@ func runCertList(e *env) (err error) {
 			fmt.Fprintln(w)
 		}
 	})
+}
+
+// daysLeftText says how long a certificate has left: "1825 days left", or "expired" once
+// past.
+func daysLeftText(days int) string {
+	switch {
+	case days < 0:
+		return "expired"
+	case days == 1:
+		return "1 day left"
+	default:
+		return fmt.Sprintf("%d days left", days)
+	}
 }

@@ -35,7 +35,9 @@ Every server serves TLS and requires a client certificate whose role may make th
 What is missing of the certificates is created at start under --certs-dir (default
 <data-dir>/certs): ca.crt and ca.key, node.crt/node.key, and client.<role>.crt/.key for the
 roles coordinator, storefront, operator and auditor, and etcd.<identity>.crt/.key for etcd's
-users (root, coordinator, region-<name>). quotactl finds them in .dev/certs by default.
+users (root, coordinator, region-<name>). A node or role certificate within 30 days of its end,
+expired, or not signed by ca.crt is made again from the same CA; an expired CA is made again
+with all of them. quotactl finds them in .dev/certs by default.
 
 The embedded etcd serves TLS on loopback, requires a client certificate, and has its
 authentication on: each region and the coordinator reach it as their own etcd user and may

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/spf13/cobra"
@@ -63,7 +65,8 @@ const insecureBanner = `
 `
 
 // security loads the certificates a server command names, or returns nil for --insecure
-// after saying so loudly.
+// after saying so loudly. An expired ca.crt or node.crt fails it, naming the file; a
+// certificate of the directory within 30 days of its end (or refused) is a warning.
 func security(v *viper.Viper, log *slog.Logger) (*trust.Material, error) {
 	if v.GetBool("insecure") {
 		fmt.Fprint(os.Stderr, insecureBanner)
@@ -81,6 +84,7 @@ func security(v *viper.Viper, log *slog.Logger) (*trust.Material, error) {
 	if _, err := m.ServerConfig(); err != nil {
 		return nil, fmt.Errorf("certs-dir: %w", err)
 	}
+	cluster.WarnCertificates(dir, time.Now(), log)
 	return m, nil
 }
 

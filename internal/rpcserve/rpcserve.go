@@ -1,7 +1,8 @@
 // Package rpcserve runs a gRPC server with what every server of the project has: mutual TLS
 // and the role table (internal/trust) unless it runs insecure, limits on messages, streams
 // and connections, the standard health service, server reflection (so grpcurl and ghz work),
-// and the one error table (apierr) applied to every handler's error.
+// and the one error table (apierr) applied to every handler's error, and a request whose
+// string field is not UTF-8 answered INVALID_ARGUMENT naming the field (utf8.go).
 package rpcserve
 
 import (
@@ -179,7 +180,11 @@ func Listen(addr string, opts Options) (*Server, error) {
 		stream = append(stream, authorizeStream)
 	}
 	unary = append(unary, opts.Guards...)
-	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
+	// Last: a caller the table refuses hears that, not what is wrong with its request.
+	unary = append(unary, refuseInvalidUTF8)
+	stream = append(stream, refuseInvalidUTF8Stream)
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.ForceServerCodecV2(newUTF8Codec()),
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(lim.MaxRecvMsgBytes), grpc.MaxConcurrentStreams(lim.MaxConcurrentStreams),
 		grpc.ConnectionTimeout(lim.HandshakeTimeout), grpc.NumStreamWorkers(lim.StreamWorkers),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.MaxConnectionIdle, Time: time.Minute, Timeout: 20 * time.Second}),

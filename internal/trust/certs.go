@@ -84,12 +84,31 @@ const (
 	CertLifetime = 5 * 365 * 24 * time.Hour
 )
 
+// ExpiresSoon is how close to its NotAfter a certificate is flagged (List's "expires soon",
+// a warning when a server starts) and EnsureDev makes a certificate of its own again.
+const ExpiresSoon = 30 * 24 * time.Hour
+
+// Option changes a certificate CreateCA, CreateNode or CreateClient makes.
+type Option func(*x509.Certificate)
+
+// ValidFor makes the certificate valid until d from now instead of its kind's lifetime
+// (CALifetime, CertLifetime); a negative d makes one already expired (valid for the hour
+// before). For tests of expiry.
+func ValidFor(d time.Duration) Option {
+	return func(c *x509.Certificate) {
+		c.NotAfter = time.Now().Add(d)
+		if from := c.NotAfter.Add(-time.Hour); from.Before(c.NotBefore) {
+			c.NotBefore = from
+		}
+	}
+}
+
 // ErrExists is returned when a file to be created is already there and overwrite is off.
 var ErrExists = errors.New("already exists")
 
 // CreateCA writes a new certificate authority (ca.crt, ca.key) into dir. Replacing the CA
 // revokes every certificate it signed: they must all be made again.
-func CreateCA(dir string, overwrite bool) error {
+func CreateCA(dir string, overwrite bool, opts ...Option) error {
 	if err := mayWrite(dir, overwrite, CACert, CAKey); err != nil {
 		return err
 	}
@@ -102,6 +121,9 @@ func CreateCA(dir string, overwrite bool) error {
 		return err
 	}
 	tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+	for _, o := range opts {
+		o(tmpl)
+	}
 	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -112,7 +134,7 @@ func CreateCA(dir string, overwrite bool) error {
 
 // CreateNode writes node.crt and node.key for the servers, valid for hosts (names or IP
 // addresses); the certificate also serves as a client certificate of no role.
-func CreateNode(dir string, hosts []string, overwrite bool) error {
+func CreateNode(dir string, hosts []string, overwrite bool, opts ...Option) error {
 	if len(hosts) == 0 {
 		return errors.New("host: name at least one host name or IP address the servers answer on")
 	}
@@ -128,12 +150,12 @@ func CreateNode(dir string, hosts []string, overwrite bool) error {
 		}
 	}
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
-	return sign(dir, tmpl, NodeCert, NodeKey, overwrite)
+	return sign(dir, tmpl, NodeCert, NodeKey, overwrite, opts...)
 }
 
 // CreateClient writes a client certificate naming role, with name as its common name
 // (the role when empty).
-func CreateClient(dir string, role Role, name string, overwrite bool) error {
+func CreateClient(dir string, role Role, name string, overwrite bool, opts ...Option) error {
 	if _, err := ParseRole(string(role)); err != nil {
 		return err
 	}
@@ -151,37 +173,43 @@ func CreateClient(dir string, role Role, name string, overwrite bool) error {
 		return err
 	}
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	return sign(dir, tmpl, ClientCert(role, name), ClientKey(role, name), overwrite)
+	return sign(dir, tmpl, ClientCert(role, name), ClientKey(role, name), overwrite, opts...)
 }
 
 // DevHosts are the hosts `quotad dev` certificates are valid for.
 var DevHosts = []string{"localhost", "127.0.0.1", "::1"}
 
-// EnsureDev creates, in dir, whatever of a development cluster's certificates is missing: the
-// CA, the node certificate for hosts, and one client certificate per role. It returns the
-// files it wrote. A missing CA with certificates present is an error: they were signed by a
-// CA that is gone, and replacing it silently would lock out every existing client.
+// EnsureDev creates, in dir, whatever of a development cluster's certificates is missing or
+// no longer serves: the CA, the node certificate for hosts, and one client certificate per
+// role. It returns the files it wrote. A missing CA with certificates present is an error:
+// they were signed by a CA that is gone, and replacing it silently would lock out every
+// existing client.
+//
+// A node or client certificate that has expired, expires within ExpiresSoon, is not signed by
+// ca.crt, or (node.crt) does not name every host is made again, signed by the same CA. The CA
+// is made again only once it has expired, when every certificate it signed is refused anyway:
+// before that a new CA would cut off every client that holds a certificate of the old one
+// (List and the servers warn within ExpiresSoon). Then node.crt and the role certificates are
+// made again under the new CA; any other certificate of the old one must be made again by hand.
 func EnsureDev(dir string, hosts []string) ([]string, error) {
-	var made []string
-	if !exists(filepath.Join(dir, CACert)) {
-		if exists(filepath.Join(dir, NodeCert)) {
-			return nil, fmt.Errorf("%s: missing, but %s is there: restore the CA or empty the directory", filepath.Join(dir, CACert), NodeCert)
-		}
-		if err := CreateCA(dir, false); err != nil {
-			return nil, err
-		}
-		made = append(made, CACert, CAKey)
+	now := time.Now()
+	made, err := ensureDevCA(dir, now)
+	if err != nil {
+		return nil, err
 	}
-	// A key without its certificate is of no use: it is replaced with the pair. So is a node
-	// certificate that does not name every host the servers now answer on.
-	if !exists(filepath.Join(dir, NodeCert)) || !coversHosts(filepath.Join(dir, NodeCert), hosts) {
+	pool, _, err := loadCA(dir)
+	if err != nil {
+		return made, err
+	}
+	// A key without its certificate is of no use: it is replaced with the pair.
+	if path := filepath.Join(dir, NodeCert); !serves(path, pool, now) || !coversHosts(path, hosts) {
 		if err := CreateNode(dir, hosts, true); err != nil {
 			return made, err
 		}
 		made = append(made, NodeCert, NodeKey)
 	}
 	for _, r := range Roles {
-		if !exists(filepath.Join(dir, ClientCert(r, ""))) {
+		if !serves(filepath.Join(dir, ClientCert(r, "")), pool, now) {
 			if err := CreateClient(dir, r, "", true); err != nil {
 				return made, err
 			}
@@ -189,6 +217,34 @@ func EnsureDev(dir string, hosts []string) ([]string, error) {
 		}
 	}
 	return made, nil
+}
+
+// ensureDevCA makes dir's CA when it is missing (and no node certificate is there) or has
+// expired, and returns the files it wrote.
+func ensureDevCA(dir string, now time.Time) ([]string, error) {
+	path := filepath.Join(dir, CACert)
+	if !exists(path) {
+		if exists(filepath.Join(dir, NodeCert)) {
+			return nil, fmt.Errorf("%s: missing, but %s is there: restore the CA or empty the directory", path, NodeCert)
+		}
+	} else if c, err := readCert(path); err != nil || !now.After(c.NotAfter) {
+		return nil, err // a CA that still works is kept, even within ExpiresSoon
+	}
+	if err := CreateCA(dir, true); err != nil {
+		return nil, err
+	}
+	return []string{CACert, CAKey}, nil
+}
+
+// serves reports whether the certificate at path is one to keep: readable, signed by pool's
+// CA and more than ExpiresSoon from its NotAfter at now.
+func serves(path string, pool *x509.CertPool, now time.Time) bool {
+	c, err := readCert(path)
+	if err != nil || c.NotAfter.Sub(now) <= ExpiresSoon {
+		return false
+	}
+	_, err = c.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	return err == nil
 }
 
 // coversHosts reports whether the certificate at path is valid for every one of hosts.
@@ -205,6 +261,16 @@ func coversHosts(path string, hosts []string) bool {
 	return true
 }
 
+// The problems List names.
+const (
+	// ProblemExpired is a certificate past its NotAfter: refused.
+	ProblemExpired = "expired"
+	// ProblemNotSigned is a certificate ca.crt did not sign: refused.
+	ProblemNotSigned = "not signed by " + CACert
+	// ProblemExpiresSoon is a certificate within ExpiresSoon of its NotAfter: still accepted.
+	ProblemExpiresSoon = "expires soon"
+)
+
 // CertInfo describes one certificate file of a directory.
 type CertInfo struct {
 	File     string    `json:"file"`
@@ -213,9 +279,16 @@ type CertInfo struct {
 	Name     string    `json:"name"`
 	Hosts    []string  `json:"hosts,omitempty"`
 	NotAfter time.Time `json:"not_after"`
-	// Problem is why the certificate would be refused ("expired", "not signed by ca.crt"), or "".
+	// DaysLeft is the whole days from List's now to NotAfter, rounded down: negative once
+	// expired.
+	DaysLeft int `json:"days_left"`
+	// Problem is why the certificate would be refused (ProblemExpired, ProblemNotSigned),
+	// ProblemExpiresSoon for one accepted for less than ExpiresSoon more, or "".
 	Problem string `json:"problem,omitempty"`
 }
+
+// Refused reports whether a server or client would refuse the certificate now.
+func (c CertInfo) Refused() bool { return c.Problem != "" && c.Problem != ProblemExpiresSoon }
 
 // List describes every certificate in dir, checking each against ca.crt.
 func List(dir string, now time.Time) ([]CertInfo, error) {
@@ -240,7 +313,8 @@ func List(dir string, now time.Time) ([]CertInfo, error) {
 }
 
 func describe(file string, c *x509.Certificate, pool *x509.CertPool, now time.Time) CertInfo {
-	info := CertInfo{File: file, Name: c.Subject.CommonName, NotAfter: c.NotAfter, Hosts: c.DNSNames}
+	info := CertInfo{File: file, Name: c.Subject.CommonName, NotAfter: c.NotAfter, Hosts: c.DNSNames,
+		DaysLeft: daysLeft(c.NotAfter, now)}
 	for _, ip := range c.IPAddresses {
 		info.Hosts = append(info.Hosts, ip.String())
 	}
@@ -255,11 +329,23 @@ func describe(file string, c *x509.Certificate, pool *x509.CertPool, now time.Ti
 		info.Kind, info.Role = "client", RoleOf(c)
 	}
 	if now.After(c.NotAfter) {
-		info.Problem = "expired"
+		info.Problem = ProblemExpired
 	} else if _, err := c.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		info.Problem = "not signed by " + CACert
+		info.Problem = ProblemNotSigned
+	} else if c.NotAfter.Sub(now) <= ExpiresSoon {
+		info.Problem = ProblemExpiresSoon
 	}
 	return info
+}
+
+// daysLeft is the whole days from now to notAfter, rounded down (negative once past).
+func daysLeft(notAfter, now time.Time) int {
+	d := notAfter.Sub(now)
+	days := int(d / (24 * time.Hour))
+	if d < 0 && d%(24*time.Hour) != 0 {
+		days--
+	}
+	return days
 }
 
 // RoleOf is the role a verified client certificate names, or "" for none.
@@ -283,9 +369,12 @@ func template(subject pkix.Name, life time.Duration) (*x509.Certificate, error) 
 }
 
 // sign issues tmpl with dir's CA and writes it with a fresh key.
-func sign(dir string, tmpl *x509.Certificate, certFile, keyFile string, overwrite bool) error {
+func sign(dir string, tmpl *x509.Certificate, certFile, keyFile string, overwrite bool, opts ...Option) error {
 	if err := mayWrite(dir, overwrite, certFile, keyFile); err != nil {
 		return err
+	}
+	for _, o := range opts {
+		o(tmpl)
 	}
 	caCert, caKey, err := loadCAKey(dir)
 	if err != nil {

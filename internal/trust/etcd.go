@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // etcd authenticates a client by its certificate's common name (CN): with client-certificate
@@ -85,12 +86,19 @@ func CreateEtcd(dir, identity string, overwrite bool) error {
 }
 
 // EnsureDevEtcd creates, in dir, whatever etcd identity certificate of a development cluster
-// is missing: root, the coordinator and one per region. It returns the files it wrote.
+// is missing, expired, within ExpiresSoon of its end or not signed by ca.crt (as EnsureDev
+// does for the others): root, the coordinator and one per region. It returns the files it
+// wrote.
 func EnsureDevEtcd(dir string, regions []string) ([]string, error) {
+	pool, _, err := loadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
 	ids := append([]string{EtcdRoot, EtcdCoordinator}, mapRegions(regions)...)
 	var made []string
 	for _, id := range ids {
-		if exists(filepath.Join(dir, EtcdCert(id))) {
+		if serves(filepath.Join(dir, EtcdCert(id)), pool, now) {
 			continue
 		}
 		if err := CreateEtcd(dir, id, true); err != nil {

@@ -149,7 +149,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 // metrics and its gRPC server.
 func (n *CoordinatorNode) serve() error {
 	cfg := n.cfg
-	nm := newNodeMetrics(roleCoordinator, "")
+	nm := newNodeMetrics(roleCoordinator, "", cfg.TLS)
 	n.metrics, n.Metrics = nm, nm.reg
 	nm.leader(func() bool { _, err := n.C.Generation(); return err == nil })
 	registerCoordinator(nm.reg, n.C)

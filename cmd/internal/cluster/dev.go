@@ -120,7 +120,8 @@ func (c *DevConfig) Validate() error {
 	return nil
 }
 
-// certs creates what is missing of the dev certificates and loads them (nil when insecure).
+// certs creates what is missing of the dev certificates, or has expired or nears its end
+// (trust.EnsureDev), and loads them (nil when insecure).
 func (c *DevConfig) certs() (*trust.Material, []string, error) {
 	if c.Insecure {
 		return nil, nil, nil
@@ -139,6 +140,9 @@ func (c *DevConfig) certs() (*trust.Material, []string, error) {
 	}
 	made = append(made, etcdMade...)
 	m, err := trust.Load(c.CertsDir)
+	if err == nil {
+		WarnCertificates(c.CertsDir, time.Now(), c.Logger) // a CA near its end, say
+	}
 	return m, made, err
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/metrics"
 	"github.com/quotaworks/quota/internal/rpcserve"
+	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/region"
 )
 
@@ -47,10 +48,12 @@ type nodeMetrics struct {
 }
 
 // newNodeMetrics makes a node's registry: the Go and process collectors, the gRPC and HTTP
-// servers' metrics, and quota_takeover_seconds for role (and region, a region's name or "").
-func newNodeMetrics(role, regionName string) *nodeMetrics {
+// servers' metrics, quota_takeover_seconds for role (and region, a region's name or ""), and
+// quota_certificate_expiry_seconds for the certificates of tls the process holds.
+func newNodeMetrics(role, regionName string, tls *trust.Material) *nodeMetrics {
 	reg := metrics.NewRegistry()
 	m := &nodeMetrics{reg: reg, grpc: metrics.NewGRPC(reg), http: metrics.NewHTTP(reg), conns: metrics.NewConnections(reg), labels: prometheus.Labels{"role": role, "region": regionName}}
+	metrics.RegisterCertExpiry(reg, m.labels, tls)
 	m.takeover = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quota_takeover_seconds", ConstLabels: m.labels, Buckets: takeoverBuckets,
 		Help: "Time from winning the role's election to serving as its leader (fence raised, state loaded)."})
 	reg.MustRegister(m.takeover)

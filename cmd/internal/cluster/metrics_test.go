@@ -222,6 +222,7 @@ func TestMetricsOfADevCluster(t *testing.T) {
 	}
 	checkRegionValues(t, before, scraped["us"], us)
 	checkCoordinatorValues(t, scraped["coordinator"])
+	checkCertificateExpiry(t, scraped)
 	checkScrapeRoles(t, coordURL, usURL)
 }
 
@@ -292,6 +293,24 @@ func checkCoordinatorValues(t *testing.T, f families) {
 	}
 	if v, ok := f.value("grpc_server_handled_total", map[string]string{"grpc_method": "Allocate", "grpc_code": "OK"}); !ok || v != 1 {
 		t.Errorf("the coordinator's Allocate calls: %v (exported %v); want 1", v, ok)
+	}
+}
+
+// checkCertificateExpiry: every process reports the seconds left of ca.crt and node.crt,
+// and the coordinator those of the client certificate it calls the regions with.
+func checkCertificateExpiry(t *testing.T, scraped map[string]families) {
+	t.Helper()
+	for process, f := range scraped {
+		files := []string{trust.CACert, trust.NodeCert}
+		if process == "coordinator" {
+			files = append(files, trust.ClientCert(trust.Coordinator, ""))
+		}
+		for _, file := range files {
+			got, ok := f.value("quota_certificate_expiry_seconds", map[string]string{"file": file})
+			if !ok || got < (trust.CertLifetime-48*time.Hour).Seconds() || got > trust.CALifetime.Seconds() {
+				t.Errorf("%s: quota_certificate_expiry_seconds{file=%q} = %v (exported %v); want about its lifetime", process, file, got, ok)
+			}
+		}
 	}
 }
 

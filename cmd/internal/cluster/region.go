@@ -181,7 +181,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		}
 		cfg.Region.Tickets = keys.get
 	}
-	nm := newNodeMetrics(roleRegion, cfg.Region.Name)
+	nm := newNodeMetrics(roleRegion, cfg.Region.Name, cfg.TLS)
 	if nm.off = cfg.NoMetrics; !nm.off {
 		cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
 	}

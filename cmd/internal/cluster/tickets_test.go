@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -63,7 +62,8 @@ func TestKeysRotateUnderARunningRegion(t *testing.T) {
 }
 
 // TestTicketReplaysAreRefusedAndChangeNothing: a ticket that expired, one for another sale,
-// one presented for another buyer over gRPC, a forged one: each is refused with its code and
+// one presented for another buyer over gRPC, a forged one (also with the request key of the
+// buyer it names, which must not answer that buyer's hold): each is refused with its code and
 // the pool is as it was.
 func TestTicketReplaysAreRefusedAndChangeNothing(t *testing.T) {
 	d := startDev(t, "us")
@@ -96,13 +96,17 @@ func TestTicketReplaysAreRefusedAndChangeNothing(t *testing.T) {
 		}
 		return resp.GetPools()[0].GetAvailable()
 	}
+	if r := reserveWith(t, c, us, "rp", real.str("ticket"), "erin-1", 1); r.code != http.StatusCreated {
+		t.Fatalf("erin reserves with her ticket: %d %v", r.code, r.body)
+	}
 	had := stock()
-	for _, tc := range []struct{ name, url, ticket string }{
-		{"expired", us + "/v1/sales/rp/reservations", expired},
-		{"forged", us + "/v1/sales/rp/reservations", forged},
-		{"another sale", us + "/v1/sales/other/reservations", real.str("ticket")},
+	for _, tc := range []struct{ name, url, ticket, key string }{
+		{"expired", us + "/v1/sales/rp/reservations", expired, "x-expired"},
+		{"forged", us + "/v1/sales/rp/reservations", forged, "x-forged"},
+		{"forged, with erin's granted request key", us + "/v1/sales/rp/reservations", forged, "erin-1"},
+		{"another sale", us + "/v1/sales/other/reservations", real.str("ticket"), "x-another-sale"},
 	} {
-		got := call(t, c, "POST", tc.url, map[string]any{"ticket": tc.ticket, "sku": "phone", "quantity": 1, "request_key": "x-" + strings.ReplaceAll(tc.name, " ", "-")})
+		got := call(t, c, "POST", tc.url, map[string]any{"ticket": tc.ticket, "sku": "phone", "quantity": 1, "request_key": tc.key})
 		if got.code != http.StatusUnauthorized || got.errCode() != "TICKET_INVALID" {
 			t.Errorf("%s: %d %v; want 401 TICKET_INVALID", tc.name, got.code, got.body)
 		}
