@@ -55,6 +55,9 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		}
 		return ReserveResult{}, err
 	}
+	if err := r.boundElsewhere(t, req); err != nil {
+		return ReserveResult{}, err
+	}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {
 		if req.fromAside == 0 {
 			avail -= min(r.aside.of(poolKey{req.Sale, req.SKU}), avail) // an open buyer may not take the waitlist's units
@@ -62,6 +65,11 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		if avail < req.Quantity {
 			return r.reserveWhenEmpty(ctx, req, k, avail)
 		}
+	}
+	// The buyer is bound to this region before the writer decides (binding.go): a hold is
+	// never acknowledged to a buyer not bound here.
+	if err := r.bindBuyer(ctx, t, req); err != nil {
+		return ReserveResult{}, err
 	}
 	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
 		ticket: admitted}

@@ -47,6 +47,9 @@ type DevConfig struct {
 	AuditInterval time.Duration
 	// NoMetrics runs the regions without their metrics (RegionConfig.NoMetrics).
 	NoMetrics bool
+	// NoBindAtReserve runs the regions without binding buyers at their first reservation
+	// (RegionConfig.NoBindAtReserve).
+	NoBindAtReserve bool
 	// Auto is the coordinator's automatic rebalancer (CoordinatorConfig.Auto).
 	Auto coordinator.AutoRebalance
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
@@ -267,7 +270,8 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 		var n *RegionNode
 		err := inComponent(ctx, "region/"+name, func(ctx context.Context) (err error) {
 			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics}, d.EtcdClient)
+				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics,
+				NoBindAtReserve: cfg.NoBindAtReserve}, d.EtcdClient)
 			return err
 		})
 		if err != nil {
