@@ -23,7 +23,7 @@ import (
 // Defaults of Config.MaxBindings and Config.BindsInFlight.
 const (
 	DefaultMaxBindings   = 200_000
-	DefaultBindsInFlight = 256
+	DefaultBindsInFlight = 64
 )
 
 // validateBinding fills in and checks the binding's bounds.
@@ -134,16 +134,18 @@ func (b *bindings) of(ctx context.Context, k saleUser) (string, error) {
 	return c.bound, c.err
 }
 
-// write binds k to this region in etcd, in a slot, within bindTimeout.
+// write binds k to this region in etcd, in a slot: the wait for one is bounded by ctx (the
+// caller's), the etcd transaction by bindTimeout too. A slow etcd then makes new buyers wait
+// in line here rather than pile transactions onto it that time out and are asked again.
 func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
-	defer cancel()
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
 		return "", fmt.Errorf("waiting for one of the %d binding writes in flight: %w", cap(b.slots), ctx.Err())
 	}
 	defer func() { <-b.slots }()
+	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	defer cancel()
 	bound, err := b.bind(ctx, k.sale, k.user, b.region)
 	if err == nil && bound == "" {
 		err = fmt.Errorf("binding %s/%s: etcd answered no region", k.sale, k.user)
@@ -156,18 +158,26 @@ func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
 // naming the region they are bound to, or ABORTED (nothing was done: ask again) when the
 // binding could not be written or read. A sale with a waiting room, or a region that binds
 // no one, has no such step.
-func (r *Region) bindBuyer(ctx context.Context, t SaleTerms, req ReserveRequest) error {
+//
+// A buyer the region does not know, of a sale or SKU paused here, is not bound (unbound):
+// the writer refuses the reservation PAUSED (or replays one granted before), and refuses it
+// ABORTED should the pause have ended on the way, so that no hold is made unbound.
+func (r *Region) bindBuyer(ctx context.Context, t SaleTerms, req ReserveRequest) (unbound bool, err error) {
 	if r.binds == nil || t.Admission.Waiting() {
-		return nil
+		return false, nil
 	}
-	bound, err := r.binds.of(ctx, saleUser{req.Sale, req.User})
+	k := saleUser{req.Sale, req.User}
+	if _, ok := r.binds.cached(k); !ok && r.paused.Load().refuse(req) != nil {
+		return true, nil
+	}
+	bound, err := r.binds.of(ctx, k)
 	if err != nil {
-		return fmt.Errorf("binding buyer %s to region %s for sale %s: %v: %w", req.User, r.cfg.Name, req.Sale, err, apierr.ErrAborted)
+		return false, fmt.Errorf("binding buyer %s to region %s for sale %s: %v: %w", req.User, r.cfg.Name, req.Sale, err, apierr.ErrAborted)
 	}
 	if bound != r.cfg.Name {
-		return &apierr.BoundError{Sale: req.Sale, Region: bound}
+		return false, &apierr.BoundError{Sale: req.Sale, Region: bound}
 	}
-	return nil
+	return false, nil
 }
 
 // boundElsewhere is bindBuyer from memory only: BOUND_ELSEWHERE for a buyer this region

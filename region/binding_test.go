@@ -174,14 +174,19 @@ func TestBindingFailureRefusesTheReservation(t *testing.T) {
 	}
 }
 
-// TestNoBindingWithoutAUnitOrTheLead: a reservation the empty pool answers, and one a
-// standby answers NOT_LEADER, bind no one: a buyer is not tied to a region that could not
-// serve them.
+// TestNoBindingWithoutAUnitOrTheLead: a reservation the empty pool answers, one a paused
+// sale refuses, and one a standby answers NOT_LEADER, bind no one: a buyer is not tied to a
+// region that could not serve them.
 func TestNoBindingWithoutAUnitOrTheLead(t *testing.T) {
 	b := newEtcdBinds(t)
 	e := newEnv(t, b.config)
-	e.sale(defaultTerms(testSale, 2), 1)
+	e.sale(defaultTerms(testSale, 2), 2)
 	e.mustReserve("erin", "k1", 1)
+	e.pause(1, "", true, 1, "test")
+	e.wantPaused(testSKU, "hank", "sale "+testSale+" is paused")
+	e.wantPaused(testSKU, "erin", "sale "+testSale+" is paused") // bound before: from memory
+	e.pause(1, "", false, 2, "")
+	e.mustReserve("erin", "k2", 1)
 	if _, err := e.reserve("frank", "k1", 1); !errors.Is(err, region.ErrRegionExhausted) {
 		t.Fatalf("reserve at an empty pool: %v; want REGION_EXHAUSTED", err)
 	}
@@ -198,7 +203,7 @@ func TestNoBindingWithoutAUnitOrTheLead(t *testing.T) {
 	if n := b.of("us"); n != 1 {
 		t.Fatalf("%d binds sent; want 1, erin's", n)
 	}
-	if b.bound(t, "frank") != "" || b.bound(t, "gina") != "" {
+	if b.bound(t, "frank") != "" || b.bound(t, "gina") != "" || b.bound(t, "hank") != "" {
 		t.Fatal("a buyer refused without a decision was bound")
 	}
 }

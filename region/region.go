@@ -95,7 +95,8 @@ type Config struct {
 	// reservation here reaches etcd; one forgotten costs one more etcd transaction at the
 	// buyer's next reservation. Default 200,000.
 	MaxBindings int
-	// BindsInFlight bounds the binding writes reservations have under way at once; default 256.
+	// BindsInFlight bounds the binding writes reservations have under way at once; default 64
+	// (as many as the front door's admissions, DoorConfig.BindsInFlight).
 	BindsInFlight int
 }
 
