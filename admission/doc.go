@@ -5,7 +5,7 @@
 // buckets that bound how fast one buyer or one address may knock (limiter.go).
 //
 // Nothing here reads a clock, a file or the network: callers pass the time and the bytes.
-// The region (region/admit.go) owns one room and one waitlist per sale it leads, binds each
+// The region (region/door.go, region/waitlist.go) owns one room and one waitlist per sale it leads, binds each
 // admitted buyer to it through the cluster-wide record (the global per-user limit), and
 // checks a reservation's ticket in its writer, where the ticket's one use is recorded with
 // the hold.

@@ -14,7 +14,7 @@ import (
 // CallKind names the participant step a Drive asks for.
 type CallKind string
 
-// The participant steps of DESIGN.md §6 a Drive asks for.
+// The participant steps of the transfer protocol (docs/transfers.md) a Drive asks for.
 const (
 	// CallDebit is step 2 at the source.
 	CallDebit CallKind = "debit"
@@ -111,7 +111,7 @@ const (
 	modeRefuseIn       // resolve --refuse of a pending transfer: refuse at the destination
 )
 
-// Drive is the transfer driver (DESIGN.md §6) as a deterministic state machine: it takes a
+// Drive is the transfer driver (docs/transfers.md, "The protocol") as a deterministic state machine: it takes a
 // transfer's ledger row, emits the participant calls one at a time, consumes each reply,
 // and makes the ledger writes (fenced, I4) itself through its Ledger. It never decides an
 // outcome a participant has not recorded: an error or an answer that decides nothing
@@ -360,7 +360,7 @@ func (d *Drive) onSettle(ctx context.Context, r Reply) {
 	d.finish(nil)
 }
 
-// refuseOut is resolve --refuse of a requested transfer: the abort of DESIGN.md §6, taken
+// refuseOut is resolve --refuse of a requested transfer: the abort of the transfer protocol (docs/transfers.md), taken
 // at the source because nothing has reached the destination. From the unallocated pool
 // the ledger voids it itself (its debit happens on requested → pending).
 func (d *Drive) refuseOut(ctx context.Context) (Call, bool) {

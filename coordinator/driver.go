@@ -76,7 +76,7 @@ func (c *Coordinator) roundFailed(ctx context.Context, step string, err error) e
 	return fmt.Errorf("%s: %w", step, err)
 }
 
-// drive takes a transfer as far as the participants' answers allow (DESIGN.md §6) and
+// drive takes a transfer as far as the participants' answers allow (docs/transfers.md) and
 // returns its ledger state afterwards: it runs a Drive, making each call it emits to the
 // region's participant in turn, bounded by CallTimeout. Every step is idempotent by
 // transfer id, so a lost reply is resolved by asking again. It never decides an outcome a

@@ -264,7 +264,7 @@ func TestLimitIsPerSKU(t *testing.T) {
 }
 
 // TestExhaustedAnswerNeedsNoWrite: once the region knows a pool is empty, a reserve is
-// answered without a write transaction (DESIGN.md §5: the sold-out answer is cheap). Shown
+// answered without a write transaction (docs/architecture.md, "Reserve, step by step": the sold-out answer is cheap). Shown
 // by holding the epoch row lock every writer batch needs: the answers still come at once.
 func TestExhaustedAnswerNeedsNoWrite(t *testing.T) {
 	e := newEnv(t)

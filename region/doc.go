@@ -17,6 +17,11 @@
 //     CheckTransferRef), checkGeneration, and their ops (putSaleOp, creditOp, refuseOp,
 //     debitOp, restoreOp, settleOp, transitionOut), each after its entry point.
 //   - stock.go: Stock.
+//   - binding.go: a buyer's binding to a region at their first reservation in a sale without a
+//     waiting room (the global per-user limit), before the writer.
+//   - door.go: the front door of a sale with a waiting room: admissions, tickets, the
+//     binding of each admitted buyer, the sale's view; waitlist.go: the waitlist's offers of
+//     units that come back; aside.go: the units set aside for those offers.
 //
 // Shared by those paths:
 //
@@ -38,8 +43,9 @@
 //     keyfilter.go: the fixed-size filter of retired keys.
 //   - load.go: loading memState from SQL on taking leadership; standby.go: the warm standby.
 //   - sweeper.go: the expiry sweeper; pause.go: the kill switch; verify.go: QUOTA_VERIFY
-//     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); demand.go: the demand counts; migrate.go:
-//     the schema's migrations (Migrate).
+//     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); demand.go:
+//     the demand counts; metrics.go: what a region counts for its operators (Metrics);
+//     migrate.go: the schema's migrations (Migrate).
 //   - transfer_effects.go: each transfer step's decision and effects, produced once: the
 //     participant ops turn them into SQL, Core applies them.
 //   - core.go, core_transfer.go: Core, the simulation's in-memory region.

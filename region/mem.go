@@ -31,7 +31,7 @@ type memHold struct {
 }
 
 // memState is the region leader's authoritative working copy of its pools, per-user counts,
-// holds and idempotency keys, loaded from SQL when it takes leadership (DESIGN.md §5, hot
+// holds and idempotency keys, loaded from SQL when it takes leadership (docs/architecture.md, "The region leader's memory"; hot
 // path). Only the writer goroutine reads or changes it (before it is handed to the writer, a
 // load fills it from one goroutine of its own: region/load.go). Changes made while deciding a batch
 // are durable only once the batch commits; a failed batch makes the leader reload it.

@@ -2,7 +2,7 @@ package region
 
 // White-box tests of the writer's failure handling: a batch is one transaction, and when it
 // does not commit, no request in it may be answered as a success and the cache must not run
-// ahead of the database (DESIGN.md §5, I6).
+// ahead of the database (docs/architecture.md, "The region leader's memory"; I6).
 
 import (
 	"context"

@@ -6,7 +6,7 @@ import (
 )
 
 // The participant decisions below are the rules a region applies to its durable transfer
-// records (DESIGN.md §6, steps 2–5). The region's SQL operations and the deterministic
+// records (docs/transfers.md, "The protocol", steps 2–5). The region's SQL operations and the deterministic
 // simulation (sim) both call them, so a bug in a rule is a bug in both.
 
 // Errors of the participant decisions; the region wraps them in its API errors.

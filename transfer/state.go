@@ -2,7 +2,7 @@ package transfer
 
 import "fmt"
 
-// State is a transfer's state in the coordinator's ledger (DESIGN.md §6).
+// State is a transfer's state in the coordinator's ledger (docs/transfers.md).
 type State string
 
 // The ledger states. requested: recorded, nothing debited. pending: debited at the source,

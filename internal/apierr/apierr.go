@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Sentinels for the expected outcomes of DESIGN.md §10. Packages re-export the ones they
+// Sentinels for the expected outcomes every API shares (docs/cli.md and docs/storefront.md list them). Packages re-export the ones they
 // return; callers test them with errors.Is.
 var (
 	// ErrSoldOut: the SKU is gone in every region; final.

@@ -28,7 +28,7 @@ type mapping struct {
 	http int
 }
 
-// table is the single map from outcome to gRPC code, reason and HTTP status (DESIGN.md §10).
+// table is the single map from outcome to gRPC code, reason and HTTP status (docs/cli.md, "Errors").
 // Order matters only for errors wrapping several sentinels; the first match wins.
 var table = []mapping{
 	{ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT", 400},

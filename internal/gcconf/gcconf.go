@@ -1,6 +1,6 @@
 // Package gcconf sets the Go garbage collector of a server process.
 //
-// A region leader keeps every live hold in memory (DESIGN.md §5) and allocates a little for
+// A region leader keeps every live hold in memory (docs/architecture.md, "The region leader's memory") and allocates a little for
 // every request. With Go's default (GOGC=100) the collector runs each time the heap doubles,
 // and every run marks all of the leader's holds again: measured on the 2-core project
 // machine, a quarter of the region process's CPU went to marking, much of it on cores that
