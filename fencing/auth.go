@@ -63,6 +63,16 @@ func coordinatorGrants() []grant {
 	}
 }
 
+// Users are the etcd users of a cluster of regions: root, the coordinator and each region's.
+// A member's client port accepts only their certificates (TLSFiles.ClientCNs).
+func Users(regions []string) []string {
+	out := []string{trust.EtcdUser(trust.EtcdRoot), trust.EtcdUser(trust.EtcdCoordinator)}
+	for _, r := range regions {
+		out = append(out, trust.EtcdUser(trust.EtcdRegion(r)))
+	}
+	return out
+}
+
 // roleName is the etcd role of an identity (trust.EtcdRegion, trust.EtcdCoordinator).
 func roleName(identity string) string { return "quota-" + identity }
 

@@ -496,9 +496,18 @@ func TestFollowBindingsAndUnbind(t *testing.T) {
 	go func() {
 		done <- fencing.FollowBindings(fctx, c, func(sale, user, region string) { seen <- [3]string{sale, user, region} })
 	}()
+	recv := func() [3]string {
+		select {
+		case b := <-seen:
+			return b
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no binding followed in 20 s")
+			return [3]string{}
+		}
+	}
 	got := map[string]bool{}
 	for len(got) < n {
-		b := <-seen
+		b := recv()
 		if b[0] != "s" || b[2] != "us" || got[b[1]] {
 			t.Fatalf("binding %v: want each of s's once, at us", b)
 		}
@@ -507,7 +516,7 @@ func TestFollowBindingsAndUnbind(t *testing.T) {
 	if _, err := fencing.Bind(ctx, c, "s", "late", "mars", fencing.NoLease); err != nil {
 		t.Fatal(err)
 	}
-	if b := <-seen; b != [3]string{"s", "late", "mars"} {
+	if b := recv(); b != [3]string{"s", "late", "mars"} {
 		t.Fatalf("the binding written later: %v", b)
 	}
 	stop()

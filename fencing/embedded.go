@@ -12,8 +12,9 @@ import (
 // Embedded is an in-process, single-member etcd for `quotad dev` and tests. It is a real
 // etcd server (raft, WAL, leases, authentication), only not a separate process.
 type Embedded struct {
-	e         *embed.Etcd
-	ClientURL string
+	e *embed.Etcd
+	// ClientURL and PeerURL are where the member serves clients and its (absent) peers.
+	ClientURL, PeerURL string
 }
 
 // EmbeddedConfig configures an embedded member.
@@ -67,7 +68,7 @@ func StartEmbeddedConfig(cfg EmbeddedConfig) (*Embedded, error) {
 	ec.EnableGRPCGateway = cfg.Gateway
 	if cfg.TLS != nil {
 		ec.ClientTLSInfo = cfg.TLS.info()
-		ec.PeerTLSInfo = cfg.TLS.info()
+		ec.PeerTLSInfo = cfg.TLS.peerInfo()
 	}
 	ec.LogLevel = "panic" // its shutdown logs errors that are not ours to act on
 	e, err := embed.StartEtcd(ec)
@@ -80,7 +81,7 @@ func StartEmbeddedConfig(cfg EmbeddedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd not ready after 30s")
 	}
-	return &Embedded{e: e, ClientURL: cfg.ClientURL}, nil
+	return &Embedded{e: e, ClientURL: cfg.ClientURL, PeerURL: cfg.PeerURL}, nil
 }
 
 // Close stops the member. Idempotent.

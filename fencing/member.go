@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/quotaworks/quota/internal/trust"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
@@ -22,6 +23,24 @@ type TLSFiles struct {
 	CertFile      string
 	KeyFile       string
 	TrustedCAFile string
+	// ClientCNs, when set, are the only common names the client port accepts, at the TLS
+	// handshake: the etcd users (Users). Any other certificate of the CA (a storefront's) is
+	// refused before it can grant a lease or read the members. Empty: any certificate of the CA.
+	ClientCNs []string
+}
+
+// info is etcd's form of f for the client port, with client-certificate auth on.
+func (f *TLSFiles) info() transport.TLSInfo {
+	return transport.TLSInfo{CertFile: f.CertFile, KeyFile: f.KeyFile, TrustedCAFile: f.TrustedCAFile, ClientCertAuth: true,
+		AllowedCNs: f.ClientCNs}
+}
+
+// peerInfo is etcd's form of f for the peer port: only a member's certificate (CN
+// trust.NodeCN) may speak raft there. etcd checks no user on the peer port, so a client
+// certificate accepted there could keep any lease alive or forge raft messages.
+func (f *TLSFiles) peerInfo() transport.TLSInfo {
+	return transport.TLSInfo{CertFile: f.CertFile, KeyFile: f.KeyFile, TrustedCAFile: f.TrustedCAFile, ClientCertAuth: true,
+		AllowedCNs: []string{trust.NodeCN}}
 }
 
 // validate checks that every file is named and readable, naming the missing one.
@@ -35,11 +54,6 @@ func (f *TLSFiles) validate() error {
 		}
 	}
 	return nil
-}
-
-// info is etcd's form of f, with client-certificate auth on.
-func (f *TLSFiles) info() transport.TLSInfo {
-	return transport.TLSInfo{CertFile: f.CertFile, KeyFile: f.KeyFile, TrustedCAFile: f.TrustedCAFile, ClientCertAuth: true}
 }
 
 // MemberConfig configures one member of a static, multi-member etcd cluster (the local
@@ -171,7 +185,7 @@ func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	if cfg.TLS != nil {
 		ec.ClientTLSInfo = cfg.TLS.info()
-		ec.PeerTLSInfo = cfg.TLS.info()
+		ec.PeerTLSInfo = cfg.TLS.peerInfo()
 	}
 	ec.LogLevel = cfg.LogLevel
 	if ec.LogLevel == "" {

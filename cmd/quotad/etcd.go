@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
@@ -125,6 +126,7 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm),
 		Gateway: v.GetBool("grpc-gateway")}, Regions: v.GetStringSlice("regions")}
 	if !tlsm.Insecure() {
+		cfg.Member.TLS.ClientCNs = fencing.Users(cfg.Regions)
 		if cfg.Root, err = tlsm.EtcdClientConfig(trust.EtcdRoot); err != nil {
 			return badUsage(fmt.Errorf("certs-dir: %w", err))
 		}
@@ -151,9 +153,12 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer m.Close()
-	if err := secureMember(ctx, cfg); err != nil {
-		return err
-	}
+	secured := make(chan struct{})
+	go func() { // owned: waited for below, ends with ctx
+		defer close(secured)
+		secureMember(ctx, cfg, log)
+	}()
+	defer func() { <-secured }()
 	fmt.Printf("quotad etcd %s: clients %s, peers %s (%s)\n", cfg.Member.Name, cfg.Member.ClientURL, cfg.Member.PeerURL, m.State)
 	select {
 	case <-ctx.Done():
@@ -168,20 +173,43 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 
 // secureMember makes sure, as etcd's administrator, that the cluster's users and roles
 // exist and authentication is on (fencing.EnsureAuth). Every member does it at every start:
-// it is idempotent, and the first member to get there does the work.
-func secureMember(ctx context.Context, cfg EtcdProcessConfig) error {
+// it is idempotent, and the first member to get there does the work. A failure (a quorum
+// lost for a moment, an expired etcd.root.crt) is logged and tried again every few seconds
+// while the member serves: a member does not stop serving its peers over it. Until it is done
+// on a new cluster, the client port still accepts only the etcd users' certificates.
+func secureMember(ctx context.Context, cfg EtcdProcessConfig, log *slog.Logger) {
 	if cfg.Root == nil {
-		return nil
+		return
 	}
+	for attempt := 1; ; attempt++ {
+		err := ensureAuthOnce(ctx, cfg)
+		if err == nil {
+			log.Info("etcd authentication is on", "name", cfg.Member.Name, "regions", cfg.Regions)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Error("setting up etcd's users and roles failed; trying again", "name", cfg.Member.Name, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// ensureAuthOnce dials the member as root and runs fencing.EnsureAuth once.
+func ensureAuthOnce(ctx context.Context, cfg EtcdProcessConfig) error {
 	c, err := fencing.DialTLS([]string{cfg.Member.ClientURL}, 10*time.Second, cfg.Root)
 	if err != nil {
-		return fmt.Errorf("etcd member %s: dial as root to set up authentication: %w", cfg.Member.Name, err)
+		return fmt.Errorf("dial as root: %w", err)
 	}
-	defer c.Close()
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := fencing.EnsureAuth(actx, c, cfg.Regions); err != nil {
-		return fmt.Errorf("etcd member %s: %w", cfg.Member.Name, err)
+	err = fencing.EnsureAuth(actx, c, cfg.Regions)
+	if cerr := c.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close the root client: %w", cerr)
 	}
-	return nil
+	return err
 }

@@ -9,7 +9,11 @@ package etcdattack
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -54,24 +58,61 @@ func Attempts(sale, sku, buyer, victim, region, leaderKey string) []Attempt {
 		{"delete the region's real leader key", []string{"del", leaderKey}},
 		{"a coordinator election key from the future", []string{"put", "/quota/election/coordinator/7fffffffffffffff", "127.0.0.1:1"}},
 		{"read every binding", []string{"get", "--prefix", "/quota/bind/"}},
+		{"grant a lease (each one is written to disk)", []string{"lease", "grant", "60"}},
+		{"list the members (the peer addresses)", []string{"member", "list"}},
 	}
+}
+
+// HandshakeRefused reports whether the server at url (https://host:port) refuses id's
+// certificate at the TLS handshake: etcd's client port accepts only the etcd users'
+// certificates, its peer port only node.crt. With TLS 1.3 the refusal arrives as an alert
+// at the first read after the handshake.
+func HandshakeRefused(url, caFile string, id Identity) (bool, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return false, err
+	}
+	cfg.RootCAs = x509.NewCertPool()
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return false, fmt.Errorf("%s: no certificate", caFile)
+	}
+	if id.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(id.Cert, id.Key)
+		if err != nil {
+			return false, err
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", strings.TrimPrefix(url, "https://"), cfg)
+	if err != nil {
+		return strings.Contains(err.Error(), "certificate"), nil
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+		return false, err
+	}
+	_, err = conn.Read(make([]byte, 1))
+	return err != nil && strings.Contains(err.Error(), "certificate"), nil
 }
 
 // Result is one attempt as one identity.
 type Result struct {
 	Identity, What, Output string
-	// Refused is true when etcdctl failed; Denied when etcd said permission denied (the
-	// request reached etcd and its authorization refused it).
-	Refused, Denied bool
+	// Refused is true when etcdctl failed. Denied is true when etcd said permission denied
+	// (the request reached etcd and its authorization refused it); Handshake when the server
+	// refused the identity's certificate at the TLS handshake, so no request of it can reach
+	// etcd at all.
+	Refused, Denied, Handshake bool
 }
 
 // Run runs etcdctl with args against endpoint, trusting caFile and presenting id.
 func Run(ctx context.Context, endpoint, caFile string, id Identity, args ...string) (string, error) {
-	base := []string{"--endpoints", endpoint, "--cacert", caFile, "--dial-timeout", "1s", "--command-timeout", "3s"}
+	base := []string{"--endpoints", endpoint, "--cacert", caFile, "--dial-timeout", "3s", "--command-timeout", "5s"}
 	if id.Cert != "" {
 		base = append(base, "--cert", id.Cert, "--key", id.Key)
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, "etcdctl", append(base, args...)...)
 	cmd.Env = append(cmd.Environ(), "ETCDCTL_API=3")
@@ -81,17 +122,27 @@ func Run(ctx context.Context, endpoint, caFile string, id Identity, args ...stri
 	return strings.TrimSpace(out.String()), err
 }
 
-// Replay runs every attempt as every identity.
+// Replay runs every attempt as every identity. An identity whose certificate the server
+// refuses at the TLS handshake (HandshakeRefused) sends no request anywhere: etcdctl runs its
+// first attempt only, to show the refusal with the real client, and every attempt is counted
+// refused at the handshake.
 func Replay(ctx context.Context, endpoint, caFile string, ids []Identity, attempts []Attempt) ([]Result, error) {
 	if _, err := exec.LookPath("etcdctl"); err != nil {
 		return nil, fmt.Errorf("etcdctl: %w (install Debian's etcd-client: make etcdctl)", err)
 	}
 	var out []Result
 	for _, id := range ids {
-		for _, a := range attempts {
-			text, err := Run(ctx, endpoint, caFile, id, a.Args...)
-			out = append(out, Result{Identity: id.Name, What: a.What, Output: text, Refused: err != nil,
-				Denied: strings.Contains(text, "permission denied")})
+		hs, err := HandshakeRefused(endpoint, caFile, id)
+		if err != nil {
+			return out, fmt.Errorf("handshake as %s: %w", id.Name, err)
+		}
+		for i, a := range attempts {
+			r := Result{Identity: id.Name, What: a.What, Handshake: hs, Refused: hs}
+			if !hs || i == 0 {
+				text, err := Run(ctx, endpoint, caFile, id, a.Args...)
+				r.Output, r.Refused, r.Denied = text, err != nil, strings.Contains(text, "permission denied")
+			}
+			out = append(out, r)
 		}
 	}
 	return out, ctx.Err()

@@ -56,6 +56,10 @@ func ParseRole(s string) (Role, error) {
 	return "", fmt.Errorf("role %q: must be one of coordinator, storefront, operator, auditor", s)
 }
 
+// NodeCN is the common name of the servers' certificate (node.crt): the only one an etcd
+// member's peer port accepts.
+const NodeCN = "node"
+
 // File names inside a certificates directory.
 const (
 	CACert   = "ca.crt"
@@ -138,7 +142,7 @@ func CreateNode(dir string, hosts []string, overwrite bool, opts ...Option) erro
 	if len(hosts) == 0 {
 		return errors.New("host: name at least one host name or IP address the servers answer on")
 	}
-	tmpl, err := template(pkix.Name{CommonName: "node", OrganizationalUnit: []string{"node"}, Organization: []string{"quota"}}, CertLifetime)
+	tmpl, err := template(pkix.Name{CommonName: NodeCN, OrganizationalUnit: []string{"node"}, Organization: []string{"quota"}}, CertLifetime)
 	if err != nil {
 		return err
 	}

@@ -243,7 +243,7 @@ func (d *Dev) startEtcd(cfg DevConfig) (string, error) {
 			return "", err
 		}
 		d.Etcd, err = fencing.StartEmbeddedConfig(fencing.EmbeddedConfig{Dir: filepath.Join(cfg.DataDir, "etcd"),
-			ClientURL: clientURL, PeerURL: peerURL, TLS: memberFiles(d.TLS), Gateway: cfg.EtcdGateway})
+			ClientURL: clientURL, PeerURL: peerURL, TLS: memberFiles(d.TLS, cfg.Regions), Gateway: cfg.EtcdGateway})
 		if err == nil {
 			return clientURL, nil
 		}
@@ -367,14 +367,14 @@ func (d *Dev) Close() {
 	}
 }
 
-// memberFiles names the embedded etcd's TLS files: node.crt serves clients and peers (nil
-// when insecure).
-func memberFiles(m *trust.Material) *fencing.TLSFiles {
+// memberFiles names the embedded etcd's TLS files: node.crt serves clients and peers, and
+// the client port accepts only the etcd users' certificates (nil when insecure).
+func memberFiles(m *trust.Material, regions []string) *fencing.TLSFiles {
 	if m.Insecure() {
 		return nil
 	}
 	return &fencing.TLSFiles{CertFile: filepath.Join(m.Dir(), trust.NodeCert), KeyFile: filepath.Join(m.Dir(), trust.NodeKey),
-		TrustedCAFile: filepath.Join(m.Dir(), trust.CACert)}
+		TrustedCAFile: filepath.Join(m.Dir(), trust.CACert), ClientCNs: fencing.Users(regions)}
 }
 
 // secureEtcd dials the embedded etcd as its administrator and, unless insecure, sets up its

@@ -72,6 +72,10 @@ func TestEtcdWritesAreRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	peerRefuses(t, d.Etcd.PeerURL, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wantAllRefused(t, append(results, regional...), len(attempts)*6+5)
 	if after := etcdAs(t, d, root, "get", "--prefix", "/quota/"); after != before {
 		t.Fatalf("etcd changed under the attacks:\nbefore %s\nafter  %s", before, after)
@@ -96,6 +100,24 @@ func TestEtcdWritesAreRefused(t *testing.T) {
 	auditOK(t, op, "s")
 }
 
+// peerRefuses checks that an etcd member's peer port refuses every certificate of the CA but
+// node.crt at the handshake: etcd checks no user there.
+func peerRefuses(t *testing.T, peerURL, ca string) {
+	t.Helper()
+	node := etcdattack.Identity{Name: "node.crt", Cert: filepath.Join(certs.Dir(), trust.NodeCert), Key: filepath.Join(certs.Dir(), trust.NodeKey)}
+	for _, id := range append(etcdattack.Identities(certs.Dir())[1:], etcdRoot()) {
+		if id.Name == node.Name {
+			continue
+		}
+		if refused, err := etcdattack.HandshakeRefused(peerURL, ca, id); err != nil || !refused {
+			t.Errorf("the peer port and %s: refused %v, %v; want refused at the handshake", id.Name, refused, err)
+		}
+	}
+	if refused, err := etcdattack.HandshakeRefused(peerURL, ca, node); err != nil || refused {
+		t.Errorf("the peer port and node.crt: refused %v, %v; want served", refused, err)
+	}
+}
+
 // wantAllRefused fails the test for every attempt etcd accepted; a certificate's attempt must
 // be refused by etcd's authorization (permission denied), not by chance.
 func wantAllRefused(t *testing.T, results []etcdattack.Result, want int) {
@@ -107,8 +129,8 @@ func wantAllRefused(t *testing.T, results []etcdattack.Result, want int) {
 		switch {
 		case !r.Refused:
 			t.Errorf("%s: %s: accepted: %s", r.Identity, r.What, r.Output)
-		case r.Identity != "no certificate" && !r.Denied:
-			t.Errorf("%s: %s: failed, but not as permission denied: %s", r.Identity, r.What, r.Output)
+		case r.Identity != "no certificate" && !r.Denied && !r.Handshake:
+			t.Errorf("%s: %s: failed, but neither as permission denied nor at the handshake: %s", r.Identity, r.What, r.Output)
 		}
 	}
 }
@@ -180,19 +202,28 @@ func TestFalseFlagsAreCorrected(t *testing.T) {
 
 // TestDrainedFlagTheBooksContradict: a drained flag raised in etcd while the region has units
 // available, with no coordinator to correct it, does not close the region's waiting room: the
-// region checks the flag against its own books and does not believe it.
+// region checks the flag against its own books and does not believe it. The same flag on a
+// sale with no unit at the region does close its room there, which shows the region has seen
+// the flags.
 func TestDrainedFlagTheBooksContradict(t *testing.T) {
-	d := startDev(t, "us")
+	d := startDev(t, "us", "eu")
 	createWaitingSale(t, d, "rush", 10, 1000, map[string]int64{"us": 1})
-	d.Coordinator.Close() // nobody corrects the flag
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	createWaitingSale(t, d, "far", 10, 1000, map[string]int64{"eu": 1}) // nothing at us
+	d.Coordinator.Close()                                               // nobody corrects the flags
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := fencing.SetFlag(ctx, d.EtcdClient, fencing.Drained, "rush", "phone", true); err != nil {
-		t.Fatal(err)
+	for _, sale := range []string{"rush", "far"} {
+		if err := fencing.SetFlag(ctx, d.EtcdClient, fencing.Drained, sale, "phone", true); err != nil {
+			t.Fatal(err)
+		}
 	}
-	time.Sleep(time.Second) // the region's flag watch has it
 	c := httpClient(t, trust.Storefront)
-	a := admit(t, c, edgeURL(d, "us"), "rush", "buyer-1")
+	us := edgeURL(d, "us")
+	waitFor(t, "us closes far's room on the drained flag", 10*time.Second, func() bool {
+		a := call(t, c, "POST", us+"/v1/sales/far/admissions", map[string]string{"user_id": "probe-" + randHex(t)})
+		return a.errCode() == "SOLD_OUT"
+	})
+	a := admit(t, c, us, "rush", "buyer-1")
 	if a.str("ticket") == "" {
 		t.Fatalf("with 10 units available, a false drained flag closed the room: %d %v", a.code, a.body)
 	}
