@@ -18,9 +18,26 @@ import (
 
 // coordinators tracks the running coordinators and finds the leader for a request.
 type coordinators struct {
-	mu    sync.Mutex
-	tc    *testCluster
-	nodes []*cluster.CoordinatorNode
+	mu      sync.Mutex
+	tc      *testCluster
+	nodes   []*cluster.CoordinatorNode
+	clients map[string]quotav1.CoordinatorServiceClient // by address: one connection each
+}
+
+// client is the operator's client of n, dialed once: a connection per call would hold
+// hundreds open from one address, past the servers' bound per address.
+func (cs *coordinators) client(n *cluster.CoordinatorNode) quotav1.CoordinatorServiceClient {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.clients == nil {
+		cs.clients = map[string]quotav1.CoordinatorServiceClient{}
+	}
+	c, ok := cs.clients[n.Addr()]
+	if !ok {
+		c = quotav1.NewCoordinatorServiceClient(dial(cs.tc.t, n.Addr(), trust.Operator))
+		cs.clients[n.Addr()] = c
+	}
+	return c
 }
 
 func (cs *coordinators) list() []*cluster.CoordinatorNode {
@@ -58,8 +75,7 @@ func (cs *coordinators) transfer(ctx context.Context, req *quotav1.TransferReque
 	var last error
 	for attempt := 0; attempt < 200 && ctx.Err() == nil; attempt++ {
 		for _, n := range cs.list() {
-			c := quotav1.NewCoordinatorServiceClient(dial(cs.tc.t, n.Addr(), trust.Operator))
-			r, err := c.Transfer(ctx, req)
+			r, err := cs.client(n).Transfer(ctx, req)
 			if err == nil || (apierr.Reason(err) != "NOT_LEADER" && apierr.Reason(err) != "FENCED" && apierr.Reason(err) != "UNKNOWN_OUTCOME" && apierr.Reason(err) != "") {
 				return r, err
 			}

@@ -22,6 +22,9 @@ func TestDevRenewsAnExpiredNodeCertificate(t *testing.T) {
 	if _, err := trust.EnsureDev(dir, trust.DevHosts); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := trust.EnsureDevEtcd(dir, []string{"us"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := trust.CreateNode(dir, trust.DevHosts, true, trust.ValidFor(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}

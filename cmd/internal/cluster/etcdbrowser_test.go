@@ -18,7 +18,8 @@ import (
 
 // crossOriginPage is a page of another origin that tries, with text/plain POSTs (which a
 // browser sends without asking the server first), to write a binding through etcd's JSON
-// gateway and to read every binding, and reports what the browser let it read.
+// gateway and to read every binding, and reports what the browser let it read. The binding
+// names a region that exists, so the coordinator's check of bindings keeps it.
 const crossOriginPage = `<!doctype html><title>elsewhere</title><script>
 async function attack(etcd) {
   const b64 = s => btoa(s);
@@ -29,7 +30,7 @@ async function attack(etcd) {
       return 'status ' + r.status + ' ' + (await r.text()).slice(0, 200);
     } catch (e) { return 'error ' + e; }
   };
-  out.put = await post('/v3/kv/put', {key: b64('/quota/bind/s|victim-1'), value: b64('mars')});
+  out.put = await post('/v3/kv/put', {key: b64('/quota/bind/s|victim-1'), value: b64('us')});
   out.range = await post('/v3/kv/range', {key: b64('/quota/bind/'), range_end: b64('/quota/bind0')});
   return JSON.stringify(out);
 }

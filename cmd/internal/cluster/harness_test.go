@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/quotaworks/quota/internal/trust"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
+	"google.golang.org/grpc"
 )
 
 // testCluster is regions and coordinators started one by one, each region behind a proxy on
@@ -29,6 +31,19 @@ type testCluster struct {
 	// rawGen is the highest generation a raw coordinator (rawCoordinator) leads with: those
 	// lead without an election, so the regions count them as elected leaders' generations.
 	rawGen atomic.Int64
+	// conns are the test's connections, one per address and role (connOf): a connection per
+	// call would hold hundreds open from one address, past the servers' bound per address.
+	conns sync.Map
+}
+
+// connOf is the test's one connection to addr as role.
+func (tc *testCluster) connOf(addr string, role trust.Role) *grpc.ClientConn {
+	key := addr + "|" + string(role)
+	if c, ok := tc.conns.Load(key); ok {
+		return c.(*grpc.ClientConn)
+	}
+	c, _ := tc.conns.LoadOrStore(key, dial(tc.t, addr, role))
+	return c.(*grpc.ClientConn)
 }
 
 // coordinatorGeneration is the regions' bound on generations: the etcd leader's, or a raw
@@ -105,11 +120,11 @@ func (tc *testCluster) addCoordinator(strandAfter time.Duration) *cluster.Coordi
 }
 
 func (tc *testCluster) coordinator(n *cluster.CoordinatorNode) quotav1.CoordinatorServiceClient {
-	return quotav1.NewCoordinatorServiceClient(dial(tc.t, n.Addr(), trust.Operator))
+	return quotav1.NewCoordinatorServiceClient(tc.connOf(n.Addr(), trust.Operator))
 }
 
 func (tc *testCluster) region(name string) quotav1.RegionServiceClient {
-	return quotav1.NewRegionServiceClient(dial(tc.t, tc.regions[name].Addr(), trust.Storefront))
+	return quotav1.NewRegionServiceClient(tc.connOf(tc.regions[name].Addr(), trust.Storefront))
 }
 
 func (tc *testCluster) stock(name, sale string) *quotav1.Pool {
