@@ -46,7 +46,9 @@ func SetFlag(ctx context.Context, c *Client, f Flag, sale, sku string, on bool) 
 	return nil
 }
 
-// WatchFlags calls fn with every flag raised now and then with every change, until ctx ends.
+// WatchFlags calls fn with every flag raised now and then with every change, until ctx ends
+// or the watch fails (compacted, canceled by etcd); a flag lowered while no watch ran is not
+// reported, so a caller that starts again should read every flag's truth again.
 func WatchFlags(ctx context.Context, c *Client, fn func(f Flag, sale, sku string, on bool)) error {
 	resp, err := c.c.Get(ctx, flagPrefix, clientv3.WithPrefix())
 	if err != nil {
@@ -59,6 +61,9 @@ func WatchFlags(ctx context.Context, c *Client, fn func(f Flag, sale, sku string
 	}
 	wch := c.c.Watch(ctx, flagPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("watch stock flags: %w", err)
+		}
 		for _, ev := range wr.Events {
 			if f, sale, sku, ok := splitFlag(string(ev.Kv.Key)); ok {
 				fn(f, sale, sku, ev.Type == clientv3.EventTypePut)
