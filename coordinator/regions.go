@@ -26,12 +26,6 @@ func (s *regionSet) link(region string) (RegionLink, error) {
 	return l, nil
 }
 
-// has reports whether region is configured.
-func (s *regionSet) has(region string) bool {
-	_, ok := s.byName[region]
-	return ok
-}
-
 // names lists the regions' names in order.
 func (s *regionSet) names() []string {
 	names := make([]string, len(s.list))
