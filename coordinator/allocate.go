@@ -21,7 +21,7 @@ type AllocateRequest struct {
 	RequestID string
 }
 
-func (c *Coordinator) checkAllocate(req AllocateRequest) error {
+func (s *regionSet) checkAllocate(req AllocateRequest) error {
 	if err := checkSaleID(req.Sale); err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func (c *Coordinator) checkAllocate(req AllocateRequest) error {
 	seen := map[string]bool{}
 	var sum int64
 	for _, w := range req.Weights {
-		if _, ok := c.regions[w.Region]; !ok {
+		if _, ok := s.byName[w.Region]; !ok {
 			return apierr.Invalid("weights", "unknown region %q", w.Region)
 		}
 		if seen[w.Region] {
@@ -66,7 +66,7 @@ func transferID(requestID, sku, region string) string {
 // that does not answer leaves its transfer pending (in flight, retried in the background),
 // never reassigned.
 func (c *Coordinator) Allocate(ctx context.Context, req AllocateRequest) ([]transfer.Transfer, bool, error) {
-	if err := c.checkAllocate(req); err != nil {
+	if err := c.regions.checkAllocate(req); err != nil {
 		return nil, false, err
 	}
 	gen, err := c.Generation()
@@ -75,7 +75,7 @@ func (c *Coordinator) Allocate(ctx context.Context, req AllocateRequest) ([]tran
 	}
 	fp, _ := json.Marshal(req.Weights)
 	replayed := false
-	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+	err = c.ledger.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		replayed = false
 		var have string
 		err := tx.QueryRow(ctx, `SELECT fingerprint FROM allocations WHERE request_id = $1`, req.RequestID).Scan(&have)
@@ -89,25 +89,25 @@ func (c *Coordinator) Allocate(ctx context.Context, req AllocateRequest) ([]tran
 		if err != pgx.ErrNoRows {
 			return err
 		}
-		return c.recordAllocation(ctx, tx, gen, req, string(fp))
+		return c.ledger.recordAllocation(ctx, tx, gen, req, string(fp))
 	})
 	if err != nil {
 		return nil, false, err
 	}
-	ts, err := c.transfersOf(ctx, req.RequestID)
+	ts, err := c.ledger.transfersOf(ctx, req.RequestID)
 	if err != nil {
 		return nil, replayed, err
 	}
 	var errs []error
 	for i := range ts {
-		ts[i], err = c.drive(ctx, gen, ts[i])
+		ts[i], err = c.driver.drive(ctx, gen, ts[i])
 		errs = append(errs, err)
 	}
 	return ts, replayed, errors.Join(errs...)
 }
 
-func (c *Coordinator) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64, req AllocateRequest, fp string) error {
-	now := c.cfg.Clock.Now()
+func (l *ledger) recordAllocation(ctx context.Context, tx pgx.Tx, gen int64, req AllocateRequest, fp string) error {
+	now := l.clock.Now()
 	rows, err := tx.Query(ctx, `SELECT sku, unallocated FROM skus WHERE sale_id = $1 ORDER BY sku FOR UPDATE`, req.Sale)
 	if err != nil {
 		return err
@@ -162,8 +162,8 @@ func scanTransfer(row pgx.CollectableRow) (transfer.Transfer, error) {
 	return t, err
 }
 
-func (c *Coordinator) transfersOf(ctx context.Context, requestID string) ([]transfer.Transfer, error) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE request_id = $1
+func (l *ledger) transfersOf(ctx context.Context, requestID string) ([]transfer.Transfer, error) {
+	rows, err := l.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE request_id = $1
 		ORDER BY sku, to_pool`, "allocate/"+requestID) // manual transfers' ids live under transfer/
 	if err != nil {
 		return nil, err
@@ -178,7 +178,7 @@ func (c *Coordinator) Transfers(ctx context.Context, sale string) ([]transfer.Tr
 			return nil, err
 		}
 	}
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE $1 = '' OR sale_id = $1 ORDER BY created_at, transfer_id`, sale)
+	rows, err := c.ledger.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE $1 = '' OR sale_id = $1 ORDER BY created_at, transfer_id`, sale)
 	if err != nil {
 		return nil, err
 	}
@@ -187,5 +187,5 @@ func (c *Coordinator) Transfers(ctx context.Context, sale string) ([]transfer.Tr
 		return ts, err
 	}
 	// No transfers: say whether the sale has none or does not exist (a mistyped id).
-	return ts, saleMustExist(ctx, c.db, sale)
+	return ts, saleMustExist(ctx, c.ledger.db, sale)
 }

@@ -43,7 +43,7 @@ type Report struct {
 	Violations []Violation
 	At         time.Time
 	// Pauses are the audited sales' pauses in force, read after the audit: the continuous
-	// audit's (auditLoop) carry their evidence in the reason. They are no violation.
+	// audit's (auditor.loop) carry their evidence in the reason. They are no violation.
 	Pauses []Pause
 }
 
@@ -64,6 +64,11 @@ type ledgerSnapshot struct {
 // produces a false alarm. An unreadable region is reported as a violation: conservation
 // cannot be proven without it.
 func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
+	return c.audit.run(ctx, sale)
+}
+
+// run is Audit.
+func (au *auditor) run(ctx context.Context, sale string) (Report, error) {
 	if sale != "" {
 		if err := checkSaleID(sale); err != nil {
 			return Report{}, err
@@ -71,20 +76,20 @@ func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 	}
 	var rep Report
 	for attempt := 1; ; attempt++ {
-		snap, err := c.readLedger(ctx, sale)
+		snap, err := au.readLedger(ctx, sale)
 		if err != nil {
 			return Report{}, err
 		}
 		if sale != "" && len(snap.sales) == 0 {
 			return Report{}, apierr.NotFound("sale_id", sale)
 		}
-		books := c.readRegions(ctx, snap.sales)
+		books := au.readRegions(ctx, snap.sales)
 		if err := closedOwnPool(books); err != nil {
 			return Report{}, err
 		}
 		var stale bool
 		final := attempt == auditReads
-		rep, stale = evaluate(snap, books, c.cfg.Regions, final)
+		rep, stale = evaluate(snap, books, au.cfg.Regions, final)
 		if !stale {
 			break
 		}
@@ -97,8 +102,8 @@ func (c *Coordinator) Audit(ctx context.Context, sale string) (Report, error) {
 		}
 		time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
 	}
-	rep.At = c.cfg.Clock.Now()
-	pauses, err := c.readPauses(ctx, sale)
+	rep.At = au.cfg.Clock.Now()
+	pauses, err := au.ledger.pauses(ctx, sale)
 	if err != nil {
 		return Report{}, err
 	}
@@ -125,9 +130,9 @@ func closedOwnPool(books map[string]map[string]regionRead) error {
 	return nil
 }
 
-func (c *Coordinator) readLedger(ctx context.Context, sale string) (ledgerSnapshot, error) {
+func (au *auditor) readLedger(ctx context.Context, sale string) (ledgerSnapshot, error) {
 	var snap ledgerSnapshot
-	err := pgutil.ReadTx(ctx, c.db, func(tx pgx.Tx) error {
+	err := pgutil.ReadTx(ctx, au.ledger.db, func(tx pgx.Tx) error {
 		snap = ledgerSnapshot{skus: map[string][]SKULedger{}, transfers: map[string]transfer.Transfer{}}
 		rows, err := tx.Query(ctx, `SELECT sale_id, sku, total, unallocated FROM skus WHERE $1 = '' OR sale_id = $1 ORDER BY sale_id, sku`, sale)
 		if err != nil {
@@ -171,17 +176,17 @@ type regionRead struct {
 }
 
 // readRegions reads every region's books of every sale, regions in parallel.
-func (c *Coordinator) readRegions(ctx context.Context, sales []string) map[string]map[string]regionRead {
+func (au *auditor) readRegions(ctx context.Context, sales []string) map[string]map[string]regionRead {
 	out := map[string]map[string]regionRead{}
 	type result struct {
 		region string
 		reads  map[string]regionRead
 	}
-	ch := make(chan result, len(c.cfg.Regions))
-	for _, r := range c.cfg.Regions {
+	ch := make(chan result, len(au.cfg.Regions))
+	for _, r := range au.cfg.Regions {
 		go func(r RegionLink) { ch <- result{r.Name, readBooks(ctx, r, sales)} }(r)
 	}
-	for range c.cfg.Regions {
+	for range au.cfg.Regions {
 		res := <-ch
 		out[res.region] = res.reads
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,37 +16,56 @@ const DefaultAuditInterval = 10 * time.Second
 // auditPausePrefix starts the reason of every pause the continuous audit makes.
 const auditPausePrefix = "audit: "
 
-// auditLoop audits every sale every AuditInterval while this coordinator leads, and pauses
-// each SKU whose conservation (I1) the audit finds broken in every region, through the same
-// kill switch as an operator's pause (SetPaused), with the evidence as the pause's reason.
-func (c *Coordinator) auditLoop(ctx context.Context) {
-	defer c.wg.Done()
-	if c.cfg.AuditInterval <= 0 {
-		return
-	}
-	every(ctx, c.cfg.AuditInterval, func() { c.auditRound(ctx) })
+// auditor audits global conservation against every region's books: on demand (run, the
+// facade's Audit) and, while this coordinator leads, every AuditInterval (loop), pausing
+// through pause (the facade's SetPaused) each SKU whose I1 sum is broken.
+type auditor struct {
+	cfg    *Config
+	ledger *ledger
+	pause  func(context.Context, PauseChange) (PauseResult, error)
+	// violations is the continuous audit's last count of violations in this term, auditedAt
+	// when that round ended (Unix nanoseconds; 0: no round yet), and took the last round's
+	// duration in nanoseconds: what the continuous audit costs.
+	violations, auditedAt, took atomic.Int64
 }
 
-// auditRound is one round of auditLoop.
-func (c *Coordinator) auditRound(ctx context.Context) {
+// newTerm forgets the rounds of an earlier term: a count of one is no news of this one.
+func (au *auditor) newTerm() {
+	au.violations.Store(0)
+	au.auditedAt.Store(0)
+	au.took.Store(0)
+}
+
+// loop audits every sale every AuditInterval while this coordinator leads, and pauses
+// each SKU whose conservation (I1) the audit finds broken in every region, through the same
+// kill switch as an operator's pause (SetPaused), with the evidence as the pause's reason.
+func (au *auditor) loop(ctx context.Context) {
+	if au.cfg.AuditInterval <= 0 {
+		return
+	}
+	every(ctx, au.cfg.AuditInterval, func() { au.round(ctx) })
+}
+
+// round is one round of loop.
+func (au *auditor) round(ctx context.Context) {
 	start := time.Now()
-	rep, err := c.Audit(ctx, "")
+	rep, err := au.run(ctx, "")
 	if ctx.Err() == nil { // a round that failed counts too: slow or failing is what it tells
-		c.auditTook.Store(int64(time.Since(start)))
+		au.took.Store(int64(time.Since(start)))
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("continuous audit could not run", "err", err)
+			au.cfg.Logger.Warn("continuous audit could not run", "err", err)
 		}
 		return
 	}
-	c.auditViolations.Store(int64(len(rep.Violations)))
-	c.auditedAt.Store(time.Now().UnixNano())
+	au.violations.Store(int64(len(rep.Violations)))
+	au.auditedAt.Store(time.Now().UnixNano())
 	for _, v := range rep.Violations {
 		if breach(v) {
-			c.pauseForBreach(ctx, v, rep)
+			au.pauseForBreach(ctx, v, rep)
 		} else {
-			c.cfg.Logger.Warn("continuous audit: violation", "invariant", v.Invariant, "sale", v.Sale, "sku", v.SKU,
+			au.cfg.Logger.Warn("continuous audit: violation", "invariant", v.Invariant, "sale", v.Sale, "sku", v.SKU,
 				"region", v.Region, "evidence", v.Detail)
 		}
 	}
@@ -55,22 +75,22 @@ func (c *Coordinator) auditRound(ctx context.Context) {
 // whose every region was read. An unreadable region ("conservation unproven") or views that
 // never agreed prove nothing about the stock and pause nothing: a database that does not
 // answer for a moment must not stop a sale. Both stay in the report (quotactl audit) and
-// are logged by auditRound.
+// are logged by round.
 func breach(v Violation) bool {
 	return v.Invariant == "I1" && v.SKU != "" && v.Region == ""
 }
 
 // pauseForBreach pauses v's SKU in every region, unless the SKU's own pause is in force
 // already, and logs the evidence at error level.
-func (c *Coordinator) pauseForBreach(ctx context.Context, v Violation, rep Report) {
+func (au *auditor) pauseForBreach(ctx context.Context, v Violation, rep Report) {
 	var paused bool
-	err := c.db.QueryRow(ctx, `SELECT paused FROM pauses WHERE sale_id = $1 AND sku = $2`, v.Sale, v.SKU).Scan(&paused)
+	err := au.ledger.db.QueryRow(ctx, `SELECT paused FROM pauses WHERE sale_id = $1 AND sku = $2`, v.Sale, v.SKU).Scan(&paused)
 	if err != nil && err != pgx.ErrNoRows {
-		c.cfg.Logger.Warn("continuous audit: read pause", "sale", v.Sale, "sku", v.SKU, "err", err)
+		au.cfg.Logger.Warn("continuous audit: read pause", "sale", v.Sale, "sku", v.SKU, "err", err)
 		return
 	}
 	if paused {
-		c.cfg.Logger.Debug("continuous audit: I1 still broken; the SKU is paused", "sale", v.Sale, "sku", v.SKU, "evidence", v.Detail)
+		au.cfg.Logger.Debug("continuous audit: I1 still broken; the SKU is paused", "sale", v.Sale, "sku", v.SKU, "evidence", v.Detail)
 		return
 	}
 	// The evidence quotes stored data: made text a pause accepts, so the pause cannot be refused.
@@ -82,14 +102,14 @@ func (c *Coordinator) pauseForBreach(ctx context.Context, v Violation, rep Repor
 				"held", a.Held, "sold", a.Sold, "in_flight", a.InFlight, "regions", a.Regions)
 		}
 	}
-	c.cfg.Logger.Error("continuous audit: conservation (I1) broken; pausing the SKU in every region", args...)
-	res, err := c.SetPaused(ctx, PauseChange{Sale: v.Sale, SKU: v.SKU, Paused: true, Reason: reason})
+	au.cfg.Logger.Error("continuous audit: conservation (I1) broken; pausing the SKU in every region", args...)
+	res, err := au.pause(ctx, PauseChange{Sale: v.Sale, SKU: v.SKU, Paused: true, Reason: reason})
 	if err != nil {
-		c.cfg.Logger.Error("continuous audit: could not pause the SKU", "sale", v.Sale, "sku", v.SKU, "err", err)
+		au.cfg.Logger.Error("continuous audit: could not pause the SKU", "sale", v.Sale, "sku", v.SKU, "err", err)
 		return
 	}
 	if len(res.Unreached) > 0 {
-		c.cfg.Logger.Error("continuous audit: SKU paused, but not every region has it yet; the coordinator keeps trying",
+		au.cfg.Logger.Error("continuous audit: SKU paused, but not every region has it yet; the coordinator keeps trying",
 			"sale", v.Sale, "sku", v.SKU, "unreached", res.Unreached)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -116,6 +117,30 @@ type SalePlan struct {
 	Enabled bool // the global switch
 	At      time.Time
 	SKUs    []SKUPlan
+}
+
+// rebalancer moves units toward the regions selling fastest: on an operator's request
+// (rebalance.go) and, while this coordinator leads, by itself every Auto.Every (loop). Its
+// moves are transfers it starts through transfer (the facade's Transfer); generation tells
+// whether this coordinator leads.
+type rebalancer struct {
+	cfg        *Config
+	ledger     *ledger
+	regions    *regionSet
+	generation func() (int64, error)
+	transfer   func(context.Context, TransferRequest) (transfer.Transfer, bool, error)
+	// state is the automatic rebalancer's memory of its current or last term (nil before
+	// the first).
+	state atomic.Pointer[autoState]
+	// moves and units count the transfers the automatic rebalancer started and their
+	// units, in this process's life.
+	moves, units atomic.Int64
+}
+
+// newState is the automatic rebalancer's memory of a new term, its cooldown running; the
+// caller completes it (live) and then stores it in state.
+func (rb *rebalancer) newState() *autoState {
+	return &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, since: rb.cfg.Clock.Now()}
 }
 
 // autoState is the leader's memory of its own moves: when it last moved each SKU, and a
@@ -269,21 +294,26 @@ func (s *autoState) moving(k skuKey, now time.Time, cooldown time.Duration) int6
 // time to empty, the moves, and what holds them back (the sale's mode, the global switch, a
 // pause, the cap on transfers in flight, the cooldown). It reads; it moves nothing.
 func (c *Coordinator) PlanRebalance(ctx context.Context, sale string) (SalePlan, error) {
-	s, err := c.GetSale(ctx, sale)
+	return c.rebal.plan(ctx, sale)
+}
+
+// plan is PlanRebalance.
+func (rb *rebalancer) plan(ctx context.Context, sale string) (SalePlan, error) {
+	s, err := rb.ledger.sale(ctx, sale)
 	if err != nil {
 		return SalePlan{}, err
 	}
-	now := c.cfg.Clock.Now()
-	open, err := c.openTransfersOf(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
+	now := rb.cfg.Clock.Now()
+	open, err := rb.openTransfersOf(ctx, sale, now.Add(-rb.cfg.Auto.Policy.Window))
 	if err != nil {
 		return SalePlan{}, err
 	}
-	plan := SalePlan{Sale: sale, Mode: s.Rebalance, Enabled: c.cfg.Auto.Enabled, At: now}
-	regions := c.readPoolDemand(ctx, sale, now.Add(-c.cfg.Auto.Policy.Window))
+	plan := SalePlan{Sale: sale, Mode: s.Rebalance, Enabled: rb.cfg.Auto.Enabled, At: now}
+	regions := rb.readPoolDemand(ctx, sale, now.Add(-rb.cfg.Auto.Policy.Window))
 	for _, k := range s.SKUs {
 		pools := append([]transfer.PoolDemand{{Pool: transfer.Unallocated, Available: k.Unallocated}}, regions[k.SKU]...)
-		sp := planSKU(c.cfg.Auto.Policy.SinceOpening(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
-		sp.Held = c.heldBecause(plan, s, sp, now)
+		sp := planSKU(rb.cfg.Auto.Policy.SinceOpening(s.Terms.OpensAt, now), k.SKU, pools, open[k.SKU])
+		sp.Held = rb.heldBecause(plan, s, sp, now)
 		plan.SKUs = append(plan.SKUs, sp)
 	}
 	return plan, nil
@@ -297,11 +327,11 @@ func planSKU(p transfer.Policy, sku string, pools []transfer.PoolDemand, recent 
 }
 
 // heldBecause is why the rebalancer would start none of sp's moves now, or "".
-func (c *Coordinator) heldBecause(plan SalePlan, s Sale, sp SKUPlan, now time.Time) string {
+func (rb *rebalancer) heldBecause(plan SalePlan, s Sale, sp SKUPlan, now time.Time) string {
 	if len(sp.Moves) == 0 {
 		return ""
 	}
-	_, notLeader := c.Generation()
+	_, notLeader := rb.generation()
 	switch {
 	case notLeader != nil:
 		return "this coordinator does not lead: its leader's rebalancer decides"
@@ -311,11 +341,11 @@ func (c *Coordinator) heldBecause(plan SalePlan, s Sale, sp SKUPlan, now time.Ti
 		return "the sale is rebalanced by operators only (--rebalance manual)"
 	case pausedSKU(s.Pauses, sp.SKU):
 		return "the SKU is paused"
-	case sp.InFlight >= c.cfg.Auto.MaxInFlight:
-		return fmt.Sprintf("%d transfers of this SKU in flight (at most %d)", sp.InFlight, c.cfg.Auto.MaxInFlight)
+	case sp.InFlight >= rb.cfg.Auto.MaxInFlight:
+		return fmt.Sprintf("%d transfers of this SKU in flight (at most %d)", sp.InFlight, rb.cfg.Auto.MaxInFlight)
 	}
-	if st := c.auto.Load(); st != nil {
-		if wait := st.lastMove(skuKey{s.Terms.Sale, sp.SKU}).Add(c.cfg.Auto.Cooldown).Sub(now); wait > 0 {
+	if st := rb.state.Load(); st != nil {
+		if wait := st.lastMove(skuKey{s.Terms.Sale, sp.SKU}).Add(rb.cfg.Auto.Cooldown).Sub(now); wait > 0 {
 			return fmt.Sprintf("cooling down for %s after its last move", wait.Round(time.Millisecond))
 		}
 	}
@@ -334,8 +364,8 @@ func pausedSKU(pauses []Pause, sku string) bool {
 
 // openTransfersOf is sale's unfinished transfers (requested or pending) and those posted since
 // fedSince, by SKU.
-func (c *Coordinator) openTransfersOf(ctx context.Context, sale string, fedSince time.Time) (map[string][]transfer.Transfer, error) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+func (rb *rebalancer) openTransfersOf(ctx context.Context, sale string, fedSince time.Time) (map[string][]transfer.Transfer, error) {
+	rows, err := rb.ledger.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
 		WHERE sale_id = $1 AND (state IN ('requested', 'pending') OR (state = 'posted' AND created_at >= $2))
 		ORDER BY created_at`, sale, fedSince)
 	if err != nil {
@@ -355,26 +385,26 @@ func (c *Coordinator) openTransfersOf(ctx context.Context, sale string, fedSince
 // readPoolDemand reads every region's available units and recent demand of sale, per SKU,
 // in the order of the configured regions, the regions read at once. A region that cannot be read is left out of the
 // plan, neither source nor destination: its pool is never reassigned.
-func (c *Coordinator) readPoolDemand(ctx context.Context, sale string, since time.Time) map[string][]transfer.PoolDemand {
+func (rb *rebalancer) readPoolDemand(ctx context.Context, sale string, since time.Time) map[string][]transfer.PoolDemand {
 	type read struct {
 		avail, recent map[string]transfer.Units
 		err           error
 	}
-	reads := make([]read, len(c.cfg.Regions))
+	reads := make([]read, len(rb.cfg.Regions))
 	var wg sync.WaitGroup
-	for i, r := range c.cfg.Regions { // at once: a region that hangs costs one CallTimeout, not one each
+	for i, r := range rb.cfg.Regions { // at once: a region that hangs costs one CallTimeout, not one each
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reads[i].avail, reads[i].recent, reads[i].err = c.poolsOf(ctx, r, sale, since)
+			reads[i].avail, reads[i].recent, reads[i].err = rb.poolsOf(ctx, r, sale, since)
 		}()
 	}
 	wg.Wait()
 	out := map[string][]transfer.PoolDemand{}
-	for i, r := range c.cfg.Regions {
+	for i, r := range rb.cfg.Regions {
 		avail, recent, err := reads[i].avail, reads[i].recent, reads[i].err
 		if err != nil {
-			c.cfg.Logger.Warn("rebalance: region unreadable, left out of the plan", "region", r.Name, "sale", sale, "err", err)
+			rb.cfg.Logger.Warn("rebalance: region unreadable, left out of the plan", "region", r.Name, "sale", sale, "err", err)
 			continue
 		}
 		for sku, a := range avail {
@@ -387,15 +417,15 @@ func (c *Coordinator) readPoolDemand(ctx context.Context, sale string, since tim
 		}
 	}
 	for _, pools := range out {
-		sort.SliceStable(pools, func(i, j int) bool { return c.regionIndex(pools[i].Pool) < c.regionIndex(pools[j].Pool) })
+		sort.SliceStable(pools, func(i, j int) bool { return rb.regions.index(pools[i].Pool) < rb.regions.index(pools[j].Pool) })
 	}
 	return out
 }
 
 // poolsOf reads one region's available units and recent demand per SKU of sale, bounded in
 // time by CallTimeout.
-func (c *Coordinator) poolsOf(ctx context.Context, r RegionLink, sale string, since time.Time) (map[string]transfer.Units, map[string]transfer.Units, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+func (rb *rebalancer) poolsOf(ctx context.Context, r RegionLink, sale string, since time.Time) (map[string]transfer.Units, map[string]transfer.Units, error) {
+	ctx, cancel := context.WithTimeout(ctx, rb.cfg.CallTimeout)
 	defer cancel()
 	avail := map[string]transfer.Units{}
 	if r.Unsold != nil {
@@ -425,26 +455,15 @@ func (c *Coordinator) poolsOf(ctx context.Context, r RegionLink, sale string, si
 	return avail, recent, nil
 }
 
-// regionIndex is a region's place in the configuration.
-func (c *Coordinator) regionIndex(name string) int {
-	for i, r := range c.cfg.Regions {
-		if r.Name == name {
-			return i
-		}
-	}
-	return len(c.cfg.Regions)
-}
-
-// autoLoop is the automatic rebalancer while this coordinator leads with gen: every
+// loop is the automatic rebalancer while this coordinator leads with gen: every
 // Auto.Every it plans each auto sale and starts the moves nothing holds back.
-func (c *Coordinator) autoLoop(ctx context.Context, gen int64) {
-	defer c.wg.Done()
-	if !c.cfg.Auto.Enabled {
+func (rb *rebalancer) loop(ctx context.Context, gen int64) {
+	if !rb.cfg.Auto.Enabled {
 		return
 	}
-	every(ctx, c.cfg.Auto.Every, func() {
-		if err := c.autoRound(ctx, gen); err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("automatic rebalance round failed; the next round tries again", "err", err)
+	every(ctx, rb.cfg.Auto.Every, func() {
+		if err := rb.round(ctx, gen); err != nil && ctx.Err() == nil {
+			rb.cfg.Logger.Warn("automatic rebalance round failed; the next round tries again", "err", err)
 		}
 	})
 }
@@ -452,11 +471,11 @@ func (c *Coordinator) autoLoop(ctx context.Context, gen int64) {
 // maxAutoSales bounds the sales one round plans, the most recently created first.
 const maxAutoSales = 64
 
-// autoRound plans every sale in auto mode that still has units to sell and starts its moves.
+// round plans every sale in auto mode that still has units to sell and starts its moves.
 // Each move is a fenced transfer like an operator's (I1..I4); a new leader resumes those
-// this one started (driveLoop) and plans from what the regions and the ledger then say.
-func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
-	rows, err := c.db.Query(ctx, `SELECT s.sale_id, s.opens_at FROM sales s WHERE s.rebalance = 'auto'
+// this one started (transferDriver.loop) and plans from what the regions and the ledger then say.
+func (rb *rebalancer) round(ctx context.Context, gen int64) error {
+	rows, err := rb.ledger.db.Query(ctx, `SELECT s.sale_id, s.opens_at FROM sales s WHERE s.rebalance = 'auto'
 		AND EXISTS (SELECT 1 FROM skus k WHERE k.sale_id = s.sale_id)
 		ORDER BY s.created_at DESC LIMIT $1`, maxAutoSales)
 	if err != nil {
@@ -471,7 +490,7 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 		return fmt.Errorf("list the sales to rebalance: %w", err)
 	}
 	var errs []error
-	st := c.auto.Load()
+	st := rb.state.Load()
 	sales := make([]string, len(list))
 	for i, s := range list {
 		sales[i] = s.ID
@@ -479,18 +498,18 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 	st.keepOnly(sales)
 	for _, s := range list {
 		sale := s.ID
-		if !st.due(sale, c.cfg.Clock.Now()) {
+		if !st.due(sale, rb.cfg.Clock.Now()) {
 			continue
 		}
 		wakes := st.wakeCount(sale)
-		plan, err := c.PlanRebalance(ctx, sale)
+		plan, err := rb.plan(ctx, sale)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("plan sale %s: %w", sale, err))
 			continue
 		}
 		st.planned(sale, idlePlan(plan), plan.At, s.OpensAt, wakes)
 		for _, sp := range plan.SKUs {
-			if err := c.startMoves(ctx, gen, sale, sp); err != nil {
+			if err := rb.startMoves(ctx, gen, sale, sp); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -500,22 +519,22 @@ func (c *Coordinator) autoRound(ctx context.Context, gen int64) error {
 
 // startMoves starts sp's moves, as many as the cap on transfers in flight leaves room for,
 // unless something holds them back.
-func (c *Coordinator) startMoves(ctx context.Context, gen int64, sale string, sp SKUPlan) error {
+func (rb *rebalancer) startMoves(ctx context.Context, gen int64, sale string, sp SKUPlan) error {
 	if sp.Held != "" || len(sp.Moves) == 0 {
 		return nil
 	}
-	st := c.auto.Load()
-	room := c.cfg.Auto.MaxInFlight - sp.InFlight
+	st := rb.state.Load()
+	room := rb.cfg.Auto.MaxInFlight - sp.InFlight
 	for _, m := range sp.Moves[:min(room, len(sp.Moves))] {
-		seq := st.moving(skuKey{sale, sp.SKU}, c.cfg.Clock.Now(), c.cfg.Auto.Cooldown)
+		seq := st.moving(skuKey{sale, sp.SKU}, rb.cfg.Clock.Now(), rb.cfg.Auto.Cooldown)
 		id := fmt.Sprintf("auto-%d-%d-%d", gen, st.since.UnixMilli(), seq)
-		t, _, err := c.Transfer(ctx, TransferRequest{Sale: sale, SKU: sp.SKU, From: m.From, To: m.To, Units: m.Units, RequestID: id})
+		t, _, err := rb.transfer(ctx, TransferRequest{Sale: sale, SKU: sp.SKU, From: m.From, To: m.To, Units: m.Units, RequestID: id})
 		if err != nil {
 			return fmt.Errorf("automatic move of %d %s/%s %s → %s (request %s): %w", m.Units, sale, sp.SKU, m.From, m.To, id, err)
 		}
-		c.autoMoves.Add(1)
-		c.autoUnits.Add(int64(m.Units))
-		c.cfg.Logger.Info("automatic rebalance", "sale", sale, "sku", sp.SKU, "from", m.From, "to", m.To,
+		rb.moves.Add(1)
+		rb.units.Add(int64(m.Units))
+		rb.cfg.Logger.Info("automatic rebalance", "sale", sale, "sku", sp.SKU, "from", m.From, "to", m.To,
 			"units", m.Units, "transfer", t.ID, "state", t.State, "near_sell_out", sp.NearSellOut)
 	}
 	return nil
@@ -523,7 +542,9 @@ func (c *Coordinator) startMoves(ctx context.Context, gen int64, sale string, sp
 
 // AutoMoves is the transfers the automatic rebalancer started in this process's life, and
 // their units.
-func (c *Coordinator) AutoMoves() (moves, units int64) { return c.autoMoves.Load(), c.autoUnits.Load() }
+func (c *Coordinator) AutoMoves() (moves, units int64) {
+	return c.rebal.moves.Load(), c.rebal.units.Load()
+}
 
 // AutoPolicy is the automatic rebalancer's policy, defaults filled in.
 func (c *Coordinator) AutoPolicy() transfer.Policy { return c.cfg.Auto.Policy }

@@ -22,21 +22,20 @@ type Bindings struct {
 // the cluster, and logs each: the buyer may then be bound again, to a real region, at their
 // next admission. Owned by the coordinator's wait group; the watch starts again a second
 // after it fails.
-func (c *Coordinator) bindCheckLoop(ctx context.Context) {
-	defer c.wg.Done()
-	if c.cfg.Bindings.Follow == nil || c.cfg.Bindings.Unbind == nil {
+func (sf *stockFlags) bindCheckLoop(ctx context.Context) {
+	if sf.cfg.Bindings.Follow == nil || sf.cfg.Bindings.Unbind == nil {
 		return
 	}
-	regions := c.regionNames()
+	regions := sf.regions.names()
 	for ctx.Err() == nil {
-		err := c.cfg.Bindings.Follow(ctx, func(sale, user, region string) {
+		err := sf.cfg.Bindings.Follow(ctx, func(sale, user, region string) {
 			if slices.Contains(regions, region) {
 				return
 			}
-			c.unbindForeign(ctx, sale, user, region)
+			sf.unbindForeign(ctx, sale, user, region)
 		})
 		if err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("binding watch ended; starting it again", "err", err)
+			sf.cfg.Logger.Warn("binding watch ended; starting it again", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -46,15 +45,15 @@ func (c *Coordinator) bindCheckLoop(ctx context.Context) {
 }
 
 // unbindForeign removes one binding to a region that does not exist, and says so.
-func (c *Coordinator) unbindForeign(ctx context.Context, sale, user, region string) {
-	uctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+func (sf *stockFlags) unbindForeign(ctx context.Context, sale, user, region string) {
+	uctx, cancel := context.WithTimeout(ctx, sf.cfg.CallTimeout)
 	defer cancel()
-	removed, err := c.cfg.Bindings.Unbind(uctx, sale, user, region)
+	removed, err := sf.cfg.Bindings.Unbind(uctx, sale, user, region)
 	if err != nil {
-		c.cfg.Logger.Error("a binding names a region that does not exist, and removing it failed", "sale", sale, "user", user,
+		sf.cfg.Logger.Error("a binding names a region that does not exist, and removing it failed", "sale", sale, "user", user,
 			"region", region, "err", err)
 		return
 	}
-	c.cfg.Logger.Warn("a binding named a region that does not exist; removed", "sale", sale, "user", user, "region", region,
+	sf.cfg.Logger.Warn("a binding named a region that does not exist; removed", "sale", sale, "user", user, "region", region,
 		"removed", removed)
 }

@@ -2,10 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/internal/pgutil"
 )
@@ -117,31 +119,30 @@ func (f *changeFeed) putBack(all bool, sales []string) {
 	}
 }
 
-// watchChanges starts one listener per source of changes: the ledger, and each region whose
+// watch starts one listener per source of changes: the ledger (db), and each region whose
 // link has a Watch. A region without one is never listening, so every round reads every sale,
-// as a loop without notifications must. Each listener is a goroutine of this term (c.wg).
-func (c *Coordinator) watchChanges(ctx context.Context, f *changeFeed) {
+// as a loop without notifications must. Each listener is a goroutine of the term that wg
+// waits for.
+func (f *changeFeed) watch(ctx context.Context, wg *sync.WaitGroup, db *pgxpool.Pool, regions []RegionLink, log *slog.Logger) {
 	ledger := func(ctx context.Context, ready func(), changed func(string)) error {
-		return pgutil.Listen(ctx, c.db, LedgerChannel, ready, changed)
+		return pgutil.Listen(ctx, db, LedgerChannel, ready, changed)
 	}
-	c.wg.Add(1)
-	go c.listenLoop(ctx, f, "ledger", ledger)
-	for _, r := range c.cfg.Regions {
+	wg.Go(func() { f.listenLoop(ctx, log, "ledger", ledger) })
+	for _, r := range regions {
 		if r.Watch != nil {
-			c.wg.Add(1)
-			go c.listenLoop(ctx, f, "region "+r.Name, r.Watch)
+			wg.Go(func() { f.listenLoop(ctx, log, "region "+r.Name, r.Watch) })
 		}
 	}
 }
 
-// changeSources is how many sources a feed of this coordinator waits for: the ledger and
-// every region (one without a Watch never answers, which keeps the feed reading everything).
-func (c *Coordinator) changeSources() int { return 1 + len(c.cfg.Regions) }
+// changeSources is how many sources a feed of a coordinator with regions waits for: the
+// ledger and every region (one without a Watch never answers, which keeps the feed reading
+// everything).
+func changeSources(regions []RegionLink) int { return 1 + len(regions) }
 
 // listenLoop keeps one source listening until ctx ends, trying again after a failure with a
-// backoff from 100ms to 5s (reset once it listens again), and logs each failure.
-func (c *Coordinator) listenLoop(ctx context.Context, f *changeFeed, source string, watch ChangeWatcher) {
-	defer c.wg.Done()
+// backoff from 100ms to 5s (reset once it listens again), and logs each failure to log.
+func (f *changeFeed) listenLoop(ctx context.Context, log *slog.Logger, source string, watch ChangeWatcher) {
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		up := false
@@ -153,7 +154,7 @@ func (c *Coordinator) listenLoop(ctx context.Context, f *changeFeed, source stri
 		if ctx.Err() != nil {
 			return
 		}
-		c.cfg.Logger.Warn("listening for stock changes failed; every sale is read each round until it listens again",
+		log.Warn("listening for stock changes failed; every sale is read each round until it listens again",
 			"source", source, "err", err, "retry_in", wait)
 		if clock.Sleep(ctx, wait) != nil {
 			return // the term ended

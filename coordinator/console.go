@@ -30,7 +30,7 @@ type SaleSummary struct {
 // ListSales lists the newest sales first, at most limit (1..MaxListed).
 func (c *Coordinator) ListSales(ctx context.Context, limit int) ([]SaleSummary, error) {
 	limit = min(max(limit, 1), MaxListed)
-	rows, err := c.db.Query(ctx, `SELECT s.sale_id, s.created_at, s.opens_at,
+	rows, err := c.ledger.db.Query(ctx, `SELECT s.sale_id, s.created_at, s.opens_at,
 			(SELECT count(*) FROM skus k WHERE k.sale_id = s.sale_id),
 			(SELECT coalesce(sum(total), 0) FROM skus k WHERE k.sale_id = s.sale_id),
 			(SELECT coalesce(sum(unallocated), 0) FROM skus k WHERE k.sale_id = s.sale_id),
@@ -55,7 +55,7 @@ func (c *Coordinator) RecentTransfers(ctx context.Context, sale string, limit in
 		return nil, err
 	}
 	limit = min(max(limit, 1), MaxListed)
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE sale_id = $1
+	rows, err := c.ledger.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE sale_id = $1
 		ORDER BY stranded DESC, (state IN ('requested', 'pending')) DESC, created_at DESC, transfer_id LIMIT $2`, sale, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list transfers: %w", err)

@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,7 +136,7 @@ type Config struct {
 	// does not have is removed (bindcheck.go).
 	Bindings Bindings
 	// AuditInterval is how often the leader audits every sale and pauses each SKU whose
-	// conservation (I1) is broken (auditLoop); 0 (the zero value, unlike the other
+	// conservation (I1) is broken (auditor.loop); 0 (the zero value, unlike the other
 	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says
 	// otherwise, and 0 there means never too.
 	AuditInterval time.Duration
@@ -188,34 +187,27 @@ func (c *Config) Validate() error {
 	return c.Auto.withDefaults()
 }
 
-// Coordinator is the ledger's owner. It changes the ledger only while it leads, under the
-// generation it was elected with.
+// Coordinator is the ledger's owner and the facade of its parts: the ledger (ledger.go,
+// ledgersql.go), the transfer driver's loop (driveloop.go) around the state machine
+// (drive.go), the delivery of sale terms (terms.go) and pauses (pause.go), the audit
+// (audit.go, auditloop.go), the rebalancer (rebalance.go, autorebalance.go) and the stock
+// flags (soldout.go, flagwatch.go, bindcheck.go). It changes the ledger only while it
+// leads, under the generation it was elected with.
 type Coordinator struct {
 	cfg     Config
-	db      *pgxpool.Pool
-	regions map[string]RegionLink
+	ledger  *ledger
+	regions *regionSet
+	driver  *transferDriver
+	terms   *termsCourier
+	pauses  *pauser
+	audit   *auditor
+	rebal   *rebalancer
+	flags   *stockFlags
 
 	mu     sync.Mutex
 	gen    int64
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-
-	// fenceRejections counts the ledger writes the generation fence refused (I4);
-	// auditViolations is the continuous audit's last count of violations in this term, and
-	// auditedAt when that round ended (Unix nanoseconds; 0: no round yet).
-	fenceRejections atomic.Int64
-	auditViolations atomic.Int64
-	auditedAt       atomic.Int64
-	auditTook       atomic.Int64 // the last round's duration, in nanoseconds: what the continuous audit costs
-	unsoldLog       readFailureLog
-
-	// autoMoves and autoUnits count the transfers the automatic rebalancer started and
-	// their units, in this process's life.
-	autoMoves, autoUnits atomic.Int64
-
-	// auto is the automatic rebalancer's memory of its current or last term (nil before the
-	// first).
-	auto atomic.Pointer[autoState]
 }
 
 // New builds a coordinator on a migrated ledger database.
@@ -223,10 +215,16 @@ func New(cfg Config, db *pgxpool.Pool) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, db: db, regions: map[string]RegionLink{}}
-	for _, r := range cfg.Regions {
-		c.regions[r.Name] = r
-	}
+	c := &Coordinator{cfg: cfg}
+	conf := &c.cfg
+	c.ledger = &ledger{db: db, clock: cfg.Clock}
+	c.regions = newRegionSet(cfg.Regions)
+	c.driver = &transferDriver{cfg: conf, ledger: c.ledger, regions: c.regions}
+	c.terms = &termsCourier{cfg: conf, ledger: c.ledger, regions: c.regions}
+	c.pauses = &pauser{cfg: conf, ledger: c.ledger, regions: c.regions}
+	c.audit = &auditor{cfg: conf, ledger: c.ledger, pause: c.SetPaused}
+	c.rebal = &rebalancer{cfg: conf, ledger: c.ledger, regions: c.regions, generation: c.Generation, transfer: c.Transfer}
+	c.flags = &stockFlags{cfg: conf, ledger: c.ledger, regions: c.regions}
 	return c, nil
 }
 
@@ -239,36 +237,33 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	if c.cancel != nil {
 		return errors.New("coordinator: already leading")
 	}
-	err := pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
-		if err := c.checkFence(ctx, tx, gen); err != nil {
+	err := pgutil.Tx(ctx, c.ledger.db, func(tx pgx.Tx) error {
+		if err := c.ledger.checkFence(ctx, tx, gen); err != nil {
 			return err
 		}
-		if err := queuePausesForNewRegions(ctx, tx, c.regionNames()); err != nil {
+		if err := queuePausesForNewRegions(ctx, tx, c.regions.names()); err != nil {
 			return err
 		}
-		return queueTermsForNewRegions(ctx, tx, c.regionNames())
+		return queueTermsForNewRegions(ctx, tx, c.regions.names())
 	})
 	if err != nil {
 		return err
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	c.gen, c.cancel = gen, cancel
-	c.auditViolations.Store(0) // a count of an earlier term is no news of this one
-	c.auditedAt.Store(0)
-	c.auditTook.Store(0)
-	st := &autoState{moved: map[skuKey]time.Time{}, idle: map[string]time.Time{}, idleRuns: map[string]int{}, since: c.cfg.Clock.Now()}
-	feed := newChangeFeed(c.changeSources(), st.wake)
+	c.audit.newTerm() // a count of an earlier term is no news of this one
+	st := c.rebal.newState()
+	feed := newChangeFeed(changeSources(c.cfg.Regions), st.wake)
 	st.live = feed.live
-	c.auto.Store(st)
-	c.watchChanges(dctx, feed)
-	c.wg.Add(7)
-	go c.bindCheckLoop(dctx)
-	go c.driveLoop(dctx, gen)
-	go c.termsLoop(dctx, gen)
-	go c.soldOutLoop(dctx, feed)
-	go c.pauseLoop(dctx, gen)
-	go c.auditLoop(dctx)
-	go c.autoLoop(dctx, gen)
+	c.rebal.state.Store(st)
+	feed.watch(dctx, &c.wg, c.ledger.db, c.cfg.Regions, c.cfg.Logger)
+	c.wg.Go(func() { c.flags.bindCheckLoop(dctx) })
+	c.wg.Go(func() { c.driver.loop(dctx, gen) })
+	c.wg.Go(func() { c.terms.loop(dctx, gen) })
+	c.wg.Go(func() { c.flags.soldOutLoop(dctx, feed) })
+	c.wg.Go(func() { c.pauses.loop(dctx, gen) })
+	c.wg.Go(func() { c.audit.loop(dctx) })
+	c.wg.Go(func() { c.rebal.loop(dctx, gen) })
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil
 }
@@ -301,41 +296,22 @@ func (c *Coordinator) Generation() (int64, error) {
 // Regions lists the configured regions in order.
 func (c *Coordinator) Regions() []RegionLink { return c.cfg.Regions }
 
-// fencedTx runs fn in a ledger transaction that first passes the generation fence (I4).
-func (c *Coordinator) fencedTx(ctx context.Context, gen int64, fn func(pgx.Tx) error) error {
-	return pgutil.Tx(ctx, c.db, func(tx pgx.Tx) error {
-		if err := c.checkFence(ctx, tx, gen); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
-}
-
-// checkFence passes the ledger's generation fence in tx, counting a refusal.
-func (c *Coordinator) checkFence(ctx context.Context, tx pgx.Tx, gen int64) error {
-	err := fencing.CheckLedgerGeneration(ctx, tx, gen)
-	if errors.Is(err, ErrFenced) {
-		c.fenceRejections.Add(1)
-	}
-	return err
-}
-
 // FenceRejections counts the ledger transactions this process began that the generation
 // fence refused: a newer coordinator had written (I4), so they changed nothing.
-func (c *Coordinator) FenceRejections() int64 { return c.fenceRejections.Load() }
+func (c *Coordinator) FenceRejections() int64 { return c.ledger.rejected.Load() }
 
 // AuditViolations is the number of violations the continuous audit found in its last round
 // while this coordinator leads (0 before its first round).
-func (c *Coordinator) AuditViolations() int64 { return c.auditViolations.Load() }
+func (c *Coordinator) AuditViolations() int64 { return c.audit.violations.Load() }
 
 // AuditDuration is how long the continuous audit's last round in this term took (every
 // sale read and evaluated), a round that failed included; zero before the first.
-func (c *Coordinator) AuditDuration() time.Duration { return time.Duration(c.auditTook.Load()) }
+func (c *Coordinator) AuditDuration() time.Duration { return time.Duration(c.audit.took.Load()) }
 
 // AuditedAt is when the continuous audit's last round in this term ended; zero before the
 // first.
 func (c *Coordinator) AuditedAt() time.Time {
-	if ns := c.auditedAt.Load(); ns != 0 {
+	if ns := c.audit.auditedAt.Load(); ns != 0 {
 		return time.Unix(0, ns)
 	}
 	return time.Time{}

@@ -51,14 +51,13 @@ func (s *seenFlags) drain() (map[flagKey]bool, bool) {
 
 // watchFlags runs the flag watch for the term of ctx, starting it again a second after it
 // fails; owned by the coordinator's wait group.
-func (c *Coordinator) watchFlags(ctx context.Context, seen *seenFlags) {
-	defer c.wg.Done()
+func (sf *stockFlags) watchFlags(ctx context.Context, seen *seenFlags) {
 	for ctx.Err() == nil {
-		err := c.cfg.WatchFlags(ctx, func(f fencing.Flag, sale, sku string, on bool) {
+		err := sf.cfg.WatchFlags(ctx, func(f fencing.Flag, sale, sku string, on bool) {
 			seen.record(flagKey{f, skuKey{sale, sku}}, on)
 		})
 		if err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("stock flag watch ended; starting it again", "err", err)
+			sf.cfg.Logger.Warn("stock flag watch ended; starting it again", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -70,7 +69,7 @@ func (c *Coordinator) watchFlags(ctx context.Context, seen *seenFlags) {
 // checkSeen compares the flags etcd holds with what this term published. A flag that differs
 // is forgotten as published and its sale read again, so this round publishes the books' flag;
 // a difference this term did not cause is logged. Our own publications come back equal.
-func (c *Coordinator) checkSeen(seen *seenFlags, feed *changeFeed, st flagState) {
+func (sf *stockFlags) checkSeen(seen *seenFlags, feed *changeFeed, st flagState) {
 	flags, overflow := seen.drain()
 	if overflow {
 		feed.putBack(true, nil)
@@ -81,7 +80,7 @@ func (c *Coordinator) checkSeen(seen *seenFlags, feed *changeFeed, st flagState)
 			continue
 		}
 		if ok { // not a flag of an earlier term: someone else wrote it
-			c.cfg.Logger.Warn("a stock flag in etcd differs from what the coordinator published; deriving it again from the books",
+			sf.cfg.Logger.Warn("a stock flag in etcd differs from what the coordinator published; deriving it again from the books",
 				"flag", k.flag, "sale", k.sale, "sku", k.sku, "in_etcd", on, "published", prev)
 		}
 		delete(st.published, k)

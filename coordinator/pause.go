@@ -16,7 +16,7 @@ import (
 // (pauses), with a row per region that does not have it yet (pauses_undelivered), in one
 // fenced transaction; every region is then sent it (Participant.SetPaused), and records it
 // in its own database before it answers. Regions not reached are tried again every
-// RetryInterval by pauseLoop, on this leader or the next, until each has it.
+// RetryInterval by pauser.loop, on this leader or the next, until each has it.
 
 // PauseVersion orders the changes of one pause: the ledger numbers them from the sequence
 // pause_versions, rising, and a region records a change only over an older one.
@@ -72,6 +72,15 @@ func (p PauseChange) Check() error {
 	return nil
 }
 
+// pauser records pause changes in the ledger and delivers them to the regions: at once
+// (the facade's SetPaused) and every RetryInterval those some region does not have yet
+// (loop), from the ledger's pauses_undelivered queue.
+type pauser struct {
+	cfg     *Config
+	ledger  *ledger
+	regions *regionSet
+}
+
 // SetPaused pauses or resumes new reservations of a sale or SKU in every region. It records
 // the change in the ledger, then delivers it, and every change of the sale some region still
 // lacks, to every region at once; it returns once each region has answered or failed
@@ -84,10 +93,10 @@ func (c *Coordinator) SetPaused(ctx context.Context, ch PauseChange) (PauseResul
 	if err != nil {
 		return PauseResult{}, err
 	}
-	if err := c.fencedTx(ctx, gen, func(tx pgx.Tx) error { return c.recordPause(ctx, tx, ch) }); err != nil {
+	if err := c.ledger.fencedTx(ctx, gen, func(tx pgx.Tx) error { return c.pauses.record(ctx, tx, ch) }); err != nil {
 		return PauseResult{}, err
 	}
-	failed, err := c.deliverPauses(ctx, gen, ch.Sale)
+	failed, err := c.pauses.deliverAll(ctx, gen, ch.Sale)
 	if err != nil {
 		return PauseResult{}, err
 	}
@@ -103,11 +112,11 @@ func (c *Coordinator) SetPaused(ctx context.Context, ch PauseChange) (PauseResul
 	return res, err
 }
 
-// recordPause writes a change to the ledger in the caller's fenced transaction (I4): the
+// record writes a change to the ledger in the caller's fenced transaction (I4): the
 // pause row, under a new version, and for each changed row one undelivered row per
 // configured region. A resume changes only rows that are paused. It changes no count (I1,
 // I2 untouched); only the regions' admission of new holds follows it.
-func (c *Coordinator) recordPause(ctx context.Context, tx pgx.Tx, ch PauseChange) error {
+func (pr *pauser) record(ctx context.Context, tx pgx.Tx, ch PauseChange) error {
 	if err := saleMustExist(ctx, tx, ch.Sale); err != nil {
 		return err
 	}
@@ -120,7 +129,7 @@ func (c *Coordinator) recordPause(ctx context.Context, tx pgx.Tx, ch PauseChange
 			return fmt.Errorf("sale %q has no sku %q: %w", ch.Sale, ch.SKU, ErrNotFound)
 		}
 	}
-	now := c.cfg.Clock.Now()
+	now := pr.cfg.Clock.Now()
 	var rows pgx.Rows
 	var err error
 	if ch.Paused {
@@ -150,7 +159,7 @@ func (c *Coordinator) recordPause(ctx context.Context, tx pgx.Tx, ch PauseChange
 		if _, err := tx.Exec(ctx, `INSERT INTO pauses_undelivered (sale_id, sku, region, version)
 			SELECT $1, $2, unnest($3::text[]), $4
 			ON CONFLICT (sale_id, sku, region) DO UPDATE SET version = excluded.version`,
-			ch.Sale, x.SKU, c.regionNames(), x.Version); err != nil {
+			ch.Sale, x.SKU, pr.regions.names(), x.Version); err != nil {
 			return fmt.Errorf("queue pause for the regions: %w", err)
 		}
 	}
@@ -173,23 +182,22 @@ func queuePausesForNewRegions(ctx context.Context, tx pgx.Tx, regions []string) 
 	return nil
 }
 
-// pauseLoop delivers, every RetryInterval while this coordinator leads, the pause changes
+// loop delivers, every RetryInterval while this coordinator leads, the pause changes
 // that some region does not have yet. It runs apart from the other loops, so a region that
 // does not answer slows neither transfers nor terms.
-func (c *Coordinator) pauseLoop(ctx context.Context, gen int64) {
-	defer c.wg.Done()
-	every(ctx, c.cfg.RetryInterval, func() {
-		if _, err := c.deliverPauses(ctx, gen, ""); err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("list undelivered pauses", "err", err)
+func (pr *pauser) loop(ctx context.Context, gen int64) {
+	every(ctx, pr.cfg.RetryInterval, func() {
+		if _, err := pr.deliverAll(ctx, gen, ""); err != nil && ctx.Err() == nil {
+			pr.cfg.Logger.Warn("list undelivered pauses", "err", err)
 		}
 	})
 }
 
-// deliverPauses sends every region the pause changes (of one sale, or "" all) it does not
+// deliverAll sends every region the pause changes (of one sale, or "" all) it does not
 // have yet: the regions at once, each region's changes in turn until one fails for a reason
 // that may pass. It returns the regions that failed, with the error.
-func (c *Coordinator) deliverPauses(ctx context.Context, gen int64, sale string) (map[string]error, error) {
-	pending, err := c.undeliveredPauses(ctx, sale)
+func (pr *pauser) deliverAll(ctx context.Context, gen int64, sale string) (map[string]error, error) {
+	pending, err := pr.undelivered(ctx, sale)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +205,7 @@ func (c *Coordinator) deliverPauses(ctx context.Context, gen int64, sale string)
 	failed := map[string]error{}
 	var wg sync.WaitGroup
 	for name, ps := range pending {
-		r, err := c.link(name)
+		r, err := pr.regions.link(name)
 		if err != nil {
 			continue // a region this coordinator is not configured with waits for one that is
 		}
@@ -205,7 +213,7 @@ func (c *Coordinator) deliverPauses(ctx context.Context, gen int64, sale string)
 		go func() {
 			defer wg.Done()
 			for _, p := range ps {
-				if err := c.deliverPauseTo(ctx, gen, r, p); err != nil {
+				if err := pr.deliverTo(ctx, gen, r, p); err != nil {
 					mu.Lock()
 					failed[name] = err
 					mu.Unlock()
@@ -218,10 +226,10 @@ func (c *Coordinator) deliverPauses(ctx context.Context, gen int64, sale string)
 	return failed, nil
 }
 
-// undeliveredPauses lists, per region, the current state of each pause (of one sale, or ""
+// undelivered lists, per region, the current state of each pause (of one sale, or ""
 // all) whose latest change the region does not have, oldest change first.
-func (c *Coordinator) undeliveredPauses(ctx context.Context, sale string) (map[string][]Pause, error) {
-	rows, err := c.db.Query(ctx, `SELECT u.region, p.sale_id, p.sku, p.paused, p.reason, p.version
+func (pr *pauser) undelivered(ctx context.Context, sale string) (map[string][]Pause, error) {
+	rows, err := pr.ledger.db.Query(ctx, `SELECT u.region, p.sale_id, p.sku, p.paused, p.reason, p.version
 		FROM pauses_undelivered u JOIN pauses p USING (sale_id, sku)
 		WHERE $1 = '' OR u.sale_id = $1 ORDER BY u.region, p.version`, sale)
 	if err != nil {
@@ -242,57 +250,57 @@ func (c *Coordinator) undeliveredPauses(ctx context.Context, sale string) (map[s
 	return out, nil
 }
 
-// deliverPauseTo gives one region a pause's latest change and, once it has recorded it (or a
+// deliverTo gives one region a pause's latest change and, once it has recorded it (or a
 // later one), forgets that it had to. A change the region refuses as invalid can never be
 // delivered: it is reported and dropped. Any other failure is returned, for a later round.
-func (c *Coordinator) deliverPauseTo(ctx context.Context, gen int64, r RegionLink, p Pause) error {
-	cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, pauseTimeout))
+func (pr *pauser) deliverTo(ctx context.Context, gen int64, r RegionLink, p Pause) error {
+	cctx, cancel := context.WithTimeout(ctx, min(pr.cfg.CallTimeout, pauseTimeout))
 	defer cancel()
 	_, version, err := r.Participant.SetPaused(cctx, gen, p)
 	if err == nil && version != p.Version {
-		err = c.checkForeignPause(ctx, r, p, version)
+		err = pr.checkForeign(ctx, r, p, version)
 	}
 	switch {
 	case errors.Is(err, apierr.ErrInvalid):
-		c.cfg.Logger.Error("region refuses a pause for good; it is no longer sent", "sale", p.Sale, "sku", p.SKU,
+		pr.cfg.Logger.Error("region refuses a pause for good; it is no longer sent", "sale", p.Sale, "sku", p.SKU,
 			"paused", p.Paused, "region", r.Name, "err", err)
 	case err != nil:
-		c.cfg.Logger.Warn("pause not delivered yet; the coordinator tries again", "sale", p.Sale, "sku", p.SKU,
+		pr.cfg.Logger.Warn("pause not delivered yet; the coordinator tries again", "sale", p.Sale, "sku", p.SKU,
 			"paused", p.Paused, "region", r.Name, "err", err)
 		return fmt.Errorf("region %s: %w", r.Name, err)
 	}
-	if _, err := c.db.Exec(ctx, `DELETE FROM pauses_undelivered WHERE sale_id = $1 AND sku = $2 AND region = $3 AND version <= $4`,
+	if _, err := pr.ledger.db.Exec(ctx, `DELETE FROM pauses_undelivered WHERE sale_id = $1 AND sku = $2 AND region = $3 AND version <= $4`,
 		p.Sale, p.SKU, r.Name, int64(p.Version)); err != nil {
 		return fmt.Errorf("record pause delivered to %s: %w", r.Name, err)
 	}
 	return nil
 }
 
-// checkForeignPause is for a region that answers a pause change with a version other than
+// checkForeign is for a region that answers a pause change with a version other than
 // the one sent: a later change of this ledger's has superseded it (fine), or the region holds
 // a change no coordinator of this ledger made, which only a misused coordinator certificate
 // can send. That is an error, logged and returned, so the change stays undelivered and the
 // operator is told the region was not reached; it is retried until a newer coordinator
 // generation replaces the foreign change.
-func (c *Coordinator) checkForeignPause(ctx context.Context, r RegionLink, p Pause, have PauseVersion) error {
+func (pr *pauser) checkForeign(ctx context.Context, r RegionLink, p Pause, have PauseVersion) error {
 	var latest int64
-	err := c.db.QueryRow(ctx, `SELECT version FROM pauses WHERE sale_id = $1 AND sku = $2`, p.Sale, p.SKU).Scan(&latest)
+	err := pr.ledger.db.QueryRow(ctx, `SELECT version FROM pauses WHERE sale_id = $1 AND sku = $2`, p.Sale, p.SKU).Scan(&latest)
 	if err != nil {
 		return fmt.Errorf("read the ledger's pause of %s/%s: %w", p.Sale, p.SKU, err)
 	}
 	if int64(have) <= latest {
 		return nil
 	}
-	c.cfg.Logger.Error("a region holds a pause change this ledger never made; is a coordinator certificate misused?",
+	pr.cfg.Logger.Error("a region holds a pause change this ledger never made; is a coordinator certificate misused?",
 		"region", r.Name, "sale", p.Sale, "sku", p.SKU, "region_version", have, "ledger_version", latest)
 	return fmt.Errorf("region %s holds a pause change of %s/%s at version %d, above the ledger's %d: not made by this coordinator",
 		r.Name, p.Sale, p.SKU, have, latest)
 }
 
-// readPauses reads the pauses (of one sale, or "" all) in force, and the resumes some region
+// pauses reads the pauses (of one sale, or "" all) in force, and the resumes some region
 // does not have yet, each with the regions it has not reached.
-func (c *Coordinator) readPauses(ctx context.Context, sale string) ([]Pause, error) {
-	rows, err := c.db.Query(ctx, `SELECT p.sale_id, p.sku, p.paused, p.reason, p.changed_at, p.version,
+func (l *ledger) pauses(ctx context.Context, sale string) ([]Pause, error) {
+	rows, err := l.db.Query(ctx, `SELECT p.sale_id, p.sku, p.paused, p.reason, p.changed_at, p.version,
 			coalesce(array_agg(u.region ORDER BY u.region) FILTER (WHERE u.region IS NOT NULL), '{}')
 		FROM pauses p LEFT JOIN pauses_undelivered u USING (sale_id, sku)
 		WHERE $1 = '' OR p.sale_id = $1

@@ -42,6 +42,11 @@ type RebalanceResult struct {
 // and, unless DryRun, runs them as transfers. A region whose database cannot be read is left
 // out of the plan, neither source nor destination: its pool is never reassigned.
 func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (RebalanceResult, error) {
+	return c.rebal.rebalance(ctx, req)
+}
+
+// rebalance is Rebalance.
+func (rb *rebalancer) rebalance(ctx context.Context, req RebalanceRequest) (RebalanceResult, error) {
 	var res RebalanceResult
 	if err := checkSaleID(req.Sale); err != nil {
 		return res, err
@@ -50,13 +55,13 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 		return res, apierr.Invalid("sku", "%s", why)
 	}
 	if req.Auto {
-		req.Policy = c.cfg.Auto.Policy
+		req.Policy = rb.cfg.Auto.Policy
 	}
 	p := req.Policy
 	if p.Window <= 0 || p.Horizon <= 0 || p.MinUnits <= 0 {
 		return res, apierr.Invalid("policy", "window, horizon and min units must be positive")
 	}
-	sale, err := c.GetSale(ctx, req.Sale)
+	sale, err := rb.ledger.sale(ctx, req.Sale)
 	if err != nil {
 		return res, err
 	}
@@ -70,17 +75,17 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 	if !found {
 		return res, fmt.Errorf("sale %q has no sku %q: %w", req.Sale, req.SKU, ErrNotFound)
 	}
-	since := c.cfg.Clock.Now().Add(-p.Window)
-	for _, r := range c.cfg.Regions {
-		avail, recent, err := c.poolsOf(ctx, r, req.Sale, since)
+	since := rb.cfg.Clock.Now().Add(-p.Window)
+	for _, r := range rb.cfg.Regions {
+		avail, recent, err := rb.poolsOf(ctx, r, req.Sale, since)
 		if err != nil {
-			c.cfg.Logger.Warn("rebalance: region unreadable, left out", "region", r.Name, "err", err)
+			rb.cfg.Logger.Warn("rebalance: region unreadable, left out", "region", r.Name, "err", err)
 			continue
 		}
 		res.Pools = append(res.Pools, transfer.PoolDemand{Pool: r.Name, Available: avail[req.SKU], Recent: recent[req.SKU]})
 	}
 	if req.RequestID != "" && !req.DryRun {
-		earlier, err := c.rebalanceTransfers(ctx, req)
+		earlier, err := rb.earlierTransfers(ctx, req)
 		if err != nil || len(earlier) > 0 {
 			res.Transfers, res.Replayed = earlier, len(earlier) > 0
 			for _, t := range earlier {
@@ -89,15 +94,15 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 			return res, err
 		}
 	}
-	if res.Moves, err = c.planMoves(ctx, req, sale, res.Pools); err != nil || req.DryRun {
+	if res.Moves, err = rb.planMoves(ctx, req, sale, res.Pools); err != nil || req.DryRun {
 		return res, err
 	}
 	prefix := req.RequestID
 	if prefix == "" {
-		prefix = fmt.Sprintf("rebalance-%s-%s-%s", req.Sale, req.SKU, c.cfg.Clock.Now().UTC().Format("20060102T1504"))
+		prefix = fmt.Sprintf("rebalance-%s-%s-%s", req.Sale, req.SKU, rb.cfg.Clock.Now().UTC().Format("20060102T1504"))
 	}
 	for i, m := range res.Moves {
-		t, _, err := c.Transfer(ctx, TransferRequest{Sale: req.Sale, SKU: req.SKU, From: m.From, To: m.To, Units: m.Units,
+		t, _, err := rb.transfer(ctx, TransferRequest{Sale: req.Sale, SKU: req.SKU, From: m.From, To: m.To, Units: m.Units,
 			RequestID: fmt.Sprintf("%s-%d", prefix, i)})
 		if err != nil {
 			return res, fmt.Errorf("move %d (%d %s → %s): %w", i, m.Units, m.From, m.To, err)
@@ -110,26 +115,26 @@ func (c *Coordinator) Rebalance(ctx context.Context, req RebalanceRequest) (Reba
 // planMoves is a rebalance's moves: Policy.Plan's, or with Auto the automatic rebalancer's,
 // which like its own rounds moves nothing of a paused SKU and starts no more transfers than
 // the cap on transfers in flight leaves room for.
-func (c *Coordinator) planMoves(ctx context.Context, req RebalanceRequest, sale Sale, pools []transfer.PoolDemand) ([]transfer.Move, error) {
+func (rb *rebalancer) planMoves(ctx context.Context, req RebalanceRequest, sale Sale, pools []transfer.PoolDemand) ([]transfer.Move, error) {
 	if !req.Auto {
 		return req.Policy.Plan(pools), nil
 	}
 	if pausedSKU(sale.Pauses, req.SKU) {
 		return nil, fmt.Errorf("sale %s sku %s is paused: the rebalancer moves none of its units: %w", req.Sale, req.SKU, apierr.ErrPaused)
 	}
-	open, err := c.openTransfersOf(ctx, req.Sale, c.cfg.Clock.Now().Add(-c.cfg.Auto.Policy.Window))
+	open, err := rb.openTransfersOf(ctx, req.Sale, rb.cfg.Clock.Now().Add(-rb.cfg.Auto.Policy.Window))
 	if err != nil {
 		return nil, err
 	}
-	sp := planSKU(c.cfg.Auto.Policy.SinceOpening(sale.Terms.OpensAt, c.cfg.Clock.Now()), req.SKU, pools, open[req.SKU])
-	room := max(c.cfg.Auto.MaxInFlight-sp.InFlight, 0)
+	sp := planSKU(rb.cfg.Auto.Policy.SinceOpening(sale.Terms.OpensAt, rb.cfg.Clock.Now()), req.SKU, pools, open[req.SKU])
+	room := max(rb.cfg.Auto.MaxInFlight-sp.InFlight, 0)
 	return sp.Moves[:min(room, len(sp.Moves))], nil
 }
 
-// rebalanceTransfers are the transfers an earlier rebalance of req's sale and SKU made under
+// earlierTransfers are the transfers an earlier rebalance of req's sale and SKU made under
 // req's request id (request ids <id>-<n>), in the order it planned them.
-func (c *Coordinator) rebalanceTransfers(ctx context.Context, req RebalanceRequest) ([]transfer.Transfer, error) {
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+func (rb *rebalancer) earlierTransfers(ctx context.Context, req RebalanceRequest) ([]transfer.Transfer, error) {
+	rows, err := rb.ledger.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers
 		WHERE sale_id = $1 AND sku = $2 AND starts_with(request_id, $3)
 		AND substr(request_id, length($3) + 1) ~ '^[0-9]{1,9}$'
 		ORDER BY substr(request_id, length($3) + 1)::bigint`, req.Sale, req.SKU, transferRequestPrefix+req.RequestID+"-")

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -139,7 +138,7 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		spec.OpensAt = now.Truncate(time.Millisecond)
 	}
 	replayed := false
-	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+	err = c.ledger.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		replayed = false
 		var have string
 		err := tx.QueryRow(ctx, `SELECT definition FROM sales WHERE sale_id = $1`, spec.Sale).Scan(&have)
@@ -167,7 +166,7 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO terms_undelivered (sale_id, region) SELECT $1, unnest($2::text[])`,
-			spec.Sale, c.regionNames())
+			spec.Sale, c.regions.names())
 		return err
 	})
 	if isUniqueViolation(err) {
@@ -179,130 +178,9 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 	}
 	s, err := c.GetSale(ctx, spec.Sale)
 	if err == nil {
-		c.announce(ctx, gen, s.Terms)
+		c.terms.announce(ctx, gen, s.Terms)
 	}
 	return s, replayed, err
-}
-
-// announceTimeout bounds announce's wait for each region.
-const announceTimeout = time.Second
-
-// announce tells every region the sale's terms, fenced by gen like any participant write
-// (I4), so that a region given none of the stock answers REGION_EXHAUSTED (stock may be
-// elsewhere) rather than NOT_FOUND. Briefly (announceTimeout), so a region that is down
-// does not hold up the answer to CreateSale: a region not reached stays in
-// terms_undelivered, and termsLoop tries it again every RetryInterval.
-func (c *Coordinator) announce(ctx context.Context, gen int64, t SaleTerms) {
-	var wg sync.WaitGroup
-	for _, r := range c.cfg.Regions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.deliverTo(ctx, gen, r, t)
-		}()
-	}
-	wg.Wait()
-}
-
-// deliverTo gives one region a sale's terms and, once it has them, forgets that it had to.
-// It tells whether to go on with the region's next sale: not after a failure that may pass
-// (the region is likely down, or this coordinator deposed). Terms the region can never take
-// (it holds the sale with other terms, or refuses them as invalid) are reported and dropped,
-// so they do not hold up the region's other sales.
-func (c *Coordinator) deliverTo(ctx context.Context, gen int64, r RegionLink, t SaleTerms) bool {
-	cctx, cancel := context.WithTimeout(ctx, min(c.cfg.CallTimeout, announceTimeout))
-	defer cancel()
-	err := r.Participant.PutSale(cctx, gen, t)
-	permanent := errors.Is(err, apierr.ErrAlreadyExists) || errors.Is(err, apierr.ErrInvalid)
-	switch {
-	case permanent:
-		c.cfg.Logger.Error("region refuses the sale's terms for good; they are no longer sent",
-			"sale", t.Sale, "region", r.Name, "err", err)
-	case err != nil:
-		c.cfg.Logger.Warn("sale terms not delivered yet; the coordinator tries again",
-			"sale", t.Sale, "region", r.Name, "err", err)
-		return false
-	}
-	if _, err := c.db.Exec(ctx, `DELETE FROM terms_undelivered WHERE sale_id = $1 AND region = $2`, t.Sale, r.Name); err != nil {
-		c.cfg.Logger.Warn("record terms delivered", "sale", t.Sale, "region", r.Name, "err", err)
-	}
-	return true
-}
-
-// termsLoop delivers, every RetryInterval while this coordinator leads, the sale terms that
-// announce could not. It runs apart from driveLoop, so a region that does not answer does
-// not slow the transfers down.
-func (c *Coordinator) termsLoop(ctx context.Context, gen int64) {
-	defer c.wg.Done()
-	every(ctx, c.cfg.RetryInterval, func() { c.deliverTerms(ctx, gen) })
-}
-
-// deliverTerms retries the terms that announce could not deliver: the regions at once, each
-// region's sales in turn until one fails for a reason that may pass, so a round takes about
-// announceTimeout at most. Rows naming a region this coordinator is not configured with wait
-// for a coordinator that is.
-func (c *Coordinator) deliverTerms(ctx context.Context, gen int64) {
-	rows, err := c.db.Query(ctx, `SELECT sale_id, region FROM terms_undelivered ORDER BY region, sale_id`)
-	if err != nil {
-		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("list undelivered sale terms", "err", err)
-		}
-		return
-	}
-	type undelivered struct{ Sale, Region string }
-	us, err := pgx.CollectRows(rows, pgx.RowToStructByPos[undelivered])
-	if err != nil {
-		return
-	}
-	sales := map[string][]string{}
-	for _, u := range us {
-		sales[u.Region] = append(sales[u.Region], u.Sale)
-	}
-	var wg sync.WaitGroup
-	for name, ids := range sales {
-		r, err := c.link(name)
-		if err != nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, id := range ids {
-				s, err := c.GetSale(ctx, id)
-				if err != nil || !c.deliverTo(ctx, gen, r, s.Terms) {
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// queueTermsForNewRegions queues every sale's terms for each configured region no leader was
-// configured with before (regions_seen), then lists those regions: a region added to the
-// configuration after sales were created learns their terms from termsLoop, once. It runs in
-// the takeover's fenced transaction, so only the current leader writes it (I4).
-func queueTermsForNewRegions(ctx context.Context, tx pgx.Tx, regions []string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO terms_undelivered (sale_id, region)
-		SELECT s.sale_id, r.region FROM sales s
-		CROSS JOIN unnest($1::text[]) AS r(region)
-		WHERE NOT EXISTS (SELECT 1 FROM regions_seen seen WHERE seen.region = r.region)
-		ON CONFLICT DO NOTHING`, regions)
-	if err != nil {
-		return fmt.Errorf("queue sale terms for new regions: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO regions_seen (region) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, regions); err != nil {
-		return fmt.Errorf("record regions seen: %w", err)
-	}
-	return nil
-}
-
-func (c *Coordinator) regionNames() []string {
-	names := make([]string, len(c.cfg.Regions))
-	for i, r := range c.cfg.Regions {
-		names[i] = r.Name
-	}
-	return names
 }
 
 func isUniqueViolation(err error) bool {
@@ -327,13 +205,18 @@ func saleMustExist(ctx context.Context, q interface {
 
 // GetSale reads a sale and its SKUs' ledger counts.
 func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
+	return c.ledger.sale(ctx, sale)
+}
+
+// sale reads a sale and its SKUs' ledger counts.
+func (l *ledger) sale(ctx context.Context, sale string) (Sale, error) {
 	if err := checkSaleID(sale); err != nil {
 		return Sale{}, err
 	}
 	s := Sale{Terms: SaleTerms{Sale: sale}}
 	var limit, ttl, ticketTTL int64
 	a := &s.Terms.Admission
-	err := c.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets, rebalance
+	err := l.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets, rebalance
 		FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive, &s.Rebalance)
 	if err == pgx.ErrNoRows {
 		return s, apierr.NotFound("sale_id", sale)
@@ -343,7 +226,7 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 	}
 	s.Terms.PerUserLimit, s.Terms.HoldTTL = transfer.Units(limit), time.Duration(ttl)*time.Millisecond
 	a.TicketTTL = time.Duration(ticketTTL) * time.Millisecond
-	rows, err := c.db.Query(ctx, `SELECT k.sku, k.total, k.unallocated, t.to_pool, coalesce(sum(t.units), 0)
+	rows, err := l.db.Query(ctx, `SELECT k.sku, k.total, k.unallocated, t.to_pool, coalesce(sum(t.units), 0)
 		FROM skus k LEFT JOIN transfers t ON t.sale_id = k.sale_id AND t.sku = k.sku AND t.state = 'posted' AND t.from_pool = $2
 		WHERE k.sale_id = $1 GROUP BY k.sku, k.total, k.unallocated, t.to_pool ORDER BY k.sku`, sale, transfer.Unallocated)
 	if err != nil {
@@ -369,7 +252,7 @@ func (c *Coordinator) GetSale(ctx context.Context, sale string) (Sale, error) {
 		return s, err
 	}
 	rows.Close()
-	s.Pauses, err = c.readPauses(ctx, sale)
+	s.Pauses, err = l.pauses(ctx, sale)
 	return s, err
 }
 

@@ -15,12 +15,24 @@ import (
 // and held) from its database (region.ReadUnsold).
 type UnsoldReader func(ctx context.Context, sale string) (map[string]transfer.Stock, error)
 
+// skuKey names one SKU of one sale.
 type skuKey struct{ sale, sku string }
 
 // flagKey is one flag of one SKU.
 type flagKey struct {
 	flag fencing.Flag
 	skuKey
+}
+
+// stockFlags derives each SKU's sold-out and drained flags from the ledger and the
+// regions' stock and publishes them (soldout.go), derives again a flag etcd holds that
+// differs from what it published (flagwatch.go), and removes buyers' bindings to regions
+// the cluster does not have (bindcheck.go).
+type stockFlags struct {
+	cfg       *Config
+	ledger    *ledger
+	regions   *regionSet
+	unsoldLog readFailureLog
 }
 
 // soldOutLoop keeps the stock flags true to the stock while this coordinator leads. A SKU
@@ -35,20 +47,20 @@ type flagKey struct {
 // only choose answers (SOLD_OUT rather than REGION_EXHAUSTED; a waiting room's "sold out"
 // and its waitlist); nothing is granted or refused on them. A flag etcd holds that differs
 // from what was published is derived again from the books (flagwatch.go).
-func (c *Coordinator) soldOutLoop(ctx context.Context, feed *changeFeed) {
-	defer c.wg.Done()
-	if c.cfg.PublishFlag == nil {
+func (sf *stockFlags) soldOutLoop(ctx context.Context, feed *changeFeed) {
+	if sf.cfg.PublishFlag == nil {
 		return
 	}
 	st := flagState{published: map[flagKey]bool{}, rounds: map[flagKey]int{}}
 	seen := &seenFlags{flags: map[flagKey]bool{}}
-	if c.cfg.WatchFlags != nil {
-		c.wg.Add(1)
-		go c.watchFlags(ctx, seen)
+	if sf.cfg.WatchFlags != nil {
+		var wg sync.WaitGroup // the watch is this loop's: it ends with the term, and the loop waits for it
+		defer wg.Wait()
+		wg.Go(func() { sf.watchFlags(ctx, seen) })
 	}
-	every(ctx, c.cfg.SoldOutInterval, func() {
-		c.checkSeen(seen, feed, st)
-		c.refreshSoldOut(ctx, feed, st)
+	every(ctx, sf.cfg.SoldOutInterval, func() {
+		sf.checkSeen(seen, feed, st)
+		sf.refreshSoldOut(ctx, feed, st)
 	})
 }
 
@@ -61,27 +73,27 @@ type flagState struct {
 
 // refreshSoldOut is one round of soldOutLoop: it reads the sales the feed names (or every
 // sale) and publishes their flags; a sale it could not settle goes back to the feed.
-func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st flagState) {
+func (sf *stockFlags) refreshSoldOut(ctx context.Context, feed *changeFeed, st flagState) {
 	all, changed := feed.take()
 	if !all && len(changed) == 0 {
 		return
 	}
-	ledger, err := c.ledgerRemaining(ctx, all, changed)
+	ledger, err := sf.ledgerRemaining(ctx, all, changed)
 	if err != nil {
 		feed.putBack(all, changed)
 		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("sold-out flags: reading the ledger failed; the next round tries again", "err", err)
+			sf.cfg.Logger.Warn("sold-out flags: reading the ledger failed; the next round tries again", "err", err)
 		}
 		return
 	}
-	unsold, available, read := c.readUnsold(ctx, ledger)
+	unsold, available, read := sf.readUnsold(ctx, ledger)
 	for k := range ledger {
 		if !read[k.sale] {
 			feed.again(k.sale) // unknown: publish nothing for this sale this round
 			continue
 		}
-		settled := c.publishFlag(ctx, flagKey{fencing.SoldOut, k}, unsold[k] == 0, st)
-		settled = c.publishFlag(ctx, flagKey{fencing.Drained, k}, available[k] == 0, st) && settled
+		settled := sf.publishFlag(ctx, flagKey{fencing.SoldOut, k}, unsold[k] == 0, st)
+		settled = sf.publishFlag(ctx, flagKey{fencing.Drained, k}, available[k] == 0, st) && settled
 		if !settled {
 			feed.again(k.sale)
 		}
@@ -93,7 +105,7 @@ func (c *Coordinator) refreshSoldOut(ctx context.Context, feed *changeFeed, st f
 // region fails a read (or takes over CallTimeout) no region is asked anything more this
 // round, so one region down costs a round one timeout, not one per sale; the sales left are
 // read again next round, and the failure is logged (at most once a minute a region).
-func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer.Units) (unsold, available map[skuKey]transfer.Units, read map[string]bool) {
+func (sf *stockFlags) readUnsold(ctx context.Context, ledger map[skuKey]transfer.Units) (unsold, available map[skuKey]transfer.Units, read map[string]bool) {
 	unsold, available, read = map[skuKey]transfer.Units{}, map[skuKey]transfer.Units{}, map[string]bool{}
 	for k, u := range ledger {
 		read[k.sale] = true
@@ -105,11 +117,11 @@ func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 			delete(read, sale)
 			continue
 		}
-		for _, r := range c.cfg.Regions {
+		for _, r := range sf.cfg.Regions {
 			if r.Unsold == nil {
 				return unsold, available, map[string]bool{}
 			}
-			rctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+			rctx, cancel := context.WithTimeout(ctx, sf.cfg.CallTimeout)
 			stock, err := r.Unsold(rctx, sale)
 			cancel()
 			if err != nil {
@@ -125,7 +137,7 @@ func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 	}
 	if ctx.Err() == nil { // a term that ended is no news
 		for region, err := range failed {
-			c.unsoldLog.warn(c.cfg.Logger, c.cfg.Clock.Now(), region, err)
+			sf.unsoldLog.warn(sf.cfg.Logger, sf.cfg.Clock.Now(), region, err)
 		}
 	}
 	return unsold, available, read
@@ -134,7 +146,7 @@ func (c *Coordinator) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 // publishFlag raises a flag after two rounds in a row found it true, lowers it at once. It
 // reports whether the flag is settled: published as the stock says, with no second round
 // awaited and no failed publication to try again.
-func (c *Coordinator) publishFlag(ctx context.Context, k flagKey, none bool, st flagState) bool {
+func (sf *stockFlags) publishFlag(ctx context.Context, k flagKey, none bool, st flagState) bool {
 	if none {
 		st.rounds[k]++
 	} else {
@@ -145,8 +157,8 @@ func (c *Coordinator) publishFlag(ctx context.Context, k flagKey, none bool, st 
 	if prev, ok := st.published[k]; ok && prev == on {
 		return settled
 	}
-	if err := c.cfg.PublishFlag(ctx, k.flag, k.sale, k.sku, on); err != nil {
-		c.cfg.Logger.Warn("publishing a stock flag failed; the next round tries again", "flag", k.flag, "sale", k.sale, "sku", k.sku, "err", err)
+	if err := sf.cfg.PublishFlag(ctx, k.flag, k.sale, k.sku, on); err != nil {
+		sf.cfg.Logger.Warn("publishing a stock flag failed; the next round tries again", "flag", k.flag, "sale", k.sale, "sku", k.sku, "err", err)
 		return false
 	}
 	st.published[k] = on
@@ -155,7 +167,7 @@ func (c *Coordinator) publishFlag(ctx context.Context, k flagKey, none bool, st 
 
 // ledgerRemaining is, per SKU of every sale (all) or of sales, the unallocated units plus the
 // units of unfinished transfers.
-func (c *Coordinator) ledgerRemaining(ctx context.Context, all bool, sales []string) (map[skuKey]transfer.Units, error) {
+func (sf *stockFlags) ledgerRemaining(ctx context.Context, all bool, sales []string) (map[skuKey]transfer.Units, error) {
 	q := `SELECT k.sale_id, k.sku, k.unallocated
 			+ coalesce((SELECT sum(units) FROM transfers t WHERE t.sale_id = k.sale_id AND t.sku = k.sku
 				AND t.state IN ('requested', 'pending')), 0)
@@ -164,7 +176,7 @@ func (c *Coordinator) ledgerRemaining(ctx context.Context, all bool, sales []str
 	if !all { // its own statement, so its plan looks the sales up by key
 		q, args = q+` WHERE k.sale_id = ANY($1)`, []any{sales}
 	}
-	rows, err := c.db.Query(ctx, q, args...)
+	rows, err := sf.ledger.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,7 @@ func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	clk := clock.NewManual(time.Unix(1000, 0))
-	c := &Coordinator{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), CallTimeout: 300 * time.Millisecond, Clock: clk,
+	c := &stockFlags{cfg: &Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), CallTimeout: 300 * time.Millisecond, Clock: clk,
 		Regions: []RegionLink{{Name: "us", Unsold: ok}, {Name: "eu", Unsold: stuck}}}}
 	ledger := map[skuKey]transfer.Units{}
 	for _, s := range []string{"a", "b", "c", "d", "e"} {

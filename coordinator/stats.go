@@ -35,7 +35,7 @@ type TransferCount struct {
 // OpenTransferStates (zero when it has none). Finished transfers (posted and settled,
 // voided) are not read: the cost is that of the driver's own round over the same rows.
 func (c *Coordinator) OpenTransfers(ctx context.Context) ([]TransferCount, error) {
-	rows, err := c.db.Query(ctx, `SELECT CASE WHEN state = 'posted' THEN 'unsettled' WHEN stranded THEN 'stranded' ELSE state END,
+	rows, err := c.ledger.db.Query(ctx, `SELECT CASE WHEN state = 'posted' THEN 'unsettled' WHEN stranded THEN 'stranded' ELSE state END,
 			count(*), coalesce(sum(units), 0)
 		FROM transfers WHERE state IN ('requested', 'pending') OR (state = 'posted' AND NOT settled) GROUP BY 1`)
 	if err != nil {

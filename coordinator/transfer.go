@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -23,26 +24,26 @@ type TransferRequest struct {
 // store "allocate/<id>").
 const transferRequestPrefix = "transfer/"
 
-func (c *Coordinator) checkPool(field, name string) error {
+func (s *regionSet) checkPool(field, name string) error {
 	if name == transfer.Unallocated {
 		return nil
 	}
-	if _, ok := c.regions[name]; !ok {
+	if _, ok := s.byName[name]; !ok {
 		return apierr.Invalid(field, "unknown region %q", name)
 	}
 	return nil
 }
 
-func (c *Coordinator) checkTransfer(req TransferRequest) error {
+func (s *regionSet) checkTransfer(req TransferRequest) error {
 	for _, f := range [][2]string{{"sale_id", req.Sale}, {"sku", req.SKU}, {"request_id", req.RequestID}} {
 		if why := transfer.CheckID(f[1]); why != "" {
 			return apierr.Invalid(f[0], "%s", why)
 		}
 	}
-	if err := c.checkPool("from", req.From); err != nil {
+	if err := s.checkPool("from", req.From); err != nil {
 		return err
 	}
-	if err := c.checkPool("to", req.To); err != nil {
+	if err := s.checkPool("to", req.To); err != nil {
 		return err
 	}
 	if req.From == req.To {
@@ -68,7 +69,7 @@ func TransferID(requestID string) string {
 // ledger has it. Bad input and a source that is visibly short are refused before anything
 // is recorded.
 func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transfer.Transfer, bool, error) {
-	if err := c.checkTransfer(req); err != nil {
+	if err := c.regions.checkTransfer(req); err != nil {
 		return transfer.Transfer{}, false, err
 	}
 	gen, err := c.Generation()
@@ -76,12 +77,12 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 		return transfer.Transfer{}, false, err
 	}
 	id := TransferID(req.RequestID)
-	regionHas, err := c.sourceAvailable(ctx, req)
+	regionHas, err := c.regions.sourceAvailable(ctx, c.cfg.CallTimeout, req)
 	if err != nil {
 		return transfer.Transfer{}, false, err
 	}
 	replayed := false
-	err = c.fencedTx(ctx, gen, func(tx pgx.Tx) error {
+	err = c.ledger.fencedTx(ctx, gen, func(tx pgx.Tx) error {
 		replayed = false
 		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
 		if err != nil {
@@ -102,7 +103,7 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 			replayed = true
 			return nil
 		}
-		if err := c.checkSource(ctx, tx, req, regionHas); err != nil {
+		if err := checkSource(ctx, tx, req, regionHas); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO transfers (transfer_id, request_id, sale_id, sku, from_pool, to_pool, units, state, generation, created_at, updated_at)
@@ -117,20 +118,20 @@ func (c *Coordinator) Transfer(ctx context.Context, req TransferRequest) (transf
 	if err != nil {
 		return t, replayed, err
 	}
-	t, err = c.drive(ctx, gen, t)
+	t, err = c.driver.drive(ctx, gen, t)
 	return t, replayed, err
 }
 
 // sourceAvailable reads a source region's available units of the SKU from its database,
 // outside any ledger transaction (a slow region must not hold the ledger fence) and bounded
 // in time. It is advice: the source's Debit decides.
-func (c *Coordinator) sourceAvailable(ctx context.Context, req TransferRequest) (transfer.Units, error) {
+func (s *regionSet) sourceAvailable(ctx context.Context, timeout time.Duration, req TransferRequest) (transfer.Units, error) {
 	if req.From == transfer.Unallocated {
 		return 0, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	books, err := c.regions[req.From].Books(ctx, req.Sale)
+	books, err := s.byName[req.From].Books(ctx, req.Sale)
 	if err != nil {
 		return 0, fmt.Errorf("read source %s: %w", req.From, err)
 	}
@@ -144,7 +145,7 @@ func (c *Coordinator) sourceAvailable(ctx context.Context, req TransferRequest) 
 
 // checkSource refuses a transfer whose SKU is unknown or whose source visibly has fewer
 // units than asked (the source's Debit stays the authority: it may still refuse).
-func (c *Coordinator) checkSource(ctx context.Context, tx pgx.Tx, req TransferRequest, regionHas transfer.Units) error {
+func checkSource(ctx context.Context, tx pgx.Tx, req TransferRequest, regionHas transfer.Units) error {
 	var unalloc int64
 	err := tx.QueryRow(ctx, `SELECT unallocated FROM skus WHERE sale_id = $1 AND sku = $2`, req.Sale, req.SKU).Scan(&unalloc)
 	if err == pgx.ErrNoRows {
@@ -171,7 +172,7 @@ func (c *Coordinator) GetTransfer(ctx context.Context, id string) (transfer.Tran
 	if why := transfer.CheckID(id); why != "" {
 		return transfer.Transfer{}, apierr.Invalid("transfer_id", "%s", why)
 	}
-	rows, err := c.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
+	rows, err := c.ledger.db.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE transfer_id = $1`, id)
 	if err != nil {
 		return transfer.Transfer{}, err
 	}
@@ -200,5 +201,5 @@ func (c *Coordinator) Resolve(ctx context.Context, id string, refuse bool) (tran
 	if err != nil {
 		return t, err
 	}
-	return c.run(ctx, NewDrive(c.driveConfig(), gen, t, refuse))
+	return c.driver.run(ctx, NewDrive(c.driver.config(), gen, t, refuse))
 }

@@ -205,7 +205,7 @@ func TestDriverReportsFailedWrites(t *testing.T) {
 			ctx := context.Background()
 
 			f.logs.Reset()
-			err := f.c.driveUnfinished(ctx, testGen)
+			err := f.c.driver.unfinished(ctx, testGen)
 			f.checkReported(t, "driveUnfinished", err, tc.step, tc.fenced, tc.scanOnly)
 			if !tc.scanOnly { // as Transfer, Allocate and Resolve drive it
 				tr, err := f.c.GetTransfer(ctx, testXfer)
@@ -213,7 +213,7 @@ func TestDriverReportsFailedWrites(t *testing.T) {
 					t.Fatal(err)
 				}
 				f.logs.Reset()
-				tr, err = f.c.drive(ctx, testGen, tr)
+				tr, err = f.c.driver.drive(ctx, testGen, tr)
 				f.checkReported(t, "drive", err, tc.step, tc.fenced, false)
 				if tr.State != tc.state || tr.Stranded || tr.Settled {
 					t.Errorf("drive returned %s stranded=%v settled=%v; want %s, neither flag", tr.State, tr.Stranded, tr.Settled, tc.state)
@@ -226,7 +226,7 @@ func TestDriverReportsFailedWrites(t *testing.T) {
 				return
 			}
 			f.exec(t, tc.heal)
-			if err := f.c.driveUnfinished(ctx, testGen); err != nil {
+			if err := f.c.driver.unfinished(ctx, testGen); err != nil {
 				t.Fatalf("driveUnfinished with the fault gone: %v", err)
 			}
 			var ok bool
