@@ -29,10 +29,13 @@ func (sf *stockFlags) bindCheckLoop(ctx context.Context) {
 	regions := sf.regions.names()
 	for ctx.Err() == nil {
 		err := sf.cfg.Bindings.Follow(ctx, func(sale, user, region string) {
-			if slices.Contains(regions, region) {
-				return
+			switch {
+			case slices.Contains(regions, region):
+			case user == "":
+				sf.cfg.Logger.Warn("a binding's key names no buyer; left as it is", "key_sale_part", sale, "region", region)
+			default:
+				sf.unbindForeign(ctx, sale, user, region)
 			}
-			sf.unbindForeign(ctx, sale, user, region)
 		})
 		if err != nil && ctx.Err() == nil {
 			sf.cfg.Logger.Warn("binding watch ended; starting it again", "err", err)
@@ -54,6 +57,7 @@ func (sf *stockFlags) unbindForeign(ctx context.Context, sale, user, region stri
 			"region", region, "err", err)
 		return
 	}
-	sf.cfg.Logger.Warn("a binding named a region that does not exist; removed", "sale", sale, "user", user, "region", region,
-		"removed", removed)
+	if removed { // else it changed since it was read: it names something else now
+		sf.cfg.Logger.Warn("a binding named a region that does not exist; removed", "sale", sale, "user", user, "region", region)
+	}
 }

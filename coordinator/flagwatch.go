@@ -28,6 +28,15 @@ type seenFlags struct {
 	mu       sync.Mutex
 	flags    map[flagKey]bool
 	overflow bool
+	// restarted: the watch started again, and a flag lowered while none ran was not seen.
+	restarted bool
+}
+
+// restart says the watch starts again.
+func (s *seenFlags) restart() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.restarted = true
 }
 
 func (s *seenFlags) record(k flagKey, on bool) {
@@ -40,19 +49,23 @@ func (s *seenFlags) record(k flagKey, on bool) {
 	s.flags[k] = on
 }
 
-// drain returns what was seen, and whether some of it was lost to the bound.
-func (s *seenFlags) drain() (map[flagKey]bool, bool) {
+// drain returns what was seen, whether some of it was lost to the bound, and whether the
+// watch started again since.
+func (s *seenFlags) drain() (map[flagKey]bool, bool, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out, overflow := s.flags, s.overflow
-	s.flags, s.overflow = map[flagKey]bool{}, false
-	return out, overflow
+	out, overflow, restarted := s.flags, s.overflow, s.restarted
+	s.flags, s.overflow, s.restarted = map[flagKey]bool{}, false, false
+	return out, overflow, restarted
 }
 
 // watchFlags runs the flag watch for the term of ctx, starting it again a second after it
 // fails; owned by the coordinator's wait group.
 func (sf *stockFlags) watchFlags(ctx context.Context, seen *seenFlags) {
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			seen.restart()
+		}
 		err := sf.cfg.WatchFlags(ctx, func(f fencing.Flag, sale, sku string, on bool) {
 			seen.record(flagKey{f, skuKey{sale, sku}}, on)
 		})
@@ -70,9 +83,12 @@ func (sf *stockFlags) watchFlags(ctx context.Context, seen *seenFlags) {
 // is forgotten as published and its sale read again, so this round publishes the books' flag;
 // a difference this term did not cause is logged. Our own publications come back equal.
 func (sf *stockFlags) checkSeen(seen *seenFlags, feed *changeFeed, st flagState) {
-	flags, overflow := seen.drain()
-	if overflow {
+	flags, overflow, restarted := seen.drain()
+	if overflow || restarted {
 		feed.putBack(true, nil)
+	}
+	if restarted { // what etcd holds is unknown: publish every flag again
+		clear(st.published)
 	}
 	for k, on := range flags {
 		prev, ok := st.published[k]

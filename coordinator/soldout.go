@@ -143,7 +143,9 @@ func (sf *stockFlags) readUnsold(ctx context.Context, ledger map[skuKey]transfer
 	return unsold, available, read
 }
 
-// publishFlag raises a flag after two rounds in a row found it true, lowers it at once. It
+// publishFlag raises a flag after two rounds in a row found it true, lowers it at once when a
+// unit is found (never in the first round of a term, which would lower every sold-out flag
+// for a round at each failover). It
 // reports whether the flag is settled: published as the stock says, with no second round
 // awaited and no failed publication to try again.
 func (sf *stockFlags) publishFlag(ctx context.Context, k flagKey, none bool, st flagState) bool {
@@ -153,6 +155,9 @@ func (sf *stockFlags) publishFlag(ctx context.Context, k flagKey, none bool, st 
 		st.rounds[k] = 0
 	}
 	on := st.rounds[k] >= 2
+	if none && !on {
+		return false // a flag is lowered only when a unit is found, never while a round is awaited
+	}
 	settled := !none || on
 	if prev, ok := st.published[k]; ok && prev == on {
 		return settled

@@ -3,12 +3,15 @@ package coordinator
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/clock"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -68,5 +71,37 @@ func TestReadUnsoldGivesUpOnARegionOncePerRound(t *testing.T) {
 	}
 	if okCalls.Load() != 4+2*5 {
 		t.Errorf("the answering region was asked %d times; want once in each of the first four rounds (no more once eu failed), 5 sales × 2 regions in the last", okCalls.Load())
+	}
+}
+
+// A new term finds a sold-out SKU whose flag an earlier term raised: the first round of the
+// term must not lower it (it would read "drained" and "sold out" as false for a round at
+// every failover); the second raises it as published. A SKU with a unit lowers its flag at
+// once, and a flag the watch saw change is published again (checkSeen).
+func TestPublishFlagLowersOnlyOnAUnit(t *testing.T) {
+	var calls []string
+	sf := &stockFlags{cfg: &Config{Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)),
+		PublishFlag: func(_ context.Context, f fencing.Flag, sale, sku string, on bool) error {
+			calls = append(calls, fmt.Sprintf("%s %s/%s %v", f, sale, sku, on))
+			return nil
+		}}}
+	st := flagState{published: map[flagKey]bool{}, rounds: map[flagKey]int{}}
+	gone, open := flagKey{fencing.SoldOut, skuKey{"s", "gone"}}, flagKey{fencing.SoldOut, skuKey{"s", "open"}}
+	for round, want := range [][]string{
+		{"soldout s/open false"}, // the first round: a unit lowers at once; gone waits
+		{"soldout s/gone true"},  // the second: gone is raised, open stays down
+		nil,                      // the third: nothing changed
+		{"soldout s/gone true"},  // the watch saw gone lowered by someone else: raised again
+	} {
+		calls = nil
+		if round == 3 {
+			seen := &seenFlags{flags: map[flagKey]bool{gone: false}}
+			sf.checkSeen(seen, newChangeFeed(0, nil), st)
+		}
+		sf.publishFlag(context.Background(), gone, true, st)
+		sf.publishFlag(context.Background(), open, false, st)
+		if !slices.Equal(calls, want) {
+			t.Errorf("round %d published %v; want %v", round+1, calls, want)
+		}
 	}
 }

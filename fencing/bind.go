@@ -262,22 +262,27 @@ func (b *Binder) forget(sl *saleLease) {
 // bindScanPage is how many bindings FollowBindings reads per request.
 const bindScanPage = 1000
 
+// bindScanPause is the pause between two pages of FollowBindings' read: a coordinator that
+// takes over in the middle of a sale reads every binding without crowding out the regions'
+// binds.
+const bindScanPause = 20 * time.Millisecond
+
 // FollowBindings calls fn with every binding there is, read in pages, then with every
-// binding written from then on, until ctx ends or the watch fails. A binding's key that does
-// not parse is passed with an empty user.
+// binding written from then on, until ctx ends or the watch fails. The watch starts from the
+// first page's revision, so a binding written during the read is reported (perhaps twice);
+// later pages read the newest data, so a long read meets no compaction. A binding's key that
+// does not parse is passed with an empty user.
 func FollowBindings(ctx context.Context, c *Client, fn func(sale, user, region string)) error {
 	from, end := bindPrefix, clientv3.GetPrefixRangeEnd(bindPrefix)
 	var rev int64
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(bindScanPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev)) // every page of one revision
-		}
-		resp, err := c.c.Get(ctx, from, opts...)
+		resp, err := c.c.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(bindScanPage))
 		if err != nil {
 			return fmt.Errorf("read bindings: %w", err)
 		}
-		rev = resp.Header.Revision
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
 		for _, kv := range resp.Kvs {
 			sale, user := splitBind(string(kv.Key))
 			fn(sale, user, string(kv.Value))
@@ -286,6 +291,11 @@ func FollowBindings(ctx context.Context, c *Client, fn func(sale, user, region s
 			break
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(bindScanPause):
+		}
 	}
 	wch := c.c.Watch(ctx, bindPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	for wr := range wch {
