@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis chromium etcdctl build proto proto-check vet test demo clean fuzz chaos sim readme shoppers http-bench metrics-check
+.PHONY: pg redis chromium etcdctl build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -57,7 +57,7 @@ etcdctl:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, proto-check, vet, fuzz and metrics-check
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz and metrics-check
 test: pg redis chromium etcdctl
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
@@ -73,11 +73,12 @@ test: pg redis chromium etcdctl
 		./admission/ ./region/regionhttp/ ./region/; \
 	step flood env QUOTA_FLOOD=1 GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestStorefrontFloodIsBounded|TestStorefrontFloodLatency)$$' ./cmd/internal/cluster/; \
 	step readme $(MAKE) --no-print-directory readme; \
+	step docs-examples $(MAKE) --no-print-directory docs-examples; \
 	step proto-check scripts/proto-check.sh; \
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
-	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
+	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
@@ -119,6 +120,10 @@ metrics-check:
 ## readme: run the README's manual session as written against a fresh quotad dev (scripts/readme-session.sh)
 readme: pg build
 	scripts/readme-session.sh
+
+## docs-examples: run every quotactl and curl example of README.md and docs/*.md against a fresh quotad dev per document (scripts/docs-examples.sh; a block marked `<!-- examples: skip: reason -->` is listed, not run)
+docs-examples: pg build
+	scripts/docs-examples.sh
 
 ## shoppers: the storefront acceptance at full size: 100,000 shoppers over three regions' HTTP waiting rooms for 10,000 units
 shoppers: pg

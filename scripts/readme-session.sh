@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the README's manual session as written: starts `quotad dev` (terminal 1) in a scratch
 # directory, then runs every command of the README's terminal 2 block in order, exactly as
-# the README has it, except the confirm's example hold id, which is replaced with the one the
-# reserve printed. Fails on the first command that fails, or if the audit is not clean.
+# the README has it, except the confirm's <hold_id>, which is replaced with the one the
+# reserve printed (scripts/docs-examples.sh runs every other example of the docs). Fails on the first command that fails, or if the audit is not clean.
 #
 # It differs from the README in one way only: quotad dev gets a database prefix of its own
 # (quota_readme_<random>), so it never touches a developer's quota_* databases; they are

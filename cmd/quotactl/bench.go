@@ -57,9 +57,8 @@ reservations/s is highest, every variant at that same concurrency, and are also 
 each concurrency. With (g) and (h), (d)/(g) (target >= 1) and (d)/(h) (target >= 0.6) are
 printed too; after each, the bench checks on the server that the units held equal the units
 acknowledged and never exceed the stock, that no user is above the limit, and that a retry
-of a taken request replays its hold. Figures in docs/benchmarks.md: on 2 idle cores, the
-last example with --rounds 3 gave (d)/(g) 1.058 and (d)/(h) 0.992 at 256 callers (11,986
-reservations/s against 11,332 and 12,087 takes/s) and 1.200 and 1.066 at 1,024, oversell 0.`,
+of a taken request replays its hold. The figures, with the commands that measured them, are
+in docs/benchmarks.md.`,
 		Example: `  quotactl bench
   quotactl bench --rounds 5
   quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
