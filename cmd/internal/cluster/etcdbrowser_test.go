@@ -42,6 +42,7 @@ async function attack(etcd) {
 // --insecure (what every etcd did before), the same page writes the binding: the test sees a
 // write when there is one.
 func TestEtcdRefusesAWebPage(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	browser := newBrowser(t)
 	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

@@ -40,6 +40,7 @@ func etcdAs(t *testing.T, d *cluster.Dev, id etcdattack.Identity, args ...string
 // clean audit. A region's own etcd user may
 // not touch another region's election, the coordinator's, or the stock flags either.
 func TestEtcdWritesAreRefused(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu", "ap")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -164,6 +165,7 @@ func sellEach(t *testing.T, ctx context.Context, rcs map[string]quotav1.RegionSe
 // a SKU with stock, and a sold-out SKU's flags deleted. The coordinator leader sees each
 // differ from the books and publishes the truth again within a few seconds.
 func TestFalseFlagsAreCorrected(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -206,6 +208,7 @@ func TestFalseFlagsAreCorrected(t *testing.T) {
 // sale with no unit at the region does close its room there, which shows the region has seen
 // the flags.
 func TestDrainedFlagTheBooksContradict(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu")
 	createWaitingSale(t, d, "rush", 10, 1000, map[string]int64{"us": 1})
 	createWaitingSale(t, d, "far", 10, 1000, map[string]int64{"eu": 1}) // nothing at us
@@ -233,6 +236,7 @@ func TestDrainedFlagTheBooksContradict(t *testing.T) {
 // as its administrator, would turn its buyer away at every region; the coordinator leader
 // removes it within seconds, and the buyer then reserves.
 func TestForeignBindingIsRemoved(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -261,6 +265,7 @@ func TestForeignBindingIsRemoved(t *testing.T) {
 // server (a false or stale leader address) are refused as a conflict naming both regions, and
 // change nothing at eu; sent to us they are served.
 func TestMisdirectedParticipantCallIsRefused(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

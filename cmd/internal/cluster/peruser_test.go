@@ -68,6 +68,7 @@ func grpcBoundRegion(err error) string {
 // regions, all at the one region the buyer is bound to in etcd, and every other region
 // answers BOUND_ELSEWHERE naming it.
 func TestPerUserLimitHoldsAcrossRegions(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
 	d := startDev(t, "us", "eu", "ap")
 	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	hc := httpClient(t, trust.Storefront)
