@@ -136,12 +136,3 @@ func ensureUser(ctx context.Context, a clientv3.Auth, user, role string) error {
 	}
 	return nil
 }
-
-// AuthEnabled reports whether etcd checks users and roles.
-func AuthEnabled(ctx context.Context, c *Client) (bool, error) {
-	resp, err := c.c.Auth.AuthStatus(ctx)
-	if err != nil {
-		return false, fmt.Errorf("etcd auth status: %w", err)
-	}
-	return resp.Enabled, nil
-}
