@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -27,6 +28,13 @@ const DefaultBindRetention = 7 * 24 * time.Hour
 // MaxBindLeases is how many sales' leases a Binder remembers at most. A sale it forgot gets a
 // new lease on its next bind; records already written keep the lease they carry.
 const MaxBindLeases = 1024
+
+// MaxBindsPerLease is how many bind records a Binder attaches to one lease at most; the sale's
+// next bind gets a new lease. With authentication on, etcd checks the writer's permission for
+// every key already on a lease each time another is put on it (and for every bind attempt,
+// even one that only reads the record back): a lease shared by all of a sale's buyers makes
+// each bind cost as many checks as there are buyers, and the sale's binds quadratic.
+const MaxBindsPerLease = 64
 
 // LeaseID names an etcd lease a bind record is attached to; NoLease attaches none.
 type LeaseID int64
@@ -128,6 +136,7 @@ type saleLease struct {
 	id      LeaseID
 	expires time.Time // no earlier than etcd's expiry of the lease
 	err     error
+	used    atomic.Int64 // binds given this lease, up to MaxBindsPerLease
 }
 
 // NewBinder returns a Binder writing through c whose records last at least retention after
@@ -188,8 +197,9 @@ func (b *Binder) isClosed() bool {
 	return b.closed
 }
 
-// lease returns sale's lease, granting it when the Binder has none, or only one that expires
-// within the retention. One caller grants; the others wait for its answer.
+// lease returns sale's lease, granting it when the Binder has none, only one that expires
+// within the retention, or one that has MaxBindsPerLease binds. One caller grants; the others
+// wait for its answer.
 func (b *Binder) lease(ctx context.Context, sale string) (*saleLease, error) {
 	for {
 		b.mu.Lock()
@@ -206,10 +216,10 @@ func (b *Binder) lease(ctx context.Context, sale string) (*saleLease, error) {
 			case <-ctx.Done():
 				return nil, fmt.Errorf("lease for sale %s: %w", sale, ctx.Err())
 			}
-			if sl.err == nil && sl.expires.Sub(time.Now()) >= b.retention {
+			if sl.err == nil && sl.expires.Sub(time.Now()) >= b.retention && sl.used.Add(1) <= MaxBindsPerLease {
 				return sl, nil
 			}
-			b.forget(sl) // too old, or its grant failed (with the granter's ctx): grant anew
+			b.forget(sl) // too old, full, or its grant failed (with the granter's ctx): grant anew
 			continue
 		}
 		sl := &saleLease{sale: sale, ready: make(chan struct{})}
@@ -220,6 +230,7 @@ func (b *Binder) lease(ctx context.Context, sale string) (*saleLease, error) {
 			b.forget(sl)
 			return nil, sl.err
 		}
+		sl.used.Add(1)
 		return sl, nil
 	}
 }

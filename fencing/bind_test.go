@@ -22,6 +22,7 @@ import (
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/testnet"
+	"github.com/quotaworks/quota/internal/trust"
 )
 
 // startBindEtcd starts an embedded etcd for the test and returns its client URL.
@@ -161,7 +162,7 @@ func TestBindConcurrentRegionsAgree(t *testing.T) {
 	}
 }
 
-// TestBindRecordsCarryTheSaleLease: a sale's records carry one lease, granted once with a
+// TestBindRecordsCarryTheSaleLease: a sale's first records carry one lease, granted once with a
 // TTL of at least the retention; a sale of its own gets a lease of its own.
 func TestBindRecordsCarryTheSaleLease(t *testing.T) {
 	ctx := context.Background()
@@ -329,24 +330,39 @@ func settleGoroutines() {
 //	go test -run '^$' -bench BenchmarkBind -benchtime 20000x ./fencing/
 //
 // members=1 is the embedded single member tests use; members=3 a three-member cluster (as
-// deploy/local runs), all on this machine's one disk.
+// deploy/local runs), all on this machine's one disk; members=1,auth the single member with
+// TLS and authentication on, each region binding as its own etcd user, as quotad dev runs.
 func BenchmarkBind(b *testing.B) {
-	b.Run("members=1", func(b *testing.B) { benchBind(b, []string{startBindEtcd(b)}) })
-	b.Run("members=3", func(b *testing.B) { benchBind(b, startBindCluster(b)) })
+	b.Run("members=1", func(b *testing.B) {
+		url := startBindEtcd(b)
+		benchBind(b, url, func(string) *fencing.Client { return dialBind(b, url) })
+	})
+	b.Run("members=3", func(b *testing.B) {
+		urls := startBindCluster(b)
+		benchBind(b, urls[0], func(string) *fencing.Client {
+			c, err := fencing.Dial(urls, 5*time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Close() })
+			return c
+		})
+	})
+	b.Run("members=1,auth", func(b *testing.B) {
+		e := startAuthEtcd(b, "us", "eu", "ap")
+		benchBind(b, "", func(region string) *fencing.Client { return e.dial(b, trust.EtcdRegion(region)) })
+	})
 }
 
-func benchBind(b *testing.B, endpoints []string) {
+// benchBind runs the benchmark with each region's client from dial; metricsURL, when set, is
+// the member whose WAL fsyncs are reported.
+func benchBind(b *testing.B, metricsURL string, dial func(region string) *fencing.Client) {
 	const callers, maxBinds, maxTime = 64, 30000, 20 * time.Second
 	regions := []string{"us", "eu", "ap"}
 	n := int64(min(b.N, maxBinds))
 	binders := make([]*fencing.Binder, len(regions))
 	for r := range regions {
-		c, err := fencing.Dial(endpoints, 5*time.Second)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		binders[r] = fencing.NewBinder(c, fencing.DefaultBindRetention)
+		binders[r] = fencing.NewBinder(dial(regions[r]), fencing.DefaultBindRetention)
 		if _, err := binders[r].Bind(context.Background(), "bench", "warm-"+regions[r], regions[r]); err != nil {
 			b.Fatal(err) // grants the sale's lease and warms the connection
 		}
@@ -356,7 +372,10 @@ func benchBind(b *testing.B, endpoints []string) {
 	var next, done atomic.Int64
 	lat := make([][]time.Duration, len(regions)*callers)
 	var wg sync.WaitGroup
-	fsync0 := walFsync(b, endpoints[0])
+	var fsync0 fsyncs
+	if metricsURL != "" {
+		fsync0 = walFsync(b, metricsURL)
+	}
 	b.ResetTimer()
 	cpu0 := cpuSeconds()
 	start := time.Now()
@@ -390,7 +409,11 @@ func benchBind(b *testing.B, endpoints []string) {
 	b.ReportMetric(float64(done.Load())/elapsed.Seconds(), "binds/s")
 	b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
-	if fsync1 := walFsync(b, endpoints[0]); fsync1.count > fsync0.count {
+	fsync1 := fsync0
+	if metricsURL != "" {
+		fsync1 = walFsync(b, metricsURL)
+	}
+	if fsync1.count > fsync0.count {
 		b.ReportMetric(1000*(fsync1.sum-fsync0.sum)/(fsync1.count-fsync0.count), "wal-fsync-ms")
 		b.ReportMetric(float64(done.Load())/(fsync1.count-fsync0.count), "binds/fsync")
 	}
