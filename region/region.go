@@ -84,6 +84,20 @@ type Config struct {
 	// Metrics receives the region's counts (reservations by outcome, batches, fences) for
 	// the process's Prometheus metrics; default: counted nowhere.
 	Metrics Metrics
+	// Bind records, once per (sale, user) across the cluster, the region a buyer is bound to,
+	// and returns the region recorded: this one, or the one that came first
+	// (fencing.Binder.Bind). In a sale without a waiting room a buyer's first reservation here
+	// binds them before it is decided (binding.go; a sale with one binds at admission,
+	// DoorConfig.Bind), so the per-user limit holds across regions. Nil: no binding (a
+	// cluster of one region).
+	Bind func(ctx context.Context, sale, user, region string) (string, error)
+	// MaxBindings bounds the bindings the region remembers, so that only a buyer's first
+	// reservation here reaches etcd; one forgotten costs one more etcd transaction at the
+	// buyer's next reservation. Default 200,000.
+	MaxBindings int
+	// BindsInFlight bounds the binding writes reservations have under way at once; default 64
+	// (as many as the front door's admissions, DoorConfig.BindsInFlight).
+	BindsInFlight int
 }
 
 // DefaultMaxKeysPerUser is Config.MaxKeysPerUser's default.
@@ -141,6 +155,9 @@ func (c *Config) Validate() error {
 	}
 	if c.StandbyRefresh > 0 && c.StandbyRefresh < time.Millisecond {
 		return fmt.Errorf("standby refresh %s: must be at least 1ms, or negative for none", c.StandbyRefresh)
+	}
+	if err := c.validateBinding(); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -225,6 +242,9 @@ type Region struct {
 	// paused is the leader's committed pauses (pause.go), for the answers given without the
 	// writer (an empty pool's); nil when not leading.
 	paused atomic.Pointer[pauseSet]
+	// binds is what this region knows of its buyers' bindings (binding.go); nil when it binds
+	// no one (Config.Bind unset).
+	binds *bindings
 }
 
 // New builds a region on pool, whose schema must be migrated (Migrate).
@@ -233,7 +253,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Region, error) {
 		return nil, err
 	}
 	return &Region{cfg: cfg, pool: pool, avail: map[poolKey]*atomic.Int64{}, inWriterKeys: map[keyKey]int{}, warmSem: make(chan struct{}, 1),
-		aside: newAsideBook()}, nil
+		aside: newAsideBook(), binds: newBindings(cfg)}, nil
 }
 
 // Name is the region's name.

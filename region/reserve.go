@@ -57,6 +57,9 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		}
 		return ReserveResult{}, err
 	}
+	if err := r.boundElsewhere(t, req); err != nil {
+		return ReserveResult{}, err
+	}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {
 		if req.fromAside == 0 {
 			avail -= min(r.aside.of(poolKey{req.Sale, req.SKU}), avail) // an open buyer may not take the waitlist's units
@@ -65,8 +68,14 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 			return r.reserveWhenEmpty(ctx, req, k, avail)
 		}
 	}
+	// The buyer is bound to this region before the writer decides (binding.go): a hold is
+	// never acknowledged to a buyer not bound here.
+	unbound, err := r.bindBuyer(ctx, t, req)
+	if err != nil {
+		return ReserveResult{}, err
+	}
 	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
-		ticket: admitted}
+		ticket: admitted, unbound: unbound}
 	res, err := r.reserveInWriter(ctx, w, k, o)
 	for range maxLookups {
 		if !errors.Is(err, errKeyRetired) && !errors.Is(err, errBuyerArchived) {
@@ -327,6 +336,9 @@ type reserveOp struct {
 	from  *memState
 	// ticket is the request's verified admission ticket, in a sale with a waiting room.
 	ticket admission.Ticket
+	// unbound says the binding step left the buyer unbound, the sale being paused
+	// (Region.bindBuyer): the op may replay a granted hold or be refused, never take.
+	unbound bool
 }
 
 // apply is the atomic conditional take, decided in memory by the single writer: the pool's
@@ -358,6 +370,10 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	}
 	if err := b.m.paused.refuse(req); err != nil {
 		return nil, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
+	}
+	if o.unbound {
+		return nil, fmt.Errorf("sale %s was resumed while the reservation was on its way, its buyer not yet bound to this region: %w",
+			req.Sale, ErrAborted), nil
 	}
 	pk := poolKey{req.Sale, req.SKU}
 	p := b.m.pools[pk]

@@ -28,7 +28,8 @@ func benchCmd() *cobra.Command {
   (c) the stock over K bucket rows: random start bucket, roll over to the next non-empty one,
       hold INSERT; once per --buckets K, the best K reported
   (d) RegionService.Reserve over gRPC on an in-process cluster (embedded etcd, coordinator,
-      one region holding the whole stock), distinct users
+      one region holding the whole stock), distinct users: each call a new buyer's first
+      reservation, which binds the buyer to the region in etcd before it is decided
   (e) the gRPC health check on the same region server: the transport's ceiling
   (f) Reserve on that region once its pool is empty: every answer must be REGION_EXHAUSTED
   (g) the peer a storefront would build instead: the same take as a Redis Lua script (per-user
@@ -37,6 +38,10 @@ func benchCmd() *cobra.Command {
       appendonly yes with appendfsync always (durable before the answer), one connection per
       caller; not run by default (--variants d,g,h); needs redis-server (scripts/redis-setup.sh)
   (h) the same with appendfsync everysec (can lose the last second)
+  (i) (d) on a cluster of its own whose region has no metrics: what they cost (--variants d,i)
+  (j) (d) on a cluster of its own whose region binds no buyer at their first reservation: what
+      the binding's etcd write costs, every call of (d) being a new buyer's first reservation
+      (--variants d,j); printed beside (d) as d/j, with no target
 (a)-(d), (g) and (h) each start with --stock units and run until sold out (capped by --duration); (e)
 and (f) make --probe-ops calls (default 5 × --stock). Each variant's warm-up (--warmup or
 --warmup-ops, whichever ends first) is excluded from rates and latencies. (a)-(c) each get a
@@ -58,7 +63,8 @@ in docs/benchmarks.md.`,
   quotactl bench --rounds 5
   quotactl bench --variants d,e,f --stock 300000 --probe-ops 300000 --concurrency 64,256,512,1024 --rounds 3
   quotactl bench --variants b,d,e --stock 5000 -o json
-  quotactl bench --variants d,g,h --concurrency 256,1024 --stock 100000`,
+  quotactl bench --variants d,g,h --concurrency 256,1024 --stock 100000
+  quotactl bench --variants d,j --concurrency 256 --stock 100000 --rounds 3`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runBench),
 	}
@@ -71,7 +77,7 @@ in docs/benchmarks.md.`,
 	f.Int64("warmup-ops", 0, "operations excluded as warm-up; default min(300, stock/10)")
 	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
 	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_<pid>_<n>")
-	f.String("variants", strings.Join(bench.DefaultVariants, ","), "variants to run, of a,b,c,d,e,f,g,h")
+	f.String("variants", strings.Join(bench.DefaultVariants, ","), "variants to run, of a,b,c,d,e,f,g,h,i,j")
 	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")
 	f.Int("sql-conns", 0, "pgx pool size of (a)-(c); default min(concurrency, 64)")
 	f.String("redis-server", "", "(g), (h): the redis-server binary; default redis-server on PATH, else /usr/bin/redis-server")
@@ -140,7 +146,7 @@ func benchConfig(e *env) (bench.Config, error) {
 	}
 	cfg.Variants = splitList(e.v.GetString("variants"))
 	if len(cfg.Variants) == 0 {
-		return cfg, usage("--variants: name at least one of a,b,c,d,e,f,g,h")
+		return cfg, usage("--variants: name at least one of a,b,c,d,e,f,g,h,i,j")
 	}
 	for _, s := range splitList(e.v.GetString("buckets")) {
 		k, err := strconv.Atoi(s)
@@ -259,6 +265,11 @@ func printBench(w io.Writer, rep *bench.Report) {
 	printRatios(w, rep)
 	if hint := peakHint(rep); hint != "" {
 		fmt.Fprintf(w, "\n%s\n", hint)
+	}
+	if b := rep.Binding; b != nil {
+		fmt.Fprintf(w, "\nbinding each new buyer in etcd at their first reservation, (d) beside (j) at %d callers: %.0f against %.0f reservations/s (d/j %.3f),\n"+
+			"  p99 %.2f against %.2f ms, %.1f against %.1f µs of this process's CPU per reservation\n",
+			b.Concurrency, b.PerSecD, b.PerSecJ, b.Ratio, b.P99D, b.P99J, b.ProcessCPUPerOpD, b.ProcessCPUPerOpJ)
 	}
 	if b := rep.Budget; b != nil {
 		fmt.Fprintf(w, "\n(d)/(e) ≈ utilization × cost = %.3f × %.3f: the machine was %.1f %% busy during (d), %.1f %% during (e);\n"+

@@ -30,7 +30,8 @@ func saleCmd() *cobra.Command {
 	f := create.Flags()
 	f.String("sale", "", "sale id (required)")
 	f.StringArray("sku", nil, "a SKU and its total units as sku=units; repeat the flag per SKU (required)")
-	f.Int64("per-user-limit", 2, "most units of each SKU one user may hold or buy")
+	f.Int64("per-user-limit", 2, "most units of each SKU one user may hold or buy, across every region: each buyer is bound to\n"+
+		"one region per sale, at admission with --admit-rate, else at their first reservation")
 	f.Duration("hold-ttl", 2*time.Minute, "how long a hold waits for payment")
 	f.String("opens-at", "", "when reservations open (RFC3339); default now")
 	f.Int64("admit-rate", 0, "the waiting room: buyers admitted per second at each region, each with a ticket for one\n"+

@@ -37,9 +37,9 @@ var (
 	// lost). It is never a failure: the caller asks again with the same idempotency key or id.
 	ErrUnknownOutcome = errors.New("outcome unknown: ask again with the same key")
 	// ErrAborted: the request was not carried out because something else failed with it
-	// (the region's batch it was decided in did not commit, surely); nothing changed, and
-	// asking again with the same key or id is safe.
-	ErrAborted = errors.New("not carried out: its batch failed; ask again")
+	// (the region's batch it was decided in did not commit, surely; the buyer's binding could
+	// not be written); nothing changed, and asking again with the same key or id is safe.
+	ErrAborted = errors.New("not carried out, nothing changed: ask again")
 	// ErrUnauthenticated: the call came without a client certificate the cluster trusts.
 	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrPermissionDenied: the caller's role may not make this call (trust.Methods).
@@ -56,7 +56,8 @@ var (
 	ErrTicketInvalid = errors.New("ticket invalid")
 	// ErrTicketUsed: the admission ticket already backs a reservation with another request key.
 	ErrTicketUsed = errors.New("ticket used")
-	// ErrBoundElsewhere: the buyer is admitted to this sale at another region, which alone
+	// ErrBoundElsewhere: the buyer is bound to another region for this sale (at their
+	// admission, or their first reservation in a sale without a waiting room), which alone
 	// serves them (the global per-user limit); BoundError names it.
 	ErrBoundElsewhere = errors.New("buyer bound to another region")
 )
@@ -124,7 +125,7 @@ type BoundError struct {
 
 // Error names the sale and the region that serves the buyer.
 func (e *BoundError) Error() string {
-	return fmt.Sprintf("sale %s: this buyer was admitted at region %s, which alone serves them", e.Sale, e.Region)
+	return fmt.Sprintf("sale %s: this buyer is bound to region %s, which alone serves them", e.Sale, e.Region)
 }
 
 // Unwrap makes errors.Is(err, ErrBoundElsewhere) hold.

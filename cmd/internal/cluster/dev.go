@@ -50,6 +50,9 @@ type DevConfig struct {
 	NoMetrics bool
 	// Limits bound what every listener accepts (zero fields: the defaults).
 	Limits rpcserve.Limits
+	// NoBindAtReserve runs the regions without binding buyers at their first reservation
+	// (RegionConfig.NoBindAtReserve).
+	NoBindAtReserve bool
 	// Auto is the coordinator's automatic rebalancer (CoordinatorConfig.Auto).
 	Auto coordinator.AutoRebalance
 	// CertsDir holds the cluster's certificates; whatever is missing is created at start
@@ -291,7 +294,8 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 				return err
 			}
 			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
-				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics, Limits: cfg.Limits}, etcd)
+				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics, Limits: cfg.Limits,
+				NoBindAtReserve: cfg.NoBindAtReserve}, etcd)
 			return err
 		})
 		if err != nil {

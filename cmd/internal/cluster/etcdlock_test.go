@@ -36,7 +36,8 @@ func etcdAs(t *testing.T, d *cluster.Dev, id etcdattack.Identity, args ...string
 // TestEtcdWritesAreRefused replays with etcdctl every etcd write that hurt a sale while etcd
 // trusted anyone who reached it, with no certificate and with each client certificate of the
 // cluster's CA, against quotad dev's embedded etcd: each is refused, etcd holds what it held,
-// and the sale then sells exactly its stock with a clean audit. A region's own etcd user may
+// no buyer gets past the per-user limit, and the sale then sells exactly its stock with a
+// clean audit. A region's own etcd user may
 // not touch another region's election, the coordinator's, or the stock flags either.
 func TestEtcdWritesAreRefused(t *testing.T) {
 	t.Parallel() // its own cluster, no time bound
@@ -83,6 +84,12 @@ func TestEtcdWritesAreRefused(t *testing.T) {
 
 	if _, err := rcs["eu"].Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "victim-1", Quantity: 1, RequestKey: "v1"}); err != nil {
 		t.Fatalf("victim-1 at eu after the attacks: %v", err)
+	}
+	for _, r := range []string{"eu", "ap"} { // the per-user limit of 2 holds across regions
+		_, err := rcs[r].Reserve(ctx, &quotav1.ReserveRequest{SaleId: "s", Sku: "phone", UserId: "greedy-2", Quantity: 2, RequestKey: "g-" + r})
+		if apierr.Reason(err) != "BOUND_ELSEWHERE" {
+			t.Errorf("greedy-2 at %s after the attacks: %v; want BOUND_ELSEWHERE (bound to us, 2 units held there)", r, err)
+		}
 	}
 	sold := sellEach(t, ctx, rcs) + 1 + 2
 	if _, err := rcs["us"].Confirm(ctx, &quotav1.ConfirmRequest{HoldId: greedy.GetReservation().GetHoldId(), PaymentId: "pay-g"}); err != nil {

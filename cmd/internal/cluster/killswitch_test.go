@@ -121,7 +121,7 @@ func TestKillSwitchStopsALoadWithinASecond(t *testing.T) {
 		rcs[name] = quotav1.NewRegionServiceClient(dial(t, n.Addr(), trust.Storefront))
 		regions = append(regions, loadgen.Region{Name: name, Addr: n.Addr(), Weight: 1})
 		for _, u := range []string{"early-pay", "early-release"} {
-			res, err := ksReserve(ctx, rcs[name], "k", u)
+			res, err := ksReserve(ctx, rcs[name], "k", u+"-"+name) // a buyer per region: each is bound to one
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +140,7 @@ func TestKillSwitchStopsALoadWithinASecond(t *testing.T) {
 		if _, err := rc.Release(ctx, &quotav1.ReleaseRequest{HoldId: early[name][1]}); err != nil {
 			t.Fatalf("release at %s while paused: %v", name, err)
 		}
-		wantPausedAt(t, ctx, rc, name, "k", "late", false)
+		wantPausedAt(t, ctx, rc, name, "k", "late-"+name, false)
 	}
 	st := <-done
 	t.Logf("load: %d buyers, %d granted, %d paused, %d confirmed, %d released, %d failed (%s)", st.Buyers, st.Granted, st.Paused,
@@ -161,7 +161,7 @@ func TestKillSwitchStopsALoadWithinASecond(t *testing.T) {
 		t.Fatalf("resume: %v, %v; want every region reached and nothing paused", resp, err)
 	}
 	for name, rc := range rcs {
-		if _, err := ksReserve(ctx, rc, "k", "after-resume"); err != nil {
+		if _, err := ksReserve(ctx, rc, "k", "after-resume-"+name); err != nil {
 			t.Fatalf("reserve at %s after the resume: %v", name, err)
 		}
 	}
@@ -333,6 +333,7 @@ func TestPauseReachesACutOffRegionLater(t *testing.T) {
 		t.Fatalf("the sale's pauses: %v; want the whole sale paused, not yet at eu", ps)
 	}
 	wantPausedAt(t, ctx, tc.region("us"), "us", "cut", "u1", true)
+	// us refused u1 PAUSED without binding them: eu may take them.
 	if _, err := ksReserve(ctx, tc.region("eu"), "cut", "u1"); err != nil {
 		t.Fatalf("eu, not reached, still sells (as documented): %v", err)
 	}
@@ -357,7 +358,7 @@ func TestPauseReachesACutOffRegionLater(t *testing.T) {
 	if _, err := ksReserve(ctx, tc.region("us"), "cut", "u2"); err != nil {
 		t.Fatalf("us after the resume: %v", err)
 	}
-	wantPausedAt(t, ctx, tc.region("eu"), "eu, the resume not delivered", "cut", "u2", true)
+	wantPausedAt(t, ctx, tc.region("eu"), "eu, the resume not delivered", "cut", "e2", true)
 	tc.proxies["eu"].Heal()
 	healed := time.Now()
 	waitFor(t, "eu to be resumed by the coordinator's retries", 15*time.Second, func() bool {

@@ -4,6 +4,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -51,7 +52,12 @@ type RegionConfig struct {
 	BindRetention time.Duration
 	// Limits bound what the gRPC server and the HTTP edge accept (zero fields: the defaults).
 	Limits rpcserve.Limits
-	Logger *slog.Logger
+	// NoBindAtReserve leaves out the binding of a buyer at their first reservation in a sale
+	// without a waiting room (region.Config.Bind), so the per-user limit of such a sale holds
+	// per region only: for the benchmark that measures what the binding costs. Admissions to
+	// a waiting room bind as ever.
+	NoBindAtReserve bool
+	Logger          *slog.Logger
 }
 
 // RegionNode is a running region: database, gRPC server and a campaign for leadership.
@@ -152,10 +158,13 @@ func (n *RegionNode) stopEdge() {
 	if n.Door != nil {
 		n.Door.Close()
 	}
-	if n.binder != nil {
-		if err := n.binder.Close(); err != nil {
-			n.cfg.Logger.Warn("closing the buyer bindings", "region", n.cfg.Region.Name, "err", err)
-		}
+	closeBinder(n.binder, n.cfg)
+}
+
+// closeBinder closes the buyer bindings' writer: the region and its door bind no one after.
+func closeBinder(b *fencing.Binder, cfg RegionConfig) {
+	if err := b.Close(); err != nil {
+		cfg.Logger.Warn("closing the buyer bindings", "region", cfg.Region.Name, "err", err)
 	}
 }
 
@@ -185,8 +194,13 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	if nm.off = cfg.NoMetrics; !nm.off {
 		cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
 	}
+	binder := fencing.NewBinder(etcd, cmp.Or(cfg.BindRetention, fencing.DefaultBindRetention))
+	if !cfg.NoBindAtReserve {
+		cfg.Region.Bind = binder.Bind
+	}
 	r, db, err := openRegion(ctx, cfg)
 	if err != nil {
+		closeBinder(binder, cfg)
 		return nil, err
 	}
 	registerRegion(nm.reg, r)
@@ -194,10 +208,11 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger,
 		Guards: []grpc.UnaryServerInterceptor{rpcserve.AddressedTo(cfg.Region.Name)}}))
 	if err != nil {
+		closeBinder(binder, cfg)
 		db.Close()
 		return nil, err
 	}
-	n := &RegionNode{R: r, Server: srv, DB: db, Metrics: nm.reg, metrics: nm, etcd: etcd, cfg: cfg}
+	n := &RegionNode{R: r, Server: srv, DB: db, Metrics: nm.reg, metrics: nm, binder: binder, etcd: etcd, cfg: cfg}
 	rs := &regionrpc.Server{R: r}
 	if err := n.openEdge(rs, keys); err != nil {
 		srv.Stop()
@@ -261,11 +276,6 @@ func coordinatorGeneration(etcd *fencing.Client) func(ctx context.Context) (int6
 func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
 	cfg := n.cfg
 	if keys != nil {
-		retention := cfg.BindRetention
-		if retention == 0 {
-			retention = 7 * 24 * time.Hour
-		}
-		n.binder = fencing.NewBinder(n.etcd, retention)
 		door, err := region.NewDoor(n.R, region.DoorConfig{Keys: keys.get, Bind: n.binder.Bind, Logger: cfg.Logger})
 		if err != nil {
 			return err

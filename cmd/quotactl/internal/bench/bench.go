@@ -11,7 +11,10 @@
 //	(f) Reserve on that region once its pool is empty: the sold-out path;
 //	(g) the peer a storefront would build instead: the same take as a Redis Lua script on a
 //	    redis-server the bench starts, its append-only file fsynced before every answer;
-//	(h) the same with the append-only file fsynced once a second.
+//	(h) the same with the append-only file fsynced once a second;
+//	(i) (d) on a region without metrics; (j) (d) on a region that binds no buyer at their
+//	    first reservation: what the binding's etcd write costs (every call of (d) is a new
+//	    buyer's first reservation).
 //
 // Every stock variant ((a)–(d), (g), (h)) starts from the same stock and runs until it is sold out, bounded
 // by a duration cap and an operation budget; (e) and (f) run a fixed number of calls, also
@@ -59,6 +62,10 @@ const (
 	// VariantRegionBare is (d) on a region without metrics: what the metrics cost the hot
 	// path, side by side.
 	VariantRegionBare = "i"
+	// VariantRegionUnbound is (d) on a region that binds no buyer at their first reservation
+	// (cluster.RegionConfig.NoBindAtReserve): what that binding's etcd write costs, side by
+	// side, since every call of (d) is a new buyer's first reservation.
+	VariantRegionUnbound = "j"
 )
 
 // Defaults of Config.Duration and Config.Warmup.
@@ -69,7 +76,7 @@ const (
 
 // AllVariants lists every variant in run order.
 var AllVariants = []string{VariantForUpdate, VariantConditional, VariantBuckets, VariantRegion, VariantNoop, VariantSoldOut,
-	VariantRedisAlways, VariantRedisEverysec, VariantRegionBare}
+	VariantRedisAlways, VariantRedisEverysec, VariantRegionBare, VariantRegionUnbound}
 
 // DefaultVariants are the ones a run without Variants runs: every one but the Redis peer,
 // which needs redis-server installed.
@@ -256,7 +263,7 @@ func (c *Config) checkVariants() error {
 	seen := map[string]bool{}
 	for _, v := range c.Variants {
 		if !slices.Contains(AllVariants, v) {
-			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f, g, h, i", v)
+			return fmt.Errorf("variants: %q is not one of a, b, c, d, e, f, g, h, i, j", v)
 		}
 		if seen[v] {
 			return fmt.Errorf("variants: %q listed twice", v)
@@ -446,6 +453,9 @@ type Report struct {
 	// Budget splits (d)/(e) into how busy each kept the machine and what one operation cost
 	// it; nil without both variants' machine figures.
 	Budget *Budget `json:"d_over_e_budget,omitempty"`
+	// Binding is (d) beside (j): what binding each new buyer in etcd costs; nil unless both
+	// ran.
+	Binding *BindingCost `json:"binding_cost,omitempty"`
 }
 
 // Run runs the configured variants one after another and reports them. Every database it
@@ -528,9 +538,9 @@ func runRound(ctx context.Context, cfg Config, dbs *databases, round int) ([]Var
 	return out, nil
 }
 
-// runRegions runs the in-process cluster's variants: (d)–(f) on one cluster, (i) on one of
-// its own. When both (d) and (i) run, even rounds run (i) first, so that neither always pays
-// for starting first (a fresh process's heap, a cold database).
+// runRegions runs the in-process cluster's variants: (d)–(f) on one cluster, (i) and (j)
+// each on one of its own. Even rounds run them in the reverse order, so that none always
+// pays for starting first (a fresh process's heap, a cold database).
 func runRegions(ctx context.Context, cfg *Config, dbs *databases, round int) ([]VariantResult, error) {
 	var out []VariantResult
 	region := func() error {
@@ -541,27 +551,28 @@ func runRegions(ctx context.Context, cfg *Config, dbs *databases, round int) ([]
 		out = append(out, res...)
 		return err
 	}
-	bare := func() error {
-		if !cfg.wants(VariantRegionBare) {
+	again := func(variant string) func() error {
+		return func() error {
+			if !cfg.wants(variant) {
+				return nil
+			}
+			res, err := runAgain(ctx, cfg, dbs, variant)
+			if err != nil {
+				return fmt.Errorf("variant %s: %w", variant, err)
+			}
+			cfg.progress("%s", res.oneLine())
+			out = append(out, res)
 			return nil
 		}
-		res, err := runBare(ctx, cfg, dbs)
-		if err != nil {
-			return fmt.Errorf("variant %s: %w", VariantRegionBare, err)
-		}
-		cfg.progress("%s", res.oneLine())
-		out = append(out, res)
-		return nil
 	}
-	first, second := region, bare
+	runs := []func() error{region, again(VariantRegionBare), again(VariantRegionUnbound)}
 	if round%2 == 0 {
-		first, second = bare, region
+		slices.Reverse(runs)
 	}
-	if err := first(); err != nil {
-		return nil, err
-	}
-	if err := second(); err != nil {
-		return nil, err
+	for _, run := range runs {
+		if err := run(); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

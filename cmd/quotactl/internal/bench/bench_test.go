@@ -130,6 +130,25 @@ func TestRoundsRunEveryVariantEachRound(t *testing.T) {
 	assertDropped(t, prefix)
 }
 
+// (d) and (j) each sell exactly the stock, each on a cluster of its own, in the reverse
+// order in even rounds, and the binding's cost is reported beside them.
+func TestBindingVariantRunsBesideD(t *testing.T) {
+	const stock = transfer.Units(100)
+	rep, prefix := tinyRun(t, "quota_t_bind_", Config{Concurrency: 4, Stock: stock, Variants: []string{"j", "d"}, Rounds: 2})
+	var got []string
+	for _, v := range rep.Variants {
+		got = append(got, fmt.Sprintf("%s/%d", v.Variant, v.Round))
+		checkVariant(t, v, stock)
+	}
+	if want := "[d/1 j/1 j/2 d/2]"; fmt.Sprint(got) != want {
+		t.Fatalf("variants %v, want %s", got, want)
+	}
+	if b := rep.Binding; b == nil || b.PerSecD <= 0 || b.PerSecJ <= 0 || b.Ratio <= 0 {
+		t.Fatalf("binding cost %+v; want both rates and their ratio", b)
+	}
+	assertDropped(t, prefix)
+}
+
 func TestMedianOf(t *testing.T) {
 	rs := func(xs ...float64) []VariantResult {
 		var out []VariantResult

@@ -26,7 +26,7 @@ type ConcurrencyRatios struct {
 // compared are the variants (medians over the rounds) that one set of ratios compares, all
 // at one concurrency.
 type compared struct {
-	b, c, d, e, f, g, h, i *VariantResult
+	b, c, d, e, f, g, h, i, j *VariantResult
 }
 
 // finish computes the ratios whose variants all ran, over the variants' medians across the
@@ -61,6 +61,37 @@ func (r *Report) finish() {
 	}
 	r.Ratios = ratiosOf(x)
 	r.Budget = budgetOf(x.d, x.e)
+	r.Binding = bindingOf(x.d, x.j)
+}
+
+// BindingCost is (d) beside (j), over each variant's median at the ratios' concurrency: what
+// binding a buyer to the region in etcd at their first reservation costs, every call of (d)
+// being a new buyer's first. It has no target: the binding is what makes the per-user limit
+// hold across regions in a sale without a waiting room.
+type BindingCost struct {
+	Concurrency int `json:"concurrency"`
+	// PerSecD and PerSecJ are the reservations/s with the binding (d) and without (j);
+	// Ratio is PerSecD / PerSecJ.
+	PerSecD float64 `json:"reservations_per_sec_d"`
+	PerSecJ float64 `json:"reservations_per_sec_j"`
+	Ratio   float64 `json:"d_over_j"`
+	// P99D and P99J are the p99 latencies, in ms.
+	P99D float64 `json:"p99_ms_d"`
+	P99J float64 `json:"p99_ms_j"`
+	// ProcessCPUPerOpD and ProcessCPUPerOpJ are the bench process's CPU per reservation, in
+	// µs (clients, region, coordinator and etcd alike).
+	ProcessCPUPerOpD float64 `json:"process_cpu_us_per_op_d"`
+	ProcessCPUPerOpJ float64 `json:"process_cpu_us_per_op_j"`
+}
+
+// bindingOf is the BindingCost of the medians d and j, or nil when either is missing.
+func bindingOf(d, j *VariantResult) *BindingCost {
+	if d == nil || j == nil || j.ReservationsPerSec <= 0 {
+		return nil
+	}
+	return &BindingCost{Concurrency: d.Concurrency, PerSecD: d.ReservationsPerSec, PerSecJ: j.ReservationsPerSec,
+		Ratio: round3(d.ReservationsPerSec / j.ReservationsPerSec), P99D: d.Latency.P99, P99J: j.Latency.P99,
+		ProcessCPUPerOpD: d.ProcessCPUPerOp, ProcessCPUPerOpJ: j.ProcessCPUPerOp}
 }
 
 // concurrencies are the distinct concurrencies the variants ran at, in the order they ran.
@@ -78,7 +109,7 @@ func (r *Report) concurrencies() []int {
 func (r *Report) at(n int) compared {
 	return compared{b: r.medianAt(VariantConditional, n), c: r.bestBuckets(n), d: r.medianAt(VariantRegion, n),
 		e: r.medianAt(VariantNoop, n), f: r.medianAt(VariantSoldOut, n), g: r.medianAt(VariantRedisAlways, n),
-		h: r.medianAt(VariantRedisEverysec, n), i: r.medianAt(VariantRegionBare, n)}
+		h: r.medianAt(VariantRedisEverysec, n), i: r.medianAt(VariantRegionBare, n), j: r.medianAt(VariantRegionUnbound, n)}
 }
 
 // peak is the variant's median at the concurrency among ns where its throughput is highest.

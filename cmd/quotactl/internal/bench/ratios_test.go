@@ -163,3 +163,22 @@ func TestMetricsCostRatio(t *testing.T) {
 		}
 	}
 }
+
+// The binding's cost is (d) beside (j), with no target; none without (j).
+func TestBindingCost(t *testing.T) {
+	rep := &Report{Variants: []VariantResult{sweepResult("d", 64, 15000, 10), sweepResult("j", 64, 20000, 8)}}
+	rep.finish()
+	b := rep.Binding
+	if b == nil || b.Ratio != 0.75 || b.PerSecD != 15000 || b.PerSecJ != 20000 || b.Concurrency != 64 || b.P99D != 10 || b.P99J != 8 {
+		t.Fatalf("binding cost %+v; want d/j 0.75 at 64 callers, 15000 and 20000 reservations/s, p99 10 and 8", b)
+	}
+	for _, r := range rep.Ratios {
+		if r.Name == "d/j" {
+			t.Fatalf("a ratio with a target for the binding: %+v", r)
+		}
+	}
+	alone := &Report{Variants: []VariantResult{sweepResult("d", 64, 15000, 10)}}
+	if alone.finish(); alone.Binding != nil {
+		t.Fatalf("binding cost without (j): %+v", alone.Binding)
+	}
+}

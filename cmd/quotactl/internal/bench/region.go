@@ -37,12 +37,27 @@ type rig struct {
 	db      *pgxpool.Pool // the region's own database
 }
 
+// rigKind is which region a rig runs: the product's, or one left without a part whose cost
+// a variant measures.
+type rigKind int
+
+const (
+	rigFull    rigKind = iota // (d)–(f)
+	rigBare                   // (i): no metrics
+	rigUnbound                // (j): no binding at a buyer's first reservation
+)
+
+// dbInfix is the part of the rig's database names after the run's prefix.
+func (k rigKind) dbInfix() string {
+	return [...]string{"_cl", "_cb", "_cu"}[k]
+}
+
 // runRegion starts the cluster, creates the sale, and runs (d), (e) and (f) as asked. (f)
 // needs the pool empty, so the reservations of (d) run (unreported) even when only (f) is
 // asked for.
 func runRegion(ctx context.Context, cfg *Config, dbs *databases) ([]VariantResult, error) {
 	cfg.progress("starting the in-process cluster (etcd, coordinator, region %s)", benchRegion)
-	g, err := startRig(ctx, cfg, dbs, false)
+	g, err := startRig(ctx, cfg, dbs, rigFull)
 	if err != nil {
 		return nil, err
 	}
@@ -76,23 +91,29 @@ func runRegion(ctx context.Context, cfg *Config, dbs *databases) ([]VariantResul
 	return out, nil
 }
 
-// runBare runs (d) again on a cluster of its own whose region counts nothing for Prometheus
-// and whose gRPC server has no metrics interceptors: (i), the cost of the metrics.
-func runBare(ctx context.Context, cfg *Config, dbs *databases) (VariantResult, error) {
-	cfg.progress("starting the in-process cluster without metrics")
-	g, err := startRig(ctx, cfg, dbs, true)
+// runAgain runs (d) again on a cluster of its own, as variant: (i), whose region counts
+// nothing for Prometheus and whose gRPC server has no metrics interceptors (the cost of the
+// metrics), or (j), whose region binds no buyer at their first reservation (the cost of
+// that binding's etcd write).
+func runAgain(ctx context.Context, cfg *Config, dbs *databases, variant string) (VariantResult, error) {
+	kind, label, without := rigBare, "region Reserve over gRPC, without metrics", "metrics"
+	if variant == VariantRegionUnbound {
+		kind, label, without = rigUnbound, "region Reserve over gRPC, no binding at first reservation", "binding buyers"
+	}
+	cfg.progress("starting the in-process cluster without %s", without)
+	g, err := startRig(ctx, cfg, dbs, kind)
 	if err != nil {
 		return VariantResult{}, err
 	}
 	defer g.close()
 	res, err := g.runReserve(ctx, cfg)
-	res.Variant, res.Label = VariantRegionBare, "region Reserve over gRPC, without metrics"
+	res.Variant, res.Label = variant, label
 	return res, err
 }
 
-// startRig starts an all-in-one cluster with one region on free ports, creates the sale with
-// cfg.Stock units in that region, and connects a client.
-func startRig(ctx context.Context, cfg *Config, dbs *databases, noMetrics bool) (g *rig, err error) {
+// startRig starts an all-in-one cluster with one region of kind on free ports, creates the
+// sale with cfg.Stock units in that region, and connects a client.
+func startRig(ctx context.Context, cfg *Config, dbs *databases, kind rigKind) (g *rig, err error) {
 	g = &rig{}
 	defer func() {
 		if err != nil {
@@ -102,10 +123,7 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases, noMetrics bool) 
 	if g.dataDir, err = os.MkdirTemp("", "quota-bench-"); err != nil {
 		return nil, err
 	}
-	prefix := cfg.DBPrefix + "_cl"
-	if noMetrics {
-		prefix = cfg.DBPrefix + "_cb"
-	}
+	prefix := cfg.DBPrefix + kind.dbInfix()
 	for _, role := range []string{"coordinator", benchRegion} {
 		name := cluster.DBName(prefix, role)
 		dbs.track(name)
@@ -114,7 +132,8 @@ func startRig(ctx context.Context, cfg *Config, dbs *databases, noMetrics bool) 
 		}
 	}
 	g.dev, err = cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{benchRegion}, PGURL: cfg.PGURL, DBPrefix: prefix,
-		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region, NoMetrics: noMetrics,
+		DataDir: g.dataDir, Host: "127.0.0.1", LeaseTTL: 10 * time.Second, Logger: cfg.Logger, Region: cfg.Region, NoMetrics: kind == rigBare,
+		NoBindAtReserve: kind == rigUnbound,
 		// The bench's private cluster on loopback runs plaintext gRPC, so its figures are
 		// comparable with those recorded before the servers served TLS.
 		Insecure: true})

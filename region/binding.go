@@ -1,0 +1,194 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/quotaworks/quota/internal/apierr"
+)
+
+// A buyer's binding to a region makes the per-user limit hold across regions: every region
+// but the one recorded for (sale, buyer) refuses the buyer BOUND_ELSEWHERE, so all of the
+// buyer's holds are at one region, whose limit is the buyer's. A sale with a waiting room
+// binds a buyer when the room admits them (door.go), and its tickets are valid only at
+// their region. A sale without one binds a buyer at their first reservation that reaches
+// the writer: the reserve path's binding step (bindBuyer) runs after the standby's
+// NOT_LEADER and the empty pool's answers, before the writer decides, and writes the record
+// in etcd (Config.Bind: one create-if-absent transaction, so a buyer trying every region at
+// once is bound to exactly one) before any hold of the buyer is decided, hence before it is
+// acknowledged. The region then remembers the answer: the buyer's later reservations here
+// do not reach etcd.
+
+// Defaults of Config.MaxBindings and Config.BindsInFlight.
+const (
+	DefaultMaxBindings   = 200_000
+	DefaultBindsInFlight = 64
+)
+
+// validateBinding fills in and checks the binding's bounds.
+func (c *Config) validateBinding() error {
+	setDefault(&c.MaxBindings, DefaultMaxBindings)
+	setDefault(&c.BindsInFlight, DefaultBindsInFlight)
+	if c.MaxBindings < 2 || c.MaxBindings > 10_000_000 {
+		return fmt.Errorf("max bindings %d: must be 2..10000000", c.MaxBindings)
+	}
+	if c.BindsInFlight < 1 || c.BindsInFlight > 10_000 {
+		return fmt.Errorf("binds in flight %d: must be 1..10000", c.BindsInFlight)
+	}
+	return nil
+}
+
+// bindings is what a region knows of its buyers' bindings: the region each (sale, buyer) it
+// asked etcd about is bound to. A record is written once and never changed, so what it
+// learnt stays true. It keeps at most max of them, in two generations of max/2: once the
+// newer is full it becomes the older and the older is dropped, and a buyer found in the
+// older moves to the newer. Safe for concurrent use; mu is a leaf lock.
+type bindings struct {
+	bind   func(ctx context.Context, sale, user, region string) (string, error)
+	region string
+	half   int
+	slots  chan struct{} // a slot per etcd transaction in flight
+
+	mu       sync.Mutex
+	cur, old map[saleUser]string
+	// flight is the binding under way of each buyer: the buyer's other reservations meanwhile
+	// wait for its answer rather than send their own. At most one entry per caller waiting.
+	flight map[saleUser]*bindCall
+}
+
+// bindCall is one buyer's binding under way; done is closed once bound and err are set.
+type bindCall struct {
+	done  chan struct{}
+	bound string
+	err   error
+}
+
+// newBindings returns cfg's bindings, or nil when cfg binds no one.
+func newBindings(cfg Config) *bindings {
+	if cfg.Bind == nil {
+		return nil
+	}
+	return &bindings{bind: cfg.Bind, region: cfg.Name, half: max(1, cfg.MaxBindings/2), slots: make(chan struct{}, cfg.BindsInFlight),
+		cur: map[saleUser]string{}, old: map[saleUser]string{}, flight: map[saleUser]*bindCall{}}
+}
+
+// known returns the region k is bound to, if this region knows it. b.mu is held.
+func (b *bindings) known(k saleUser) (string, bool) {
+	if v, ok := b.cur[k]; ok {
+		return v, true
+	}
+	if v, ok := b.old[k]; ok {
+		b.remember(k, v)
+		return v, true
+	}
+	return "", false
+}
+
+// remember records that k is bound to region. b.mu is held.
+func (b *bindings) remember(k saleUser, region string) {
+	if len(b.cur) >= b.half {
+		b.old, b.cur = b.cur, make(map[saleUser]string, b.half)
+	}
+	b.cur[k] = region
+}
+
+// cached returns the region k is bound to when this region knows it, without etcd.
+func (b *bindings) cached(k saleUser) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.known(k)
+}
+
+// of returns the region k is bound to, binding k to this region when no region is recorded:
+// from memory when it is known, else by one etcd transaction per buyer at a time.
+func (b *bindings) of(ctx context.Context, k saleUser) (string, error) {
+	b.mu.Lock()
+	if v, ok := b.known(k); ok {
+		b.mu.Unlock()
+		return v, nil
+	}
+	if c := b.flight[k]; c != nil {
+		b.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.bound, c.err
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	c := &bindCall{done: make(chan struct{})}
+	b.flight[k] = c
+	b.mu.Unlock()
+	defer close(c.done) // run last: the waiters then read what the function below published
+	defer func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.flight, k)
+		if c.err == nil {
+			b.remember(k, c.bound)
+		}
+	}()
+	c.err = fmt.Errorf("binding %s/%s: no answer", k.sale, k.user) // if bind panics, the waiters hear this
+	c.bound, c.err = b.write(ctx, k)
+	return c.bound, c.err
+}
+
+// write binds k to this region in etcd, in a slot: the wait for one is bounded by ctx (the
+// caller's), the etcd transaction by bindTimeout too. A slow etcd then makes new buyers wait
+// in line here rather than pile transactions onto it that time out and are asked again.
+func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
+	select {
+	case b.slots <- struct{}{}:
+	case <-ctx.Done():
+		return "", fmt.Errorf("waiting for one of the %d binding writes in flight: %w", cap(b.slots), ctx.Err())
+	}
+	defer func() { <-b.slots }()
+	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	defer cancel()
+	bound, err := b.bind(ctx, k.sale, k.user, b.region)
+	if err == nil && bound == "" {
+		err = fmt.Errorf("binding %s/%s: etcd answered no region", k.sale, k.user)
+	}
+	return bound, err
+}
+
+// bindBuyer is the reserve path's binding step, for a sale without a waiting room: it
+// answers nil once req's buyer is bound to this region (newly, or before), BOUND_ELSEWHERE
+// naming the region they are bound to, or ABORTED (nothing was done: ask again) when the
+// binding could not be written or read. A sale with a waiting room, or a region that binds
+// no one, has no such step.
+//
+// A buyer the region does not know, of a sale or SKU paused here, is not bound (unbound):
+// the writer refuses the reservation PAUSED (or replays one granted before), and refuses it
+// ABORTED should the pause have ended on the way, so that no hold is made unbound.
+func (r *Region) bindBuyer(ctx context.Context, t SaleTerms, req ReserveRequest) (unbound bool, err error) {
+	if r.binds == nil || t.Admission.Waiting() {
+		return false, nil
+	}
+	k := saleUser{req.Sale, req.User}
+	if _, ok := r.binds.cached(k); !ok && r.paused.Load().refuse(req) != nil {
+		return true, nil
+	}
+	bound, err := r.binds.of(ctx, k)
+	if err != nil {
+		return false, fmt.Errorf("binding buyer %s to region %s for sale %s: %v: %w", req.User, r.cfg.Name, req.Sale, err, apierr.ErrAborted)
+	}
+	if bound != r.cfg.Name {
+		return false, &apierr.BoundError{Sale: req.Sale, Region: bound}
+	}
+	return false, nil
+}
+
+// boundElsewhere is bindBuyer from memory only: BOUND_ELSEWHERE for a buyer this region
+// knows to be bound to another, nil otherwise. It runs before the empty pool's answer, which
+// binds no one.
+func (r *Region) boundElsewhere(t SaleTerms, req ReserveRequest) error {
+	if r.binds == nil || t.Admission.Waiting() {
+		return nil
+	}
+	if bound, ok := r.binds.cached(saleUser{req.Sale, req.User}); ok && bound != r.cfg.Name {
+		return &apierr.BoundError{Sale: req.Sale, Region: bound}
+	}
+	return nil
+}
