@@ -1,7 +1,6 @@
 package region
 
 import (
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"time"
@@ -42,10 +41,6 @@ import (
 // It is also a NOT_FOUND, which is what a Core (which never retires) means by it.
 var errHoldNotInMemory = fmt.Errorf("hold not in memory: %w", ErrNotFound)
 
-// errKeyRetired is the writer's answer for a reserve whose idempotency key may belong to a
-// retired hold: the caller looks the key up in SQL before the reserve goes on.
-var errKeyRetired = errors.New("idempotency key of a retired hold")
-
 // closedAt is a committed closed hold the leader still keeps whole, and when it closed.
 type closedAt struct {
 	at time.Time
@@ -67,6 +62,23 @@ func (m *memState) mayBeArchived(k keyKey) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return !m.knowsBuyer(k.sale, k.user) || m.retiredKey(k)
+}
+
+// lookupFor tells what a reserve of key k needs read from SQL before the writer can decide
+// it, as this committed state stands (a reader's answer, under mu; the writer checks again).
+func (m *memState) lookupFor(k keyKey) lookup {
+	if !m.archive {
+		return lookupNone
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	switch {
+	case !m.knowsBuyer(k.sale, k.user):
+		return lookupBuyer
+	case m.retiredKey(k):
+		return lookupKey
+	}
+	return lookupNone
 }
 
 // retiredKey tells whether k may be a retired or archived hold's key, for the writer (which

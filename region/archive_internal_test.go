@@ -61,6 +61,35 @@ func TestClosedHoldsLeaveMemoryAfterRetention(t *testing.T) {
 	checkRetiredAnswers(t, r, ctx, sold, released)
 }
 
+// TestRetiredKeyLookedUpBeforeTheWriter: a retry of a retired hold's key is looked up in SQL
+// before the writer, since the committed state says the key may be a retired hold's
+// (memState.lookupFor): it is answered while the writer is busy, without going through it.
+func TestRetiredKeyLookedUpBeforeTheWriter(t *testing.T) {
+	r, ctx := newInternalRegion(t) // 10 units of s/x; RetainClosed: the default, 10m
+	h := mustReserveIn(t, r, ctx, "ann", "k1", 1)
+	if _, err := r.Release(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.cfg.Clock.(*clock.Manual).Advance(DefaultRetainClosed + time.Second)
+	mustReserveIn(t, r, ctx, "bob", "k1", 1) // a commit: the released hold retires
+	if memHolds(r, h.ID)[h.ID] {
+		t.Fatal("the released hold is still whole in memory")
+	}
+	busy := blockOp{make(chan struct{})}
+	t.Cleanup(func() { close(busy.ch) })
+	go submitOp[any](ctx, r.leadership, busy)
+	for len(r.w.in) != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // the writer is inside busy
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	res, err := r.Reserve(rctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "k1"})
+	if err != nil || !res.Replayed || res.Hold.ID != h.ID || res.Hold.State != Released {
+		t.Fatalf("retry of a retired hold's key while the writer is busy: %+v, %v; want the released hold replayed", res, err)
+	}
+}
+
 // checkRetiredAnswers asks about two retired holds, one sold to pay-1 and one released, and
 // checks every answer is what it was while they were in memory.
 func checkRetiredAnswers(t *testing.T, r *Region, ctx context.Context, sold, released Hold) {

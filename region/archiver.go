@@ -2,7 +2,6 @@ package region
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"time"
@@ -11,11 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/transfer"
 )
-
-// errBuyerArchived is the writer's answer for a reserve of a buyer whose archived holds are not
-// in memory (a lazy sale, archive.go): the caller reads the buyer's archived rows and asks
-// again with them.
-var errBuyerArchived = errors.New("buyer's archived holds not in memory")
 
 // archiveBatch bounds the holds one archiving batch moves, so the writer never pauses long for
 // it: about 50 ms a batch of 1,024 over a backlog on a loaded 2-core machine (BenchmarkArchive:
@@ -153,10 +147,10 @@ type archiveOp struct {
 	limit  int
 }
 
-func (o *archiveOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *archiveOp) apply(ctx context.Context, b *batch) (int, error, error) {
 	tx, err := b.sqlOp(ctx)
 	if err != nil {
-		return nil, nil, err
+		return 0, nil, err
 	}
 	cutoff := b.now.Add(-o.retain)
 	ids, buyers, err := archiveCandidates(ctx, tx, cutoff, o.limit)
@@ -164,14 +158,14 @@ func (o *archiveOp) apply(ctx context.Context, b *batch) (any, error, error) {
 		return 0, nil, err
 	}
 	if err := b.resolveBuyers(ctx, tx, buyers); err != nil {
-		return nil, nil, err
+		return 0, nil, err
 	}
 	moved, err := moveToArchive(ctx, tx, o.region, ids, b.stamp)
 	if err != nil {
-		return nil, nil, err
+		return 0, nil, err
 	}
 	if len(moved) != len(ids) {
-		return nil, nil, fmt.Errorf("archive: moved %d holds, want %d: guard failed", len(moved), len(ids))
+		return 0, nil, fmt.Errorf("archive: moved %d holds, want %d: guard failed", len(moved), len(ids))
 	}
 	b.archived = append(b.archived, moved...)
 	return len(moved), nil, nil
@@ -284,7 +278,7 @@ func archiveDue(ctx context.Context, db *pgxpool.Pool, cutoff time.Time) (bool, 
 
 // archive moves the holds due to the archive, a batch at a time through the writer, until none
 // is due or, with a budget, once it has spent it; it returns how many it moved.
-func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (any, error), budget time.Duration) (int, error) {
+func (r *sweeper) archive(ctx context.Context, submit func(context.Context, op[int]) (int, error), budget time.Duration) (int, error) {
 	total, start := 0, time.Now()
 	for budget <= 0 || time.Since(start) < budget {
 		due, err := archiveDue(ctx, r.pool, r.cfg.Clock.Now().Add(-r.cfg.RetainClosed))
@@ -295,8 +289,8 @@ func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (
 		if err != nil {
 			return total, err
 		}
-		total += n.(int)
-		if n.(int) < archiveBatch {
+		total += n
+		if n < archiveBatch {
 			return total, nil
 		}
 	}
@@ -305,7 +299,9 @@ func (r *Region) archive(ctx context.Context, submit func(context.Context, op) (
 
 // ArchiveNow moves every closed hold past the retention to the archive now, and returns how
 // many it moved. Tests and operators use it instead of waiting for the sweeper.
-func (r *Region) ArchiveNow(ctx context.Context) (int, error) { return r.archive(ctx, r.submit, 0) }
+func (r *Region) ArchiveNow(ctx context.Context) (int, error) {
+	return r.sweeper.archive(ctx, func(ctx context.Context, o op[int]) (int, error) { return submitOp(ctx, r.leadership, o) }, 0)
+}
 
 // dropArchivedAll takes a committed batch's archived holds out of the state, under mu.
 func (m *memState) dropArchivedAll(hs []Hold) {

@@ -387,7 +387,7 @@ func checkWarmTakeover(ctx context.Context, t *testing.T, old, sb *Region, epoch
 	if err := sb.Lead(ctx, epoch); err != nil {
 		t.Fatal(err)
 	}
-	if w, f := sb.warmTakeovers.Load(), sb.fullTakeovers.Load(); w != 1 || f != 0 {
+	if w, f := sb.stats.warmTakeovers.Load(), sb.stats.fullTakeovers.Load(); w != 1 || f != 0 {
 		t.Fatalf("takeovers: %d warm, %d full; want the warm copy used", w, f)
 	}
 	m := sb.state.Load()

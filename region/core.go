@@ -81,9 +81,9 @@ func (c *Core) Restarted() *Core {
 	return n
 }
 
-// run applies one writer op in a batch of its own at now and publishes its holds, as a
+// coreRun applies one writer op in a batch of its own at now and publishes its holds, as a
 // committed batch does.
-func (c *Core) run(now time.Time, o op) (any, error) {
+func coreRun[T any](c *Core, now time.Time, o op[T]) (T, error) {
 	b := &batch{now: now.Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
 		m: c.m, w: newWrites(), overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{}, asideDelta: map[poolKey]transfer.Units{}}
 	res, outcome, fatal := o.apply(context.Background(), b)
@@ -125,11 +125,14 @@ func (c *Core) Reserve(now time.Time, req ReserveRequest, holdID string) (Reserv
 	if err := checkAgainstTerms(t, req, now); err != nil {
 		return ReserveResult{}, err
 	}
-	res, err := c.run(now, &reserveOp{req: req, terms: t, holdID: holdID, region: c.name, exhausted: c.exhausted, maxKeys: DefaultMaxKeysPerUser})
+	res, err := coreRun[reserveAnswer](c, now, &reserveOp{req: req, terms: t, holdID: holdID, region: c.name, exhausted: c.exhausted, maxKeys: DefaultMaxKeysPerUser})
 	if err != nil {
 		return ReserveResult{}, err
 	}
-	return res.(ReserveResult), nil
+	if res.need != lookupNone {
+		panic("region core: a reserve asked for a lookup in SQL") // the core retires and archives nothing
+	}
+	return res.ReserveResult, nil
 }
 
 func (c *Core) exhausted(req ReserveRequest, avail transfer.Units) error {
@@ -139,26 +142,26 @@ func (c *Core) exhausted(req ReserveRequest, avail transfer.Units) error {
 // Confirm is Region.Confirm decided by the writer's confirmOp (held → sold before the
 // deadline, else a refund; I5, I6).
 func (c *Core) Confirm(now time.Time, holdID, payment string) (ConfirmResult, error) {
-	res, err := c.run(now, &confirmOp{holdID: holdID, payment: payment, region: c.name})
+	res, err := coreRun[ConfirmResult](c, now, &confirmOp{holdID: holdID, payment: payment, region: c.name})
 	if err != nil {
 		return ConfirmResult{}, err
 	}
-	return res.(ConfirmResult), nil
+	return res, nil
 }
 
 // Release is Region.Release decided by the writer's releaseOp (held → released, I5).
 func (c *Core) Release(now time.Time, holdID string) (Hold, error) {
-	res, err := c.run(now, &releaseOp{holdID: holdID, region: c.name})
+	res, err := coreRun[Hold](c, now, &releaseOp{holdID: holdID, region: c.name})
 	if err != nil {
 		return Hold{}, err
 	}
-	return res.(Hold), nil
+	return res, nil
 }
 
 // Expire is the sweeper's expireOp: up to limit holds past their deadline at now expire.
 func (c *Core) Expire(now time.Time, limit int) int {
-	res, _ := c.run(now, &expireOp{limit: limit, region: c.name})
-	return res.(int)
+	res, _ := coreRun[int](c, now, &expireOp{limit: limit, region: c.name})
+	return res
 }
 
 // admit raises the sale's fence to gen, or refuses it (I4).

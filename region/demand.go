@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"sync"
 	"time"
 
@@ -49,11 +50,10 @@ func (d *demandBook) take() map[poolKey]transfer.Units {
 	return out
 }
 
-// flushDemand adds the book's counts to the demand table every demandFlush while ctx lasts,
+// flushEvery adds the book's counts to the demand table every demandFlush while ctx lasts,
 // and deletes rows past demandRetention once a minute. The counts are advisory (the
 // rebalancer's input): a failed write is logged and its counts dropped.
-func (r *Region) flushDemand(ctx context.Context) {
-	defer r.wg.Done()
+func (d *demandBook) flushEvery(ctx context.Context, cfg *Config, pool *pgxpool.Pool) {
 	t := time.NewTicker(demandFlush)
 	defer t.Stop()
 	for i := 0; ; i++ {
@@ -62,20 +62,20 @@ func (r *Region) flushDemand(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := r.cfg.Clock.Now()
-		if err := r.writeDemand(ctx, now.Truncate(time.Second), r.demand.take()); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("recording demand failed; those counts are dropped", "region", r.cfg.Name, "err", err)
+		now := cfg.Clock.Now()
+		if err := writeDemand(ctx, pool, now.Truncate(time.Second), d.take()); err != nil && ctx.Err() == nil {
+			cfg.Logger.Warn("recording demand failed; those counts are dropped", "region", cfg.Name, "err", err)
 		}
 		if i%60 == 0 {
-			if _, err := r.pool.Exec(ctx, `DELETE FROM demand WHERE at < $1`, now.Add(-demandRetention)); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("deleting old demand failed", "region", r.cfg.Name, "err", err)
+			if _, err := pool.Exec(ctx, `DELETE FROM demand WHERE at < $1`, now.Add(-demandRetention)); err != nil && ctx.Err() == nil {
+				cfg.Logger.Warn("deleting old demand failed", "region", cfg.Name, "err", err)
 			}
 		}
 	}
 }
 
 // writeDemand adds counts to the demand table's rows of second at.
-func (r *Region) writeDemand(ctx context.Context, at time.Time, counts map[poolKey]transfer.Units) error {
+func writeDemand(ctx context.Context, pool *pgxpool.Pool, at time.Time, counts map[poolKey]transfer.Units) error {
 	if len(counts) == 0 {
 		return nil
 	}
@@ -84,7 +84,7 @@ func (r *Region) writeDemand(ctx context.Context, at time.Time, counts map[poolK
 	for k, n := range counts {
 		sales, skus, units = append(sales, k.sale), append(skus, k.sku), append(units, int64(n))
 	}
-	_, err := r.pool.Exec(ctx, `INSERT INTO demand (sale_id, sku, at, units)
+	_, err := pool.Exec(ctx, `INSERT INTO demand (sale_id, sku, at, units)
 		SELECT s, k, $4, n FROM unnest($1::text[], $2::text[], $3::bigint[]) AS d(s, k, n)
 		ON CONFLICT (sale_id, at, sku) DO UPDATE SET units = demand.units + EXCLUDED.units`, sales, skus, units, at)
 	if err != nil {

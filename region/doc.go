@@ -8,8 +8,10 @@
 //
 //   - types.go: the API's types and errors (Hold, ReserveRequest, CreditRequest, …).
 //   - reserve.go: Reserve: CheckReserve, checkAgainstTerms, the empty-pool answer
-//     (reserveWhenEmpty), the writer path (reserveInWriter, track, inWriter), the replay of a
-//     stored key (replayStored, storedKey, replayOf), then reserveOp.apply and batch.take.
+//     (reserveWhenEmpty), the writer path (reserveLookingUp: the SQL lookup a key or buyer
+//     not in memory needs, made before the writer and again whenever its reserveAnswer asks;
+//     reserveInWriter), the replay of a stored key (replayStored, storedKey, replayOf), then
+//     reserveOp.apply and batch.take.
 //   - hold.go: Confirm, Release and GetReservation (checkHoldID, submitForHold, readHold),
 //     confirmOp, releaseOp and the sweeper's expireOp, and batch.closeHold.
 //   - participant.go: the coordinator's requests: PutSale, Credit, Refuse, Debit, RefuseDebit,
@@ -26,23 +28,30 @@
 // Shared by those paths:
 //
 //   - validate.go: checkIDs and checkQuantity, the field checks the entry points share.
-//   - terms.go: a sale's terms, cached (Region.terms) and read from SQL (readTerms).
+//   - terms.go: a sale's terms as read from SQL (readTerms; cached by readCache.terms).
 //   - stored.go: reading stored holds (rowQuerier, holdColumns, scanHold).
 //
 // The machinery under every request:
 //
-//   - region.go: Config, Region, leadership (Lead, StepDown), writer() and submit/submitAs,
-//     reload and batch-failure recovery.
-//   - writer.go: the op interface, the batch an op decides in, and the writer goroutine
-//     (submitThen, run, collect, commit).
+//   - region.go: Config, and Region: the parts below, sharing its configuration and its
+//     database, and what the writer's commits tell them (applyCommitted).
+//   - leader.go: leadership, the terms of leadership: Lead (the epoch fence, then the load),
+//     StepDown, the current writer (submitOp), reload and batch-failure recovery.
+//   - cache.go: readCache, what requests read without the writer: the committed state, the
+//     keys in the writer, the pools' available counts, the sales' terms, the SOLD_OUT
+//     answers and the pauses.
+//   - writer.go: the op interface (op[T], typed by its result), the batch an op decides in,
+//     and the writer goroutine (submit, submitThen, run, collect, commit).
 //   - flush.go: a batch's writes to SQL (writes.flush, execAll, flushOnce).
 //   - mem.go: the leader's in-memory state (memState).
-//   - archive.go: retiring closed holds from memory (errKeyRetired, errHoldNotInMemory,
-//     mayBeArchived, retireClosed); archiver.go: moving them to holds_closed (archiveOp) and
+//   - archive.go: retiring closed holds from memory (errHoldNotInMemory, mayBeArchived,
+//     lookupFor, retireClosed); archiver.go: moving them to holds_closed (archiveOp) and
 //     reading a buyer's archived counts when first needed (readBuyers, resolve);
 //     keyfilter.go: the fixed-size filter of retired keys.
-//   - load.go: loading memState from SQL on taking leadership; standby.go: the warm standby.
-//   - sweeper.go: the expiry sweeper; pause.go: the kill switch; verify.go: QUOTA_VERIFY
+//   - load.go: loading memState from SQL on taking leadership; standby.go: warmCopy, the
+//     warm standby's copy of the state, handed to leadership at takeover.
+//   - sweeper.go: the sweeper (expiry, then archiving); memlimit.go: the warning when a
+//     loaded state nears the memory limit; pause.go: the kill switch; verify.go: QUOTA_VERIFY
 //     checks; books.go: read-only queries (ReadBooks, RecentDemand, ReadUnsold); demand.go:
 //     the demand counts; metrics.go: what a region counts for its operators (Metrics);
 //     migrate.go: the schema's migrations (Migrate).

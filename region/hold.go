@@ -14,27 +14,28 @@ import (
 // Confirm records payment for a hold: held and unexpired → sold; otherwise the result says
 // refund and the payment is recorded for reconciliation. Idempotent on (hold, payment).
 func (r *Region) Confirm(ctx context.Context, holdID, paymentID string) (ConfirmResult, error) {
-	if err := r.checkHoldID(holdID); err != nil {
+	if err := checkHoldID(r.cfg.Name, holdID); err != nil {
 		return ConfirmResult{}, err
 	}
 	if err := checkIDs("payment_id", paymentID); err != nil {
 		return ConfirmResult{}, err
 	}
-	return submitForHold[ConfirmResult](ctx, r, holdID, func(stored *memHold) op {
+	return submitForHold[ConfirmResult](ctx, r, holdID, func(stored *memHold) op[ConfirmResult] {
 		return &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name, stored: stored}
 	})
 }
 
-func (r *Region) checkHoldID(id string) error {
+// checkHoldID checks that id is a hold id of this region (named region).
+func checkHoldID(region, id string) error {
 	if err := checkIDs("hold_id", id); err != nil {
 		return err
 	}
 	owner, _, found := strings.Cut(id, ".")
 	if !found || owner == "" {
-		return apierr.Invalid("hold_id", "%q is not a hold id: hold ids start with their region's name and a dot (%s.…)", id, r.cfg.Name)
+		return apierr.Invalid("hold_id", "%q is not a hold id: hold ids start with their region's name and a dot (%s.…)", id, region)
 	}
-	if owner != r.cfg.Name {
-		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, r.cfg.Name, ErrNotFound)
+	if owner != region {
+		return fmt.Errorf("hold_id %q belongs to region %q, not %s: %w", id, owner, region, ErrNotFound)
 	}
 	if suffix := id[len(owner)+1:]; !isHoldSuffix(suffix) {
 		return apierr.Invalid("hold_id", "%q is not a hold id: after %q come 28 lowercase hex digits (24 in holds made by older versions), not %q", id, owner+".", suffix)
@@ -59,8 +60,8 @@ func isHoldSuffix(s string) bool {
 // submitForHold submits the op mk makes for a hold. When the writer does not have the hold in
 // memory (it may be closed and retired), the hold is read from SQL (NOT_FOUND if it is not
 // there either) and the op is submitted again with it, to be decided on the stored hold.
-func submitForHold[T any](ctx context.Context, r *Region, holdID string, mk func(stored *memHold) op) (T, error) {
-	res, err := submitAs[T](ctx, r, mk(nil))
+func submitForHold[T any](ctx context.Context, r *Region, holdID string, mk func(stored *memHold) op[T]) (T, error) {
+	res, err := submitOp[T](ctx, r.leadership, mk(nil))
 	if !errors.Is(err, errHoldNotInMemory) {
 		return res, err
 	}
@@ -68,7 +69,7 @@ func submitForHold[T any](ctx context.Context, r *Region, holdID string, mk func
 	if err != nil {
 		return res, err
 	}
-	return submitAs[T](ctx, r, mk(&memHold{Hold: h}))
+	return submitOp[T](ctx, r.leadership, mk(&memHold{Hold: h}))
 }
 
 // readHold reads a hold as committed, from holds or the archive (holds_closed).
@@ -90,10 +91,10 @@ type confirmOp struct {
 // unexpired at the batch's decision time (I6: no Confirm turns an expired or released hold
 // into a sale). A payment that comes too late is answered "refund" and recorded in
 // late_payments; a hold found held past its deadline is expired on the spot.
-func (o *confirmOp) apply(_ context.Context, b *batch) (any, error, error) {
+func (o *confirmOp) apply(_ context.Context, b *batch) (ConfirmResult, error, error) {
 	h, fatal := b.holdOrStored(o.holdID, o.stored)
 	if h == nil || fatal != nil {
-		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
+		return ConfirmResult{}, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
 	}
 	switch {
 	case h.State == Sold && h.PaymentID == o.payment:
@@ -165,10 +166,10 @@ func (b *batch) closeHold(h *memHold, to HoldState, payment string) *memHold {
 
 // Release gives a held hold's units back; idempotent.
 func (r *Region) Release(ctx context.Context, holdID string) (Hold, error) {
-	if err := r.checkHoldID(holdID); err != nil {
+	if err := checkHoldID(r.cfg.Name, holdID); err != nil {
 		return Hold{}, err
 	}
-	return submitForHold[Hold](ctx, r, holdID, func(stored *memHold) op {
+	return submitForHold[Hold](ctx, r, holdID, func(stored *memHold) op[Hold] {
 		return &releaseOp{holdID: holdID, region: r.cfg.Name, stored: stored}
 	})
 }
@@ -181,14 +182,14 @@ type releaseOp struct {
 // apply is the guarded transition held → released. Releasing a hold that is already
 // released or expired returns it unchanged (idempotent; its units came back once, I5);
 // releasing a sold hold is a conflict.
-func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
+func (o *releaseOp) apply(_ context.Context, b *batch) (Hold, error, error) {
 	h, fatal := b.holdOrStored(o.holdID, o.stored)
 	if h == nil || fatal != nil {
-		return nil, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
+		return Hold{}, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
 	}
 	switch h.State {
 	case Sold:
-		return nil, fmt.Errorf("hold_id %q is sold (payment %s): %w", h.ID, h.PaymentID, ErrConflict), nil
+		return Hold{}, fmt.Errorf("hold_id %q is sold (payment %s): %w", h.ID, h.PaymentID, ErrConflict), nil
 	case Released, Expired:
 		return h.Hold, nil, nil
 	}
@@ -197,7 +198,7 @@ func (o *releaseOp) apply(_ context.Context, b *batch) (any, error, error) {
 
 // GetReservation reads a hold as committed, archived ones included.
 func (r *Region) GetReservation(ctx context.Context, holdID string) (Hold, error) {
-	if err := r.checkHoldID(holdID); err != nil {
+	if err := checkHoldID(r.cfg.Name, holdID); err != nil {
 		return Hold{}, err
 	}
 	return readHold(ctx, r.pool, r.cfg.Name, holdID)
@@ -211,7 +212,7 @@ type expireOp struct {
 // apply expires up to limit holds whose deadline has passed at the batch's decision time,
 // earliest first. Entries of holds closed since they were queued are skipped, so units come
 // back once (I5).
-func (o *expireOp) apply(_ context.Context, b *batch) (any, error, error) {
+func (o *expireOp) apply(_ context.Context, b *batch) (int, error, error) {
 	n := 0
 	for n < o.limit && b.m.due.Len() > 0 && !b.now.Before(b.m.due[0].at) {
 		d := heap.Pop(&b.m.due).(dueHold)

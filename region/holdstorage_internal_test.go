@@ -26,7 +26,7 @@ func TestHoldIDsFollowTheClock(t *testing.T) {
 	seen := map[string]bool{}
 	prev := ""
 	for i := 0; i < 200; i++ {
-		id := r.newHoldID()
+		id := newHoldID(&r.cfg)
 		if why := transfer.CheckID(id); why != "" {
 			t.Fatalf("id %q: %s", id, why)
 		}

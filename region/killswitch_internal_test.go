@@ -31,7 +31,7 @@ func TestWarmStandbyTakesOverPaused(t *testing.T) {
 	if err := sb.Lead(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if w := sb.warmTakeovers.Load(); w != 1 {
+	if w := sb.stats.warmTakeovers.Load(); w != 1 {
 		t.Fatalf("%d warm takeovers; want the copy used", w)
 	}
 	if _, err := sb.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "ann", Quantity: 1, RequestKey: "k"}); !errors.Is(err, ErrPaused) {

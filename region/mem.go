@@ -53,22 +53,8 @@ type memState struct {
 	closing []closedAt
 	retired keyFilter
 	seed    maphash.Seed
-	// lazy has the sales that had archived holds when the state was loaded: their buyers'
-	// archived counts come into memory one buyer at a time (resolved, archive.go).
-	// archivedSold is, per pool, the sold units of archived holds whose buyers are not
-	// resolved: a pool's sold units are its buyers' bought ones plus these. The writer
-	// changes lazy and resolved under mu (readers ask mayBeArchived).
-	lazy         map[string]bool
-	resolved     map[saleUser]struct{}
-	archivedSold map[poolKey]transfer.Units
-	// changed is at least the highest stamp stored in holds.changed: the highest loaded or
-	// caught up to, then (in a leader's state) the stamp of its last committed batch, holds or
-	// none. The writer stamps its next batch one higher, so stamps rise with every commit,
-	// across leaders too (a new leader loads after the old one is fenced). rows counts the
-	// holds stored in the holds table (retired ones included, archived ones not), as loaded
-	// and caught up: a leader's writer does not keep it. Both are for a warm standby (standby.go).
-	changed int64
-	rows    int64
+	lazyArchive
+	stamps
 	// keysPer counts the request keys each buyer has used in a sale at this region: every
 	// stored hold is one, whole, retired or archived (for a buyer resolved: archive.go), since
 	// a key is never forgotten. The writer
@@ -83,6 +69,29 @@ type memState struct {
 	// paused is what admits no new holds (pause.go): replaced, never changed, by the op
 	// that changes it, so the leader publishes it to readers as is.
 	paused *pauseSet
+}
+
+// lazyArchive is what a state knows of the archived holds it has not read: lazy has the
+// sales that had archived holds when the state was loaded, whose buyers' archived counts come
+// into memory one buyer at a time (resolved, archive.go); archivedSold is, per pool, the sold
+// units of archived holds whose buyers are not resolved: a pool's sold units are its buyers'
+// bought ones plus these. The writer changes lazy and resolved under memState.mu (readers ask
+// mayBeArchived).
+type lazyArchive struct {
+	lazy         map[string]bool
+	resolved     map[saleUser]struct{}
+	archivedSold map[poolKey]transfer.Units
+}
+
+// stamps are a state's marks for a warm standby (standby.go). changed is at least the highest
+// stamp stored in holds.changed: the highest loaded or caught up to, then (in a leader's
+// state) the stamp of its last committed batch, holds or none. The writer stamps its next
+// batch one higher, so stamps rise with every commit, across leaders too (a new leader loads
+// after the old one is fenced). rows counts the holds stored in the holds table (retired ones
+// included, archived ones not), as loaded and caught up: a leader's writer does not keep it.
+type stamps struct {
+	changed int64
+	rows    int64
 }
 
 type dueHold struct {
@@ -158,5 +167,5 @@ func fingerprint(holdID string, hexHash []byte) ([16]byte, error) {
 // newMemState returns an empty state: no pools, users or holds.
 func newMemState() *memState {
 	return &memState{pools: map[poolKey]*memPool{}, users: map[userKey]*memUser{}, keysPer: map[saleUser]int32{}, tickets: map[uint64]uint64{}, keys: map[keyKey]*memHold{}, holds: map[string]*memHold{},
-		lazy: map[string]bool{}, resolved: map[saleUser]struct{}{}, archivedSold: map[poolKey]transfer.Units{}, seed: maphash.MakeSeed()}
+		lazyArchive: lazyArchive{lazy: map[string]bool{}, resolved: map[saleUser]struct{}{}, archivedSold: map[poolKey]transfer.Units{}}, seed: maphash.MakeSeed()}
 }

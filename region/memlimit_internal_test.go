@@ -19,15 +19,15 @@ func TestLoadWarnsNearTheMemoryLimit(t *testing.T) {
 	r := &Region{cfg: Config{Name: "us", Logger: slog.New(slog.NewTextHandler(&out, nil))}}
 
 	debug.SetMemoryLimit(1 << 20) // far below any test binary's live heap
-	r.warnNearMemoryLimit(42)
+	warnNearMemoryLimit(&r.cfg, 42)
 	if got := out.String(); !strings.Contains(got, "--memory-limit") || !strings.Contains(got, "holds=42") {
 		t.Fatalf("no warning under a 1 MiB limit; logged %q", got)
 	}
 	out.Reset()
 	debug.SetMemoryLimit(1 << 40)
-	r.warnNearMemoryLimit(42)
+	warnNearMemoryLimit(&r.cfg, 42)
 	debug.SetMemoryLimit(prev)
-	r.warnNearMemoryLimit(42)
+	warnNearMemoryLimit(&r.cfg, 42)
 	if out.Len() != 0 {
 		t.Fatalf("warned under a roomy limit or none: %q", out.String())
 	}
@@ -58,7 +58,7 @@ func TestLoadWarnsOfAStateGrownSinceTheLastCollection(t *testing.T) {
 	r := &Region{cfg: Config{Name: "us", Logger: slog.New(slog.NewTextHandler(&out, nil))}}
 	limit := int64(float64(before+48<<20) / memoryLimitWarnShare)
 	debug.SetMemoryLimit(limit)
-	r.warnNearMemoryLimit(7)
+	warnNearMemoryLimit(&r.cfg, 7)
 	runtime.KeepAlive(state)
 	if got := out.String(); !strings.Contains(got, "--memory-limit") || !strings.Contains(got, "holds=7") {
 		t.Fatalf("no warning for a %d MiB state under a %d MiB limit (last measured live heap %d MiB); logged %q",

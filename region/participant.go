@@ -25,7 +25,7 @@ func (r *Region) PutSale(ctx context.Context, gen int64, t SaleTerms) error {
 	// terms are the ones a reload reads back.
 	t.OpensAt, t.HoldTTL = t.OpensAt.Truncate(time.Microsecond), t.HoldTTL.Truncate(time.Millisecond)
 	t.Admission.TicketTTL = t.Admission.TicketTTL.Truncate(time.Millisecond)
-	_, err := r.submit(ctx, &putSaleOp{gen: gen, terms: t})
+	_, err := submitOp[struct{}](ctx, r.leadership, &putSaleOp{gen: gen, terms: t})
 	return err
 }
 
@@ -86,30 +86,30 @@ type putSaleOp struct {
 
 // apply records the sale's terms, fenced by the coordinator's generation (I4). Terms never
 // change once recorded: a different definition under the same id is refused.
-func (o *putSaleOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *putSaleOp) apply(ctx context.Context, b *batch) (struct{}, error, error) {
 	t := o.terms
 	tx, outcome, fatal := b.fencedOp(ctx, t.Sale, o.gen)
 	if tx == nil {
-		return nil, outcome, fatal
+		return struct{}{}, outcome, fatal
 	}
 	have, err := readTerms(ctx, tx, t.Sale)
 	if err == nil {
 		if !sameTerms(have, t) {
-			return nil, fmt.Errorf("sale_id %q is already defined with other terms: %w", t.Sale, ErrAlreadyExists), nil
+			return struct{}{}, fmt.Errorf("sale_id %q is already defined with other terms: %w", t.Sale, ErrAlreadyExists), nil
 		}
-		return nil, nil, nil
+		return struct{}{}, nil, nil
 	}
 	if !isNotFound(err) {
-		return nil, nil, err
+		return struct{}{}, nil, err
 	}
 	a := t.Admission
 	if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, skus, per_user_limit, hold_ttl_ms, opens_at, admit_rate, ticket_ttl_ms,
 		max_live_tickets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, t.Sale, t.SKUs, int64(t.PerUserLimit), t.HoldTTL.Milliseconds(),
 		t.OpensAt, a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive); err != nil {
-		return nil, nil, fmt.Errorf("insert sale: %w", err)
+		return struct{}{}, nil, fmt.Errorf("insert sale: %w", err)
 	}
 	b.sales[t.Sale] = t
-	return nil, nil, nil
+	return struct{}{}, nil, nil
 }
 
 func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
@@ -128,7 +128,7 @@ func (r *Region) Credit(ctx context.Context, req CreditRequest) (transfer.InStat
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
-	res, err := submitAs[creditResult](ctx, r, &creditOp{req: req})
+	res, err := submitOp[creditResult](ctx, r.leadership, &creditOp{req: req})
 	return res.state, err
 }
 
@@ -156,29 +156,29 @@ type creditResult struct{ state transfer.InState }
 // per transfer id, fenced by the coordinator's generation (I4). A retry of the same credit
 // answers "credited" again without adding anything; a credit after a refusal answers
 // "refused" (I5: never both). Preserves I3: credited_in and available rise together.
-func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *creditOp) apply(ctx context.Context, b *batch) (creditResult, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return creditResult{}, outcome, fatal
 	}
 	terms, err := readTerms(ctx, tx, r.Sale)
 	if err != nil {
 		if isNotFound(err) {
-			return nil, err, nil
+			return creditResult{}, err, nil
 		}
-		return nil, nil, err
+		return creditResult{}, nil, err
 	}
 	if !terms.HasSKU(r.SKU) {
-		return nil, fmt.Errorf("sku %q is not in sale %s: %w", r.SKU, r.Sale, ErrNotFound), nil
+		return creditResult{}, fmt.Errorf("sku %q is not in sale %s: %w", r.SKU, r.Sale, ErrNotFound), nil
 	}
 	have, err := readIn(ctx, tx, r.TransferID)
 	if err != nil {
-		return nil, nil, err
+		return creditResult{}, nil, err
 	}
 	st, eff, err := creditEffects(have, r)
 	if err != nil {
-		return nil, transferErr(r.TransferID, err), nil
+		return creditResult{}, transferErr(r.TransferID, err), nil
 	}
 	if eff.poolRow {
 		var avail int64
@@ -188,12 +188,12 @@ func (o *creditOp) apply(ctx context.Context, b *batch) (any, error, error) {
 				credited_in = pools.credited_in + excluded.credited_in
 			RETURNING available`, r.Sale, r.SKU, int64(eff.pool.available), int64(eff.pool.creditedIn)).Scan(&avail)
 		if err != nil {
-			return nil, nil, fmt.Errorf("credit pool: %w", err)
+			return creditResult{}, nil, fmt.Errorf("credit pool: %w", err)
 		}
 		b.setAvailable(poolKey{r.Sale, r.SKU}, transfer.Units(avail))
 	}
 	if err := insertIn(ctx, tx, b, eff.in, r.Generation); err != nil {
-		return nil, nil, fmt.Errorf("record credit: %w", err)
+		return creditResult{}, nil, fmt.Errorf("record credit: %w", err)
 	}
 	return creditResult{state: st}, nil, nil
 }
@@ -247,7 +247,7 @@ func (r *Region) Refuse(ctx context.Context, req CreditRequest) (transfer.InStat
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
-	return submitAs[transfer.InState](ctx, r, &refuseOp{req: req})
+	return submitOp[transfer.InState](ctx, r.leadership, &refuseOp{req: req})
 }
 
 type refuseOp struct{ req CreditRequest }
@@ -255,19 +255,19 @@ type refuseOp struct{ req CreditRequest }
 // apply is the abort step at the destination: unless the transfer was already credited, it
 // writes a refused tombstone so any later Credit of it answers refused (I5: never both
 // credited and restored). It reports the destination's durable record either way.
-func (o *refuseOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *refuseOp) apply(ctx context.Context, b *batch) (transfer.InState, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return "", outcome, fatal
 	}
 	have, err := readIn(ctx, tx, r.TransferID)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
 	st, eff := refuseEffects(have, r)
 	if err := insertIn(ctx, tx, b, eff.in, r.Generation); err != nil {
-		return nil, nil, fmt.Errorf("record refusal: %w", err)
+		return "", nil, fmt.Errorf("record refusal: %w", err)
 	}
 	return st, nil, nil
 }
@@ -291,7 +291,7 @@ func (r *Region) Debit(ctx context.Context, req DebitRequest) (transfer.OutState
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
-	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req})
+	return submitOp[transfer.OutState](ctx, r.leadership, &debitOp{req: req})
 }
 
 // RefuseDebit cancels a requested transfer at its source: unless the source already debited
@@ -305,7 +305,7 @@ func (r *Region) RefuseDebit(ctx context.Context, req DebitRequest) (transfer.Ou
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return "", err
 	}
-	return submitAs[transfer.OutState](ctx, r, &debitOp{req: req, refuse: true})
+	return submitOp[transfer.OutState](ctx, r.leadership, &debitOp{req: req, refuse: true})
 }
 
 // CheckDebit validates a Debit or a RefuseDebit before it reaches the writer, naming the bad
@@ -336,27 +336,27 @@ type debitOp struct {
 // as pending. When available is short, or the coordinator is cancelling the transfer
 // (refuse), it records a refused tombstone instead, so a late retry cannot debit a transfer
 // the coordinator has given up (I5). Fenced (I4).
-func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *debitOp) apply(ctx context.Context, b *batch) (transfer.OutState, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return "", outcome, fatal
 	}
 	have, err := readOut(ctx, tx, r.TransferID)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
 	pk := poolKey{r.Sale, r.SKU}
 	var avail int64 // the stored count, locked: the batch's earlier decisions are flushed
 	if !o.refuse {
 		err = tx.QueryRow(ctx, `SELECT available FROM pools WHERE sale_id = $1 AND sku = $2 FOR UPDATE`, r.Sale, r.SKU).Scan(&avail)
 		if err != nil && err != pgx.ErrNoRows {
-			return nil, nil, fmt.Errorf("read pool: %w", err)
+			return "", nil, fmt.Errorf("read pool: %w", err)
 		}
 	}
 	state, eff, err := debitEffects(have, r, transfer.Units(avail))
 	if err != nil {
-		return nil, transferErr(r.TransferID, err), nil
+		return "", transferErr(r.TransferID, err), nil
 	}
 	if eff.poolRow {
 		var left int64
@@ -364,14 +364,14 @@ func (o *debitOp) apply(ctx context.Context, b *batch) (any, error, error) {
 			WHERE sale_id = $1 AND sku = $2 AND available + $3 >= 0 RETURNING available`,
 			r.Sale, r.SKU, int64(eff.pool.available), int64(eff.pool.debitedOut)).Scan(&left)
 		if err != nil {
-			return nil, nil, fmt.Errorf("debit pool (guard: %d were available): %w", avail, err)
+			return "", nil, fmt.Errorf("debit pool (guard: %d were available): %w", avail, err)
 		}
 		b.setAvailable(pk, transfer.Units(left))
 	}
 	if rec := eff.out; rec != nil && eff.newOut {
 		if _, err := tx.Exec(ctx, `INSERT INTO transfers_out (transfer_id, sale_id, sku, to_pool, units, state, generation, recorded_at, updated_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`, rec.ID, rec.Sale, rec.SKU, rec.To, int64(rec.Units), string(rec.State), r.Generation, b.now); err != nil {
-			return nil, nil, fmt.Errorf("record debit: %w", err)
+			return "", nil, fmt.Errorf("record debit: %w", err)
 		}
 	}
 	return state, nil, nil
@@ -409,7 +409,7 @@ func (r *Region) Restore(ctx context.Context, ref TransferRef) (transfer.OutStat
 	if err := r.checkGeneration(ctx, ref.Generation); err != nil {
 		return "", err
 	}
-	return submitAs[transfer.OutState](ctx, r, &restoreOp{ref: ref})
+	return submitOp[transfer.OutState](ctx, r.leadership, &restoreOp{ref: ref})
 }
 
 // Settle records at the source that the destination credited the transfer.
@@ -420,7 +420,7 @@ func (r *Region) Settle(ctx context.Context, ref TransferRef) (transfer.OutState
 	if err := r.checkGeneration(ctx, ref.Generation); err != nil {
 		return "", err
 	}
-	return submitAs[transfer.OutState](ctx, r, &settleOp{ref: ref})
+	return submitOp[transfer.OutState](ctx, r.leadership, &settleOp{ref: ref})
 }
 
 // CheckTransferRef validates a Restore or a Settle before it reaches the writer: its ids.
@@ -434,10 +434,10 @@ type restoreOp struct{ ref TransferRef }
 // available += units and credited_in += units (I3; I1: in flight → available). The
 // coordinator calls it only after the destination's durable refusal. Idempotent; a settled
 // transfer cannot be restored (I5).
-func (o *restoreOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *restoreOp) apply(ctx context.Context, b *batch) (transfer.OutState, error, error) {
 	tx, outcome, fatal := b.fencedOp(ctx, o.ref.Sale, o.ref.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return "", outcome, fatal
 	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutVoided)
 }
@@ -445,32 +445,32 @@ func (o *restoreOp) apply(ctx context.Context, b *batch) (any, error, error) {
 type settleOp struct{ ref TransferRef }
 
 // apply marks a credited transfer settled at its source: bookkeeping only, no count moves.
-func (o *settleOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *settleOp) apply(ctx context.Context, b *batch) (transfer.OutState, error, error) {
 	tx, outcome, fatal := b.fencedOp(ctx, o.ref.Sale, o.ref.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return "", outcome, fatal
 	}
 	return transitionOut(ctx, tx, b, o.ref, transfer.OutSettled)
 }
 
-func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to transfer.OutState) (any, error, error) {
+func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to transfer.OutState) (transfer.OutState, error, error) {
 	rec, err := readOut(ctx, tx, ref.TransferID)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
 	if rec != nil && rec.Sale != ref.Sale {
-		return nil, apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.Sale), nil
+		return "", apierr.Invalid("sale_id", "transfer %s belongs to sale %s", ref.TransferID, rec.Sale), nil
 	}
 	st, eff, err := outEffects(rec, to)
 	if err != nil {
-		return nil, transferErr(ref.TransferID, err), nil
+		return "", transferErr(ref.TransferID, err), nil
 	}
 	if eff.poolRow {
 		var avail int64
 		if err := tx.QueryRow(ctx, `UPDATE pools SET available = available + $3, credited_in = credited_in + $4
 			WHERE sale_id = $1 AND sku = $2 RETURNING available`, rec.Sale, rec.SKU,
 			int64(eff.pool.available), int64(eff.pool.creditedIn)).Scan(&avail); err != nil {
-			return nil, nil, fmt.Errorf("restore pool: %w", err)
+			return "", nil, fmt.Errorf("restore pool: %w", err)
 		}
 		b.setAvailable(poolKey{rec.Sale, rec.SKU}, transfer.Units(avail))
 	}
@@ -480,7 +480,7 @@ func transitionOut(ctx context.Context, tx pgx.Tx, b *batch, ref TransferRef, to
 	tag, err := tx.Exec(ctx, `UPDATE transfers_out SET state = $2, updated_at = $3 WHERE transfer_id = $1 AND state = 'pending'`,
 		ref.TransferID, string(eff.out.State), b.now)
 	if err != nil || tag.RowsAffected() != 1 {
-		return nil, nil, fmt.Errorf("transfer %s → %s: guard (err %v)", ref.TransferID, to, err)
+		return "", nil, fmt.Errorf("transfer %s → %s: guard (err %v)", ref.TransferID, to, err)
 	}
 	return st, nil, nil
 }

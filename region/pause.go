@@ -109,7 +109,7 @@ func (r *Region) SetPaused(ctx context.Context, req PauseRequest) (PauseRecord, 
 	if err := r.checkGeneration(ctx, req.Generation); err != nil {
 		return PauseRecord{}, err
 	}
-	return submitAs[PauseRecord](ctx, r, &setPausedOp{req: req})
+	return submitOp[PauseRecord](ctx, r.leadership, &setPausedOp{req: req})
 }
 
 type setPausedOp struct{ req PauseRequest }
@@ -122,11 +122,11 @@ type setPausedOp struct{ req PauseRequest }
 // (I1, I2 and I3 are untouched: no count moves; Confirm, Release and expiry go on as before,
 // so I5 and I6 hold for the holds already made). Memory changes only after every statement
 // succeeded; a batch that then fails reloads it from the table.
-func (o *setPausedOp) apply(ctx context.Context, b *batch) (any, error, error) {
+func (o *setPausedOp) apply(ctx context.Context, b *batch) (PauseRecord, error, error) {
 	r := o.req
 	tx, outcome, fatal := b.fencedOp(ctx, r.Sale, r.Generation)
 	if tx == nil {
-		return nil, outcome, fatal
+		return PauseRecord{}, outcome, fatal
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO pauses (sale_id, sku, paused, reason, version, generation, changed_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -134,14 +134,14 @@ func (o *setPausedOp) apply(ctx context.Context, b *batch) (any, error, error) {
 			version = excluded.version, generation = excluded.generation, changed_at = excluded.changed_at
 		WHERE (pauses.generation, pauses.version) < (excluded.generation, excluded.version)`,
 		r.Sale, r.SKU, r.Paused, r.Reason, int64(r.Version), r.Generation, b.now); err != nil {
-		return nil, nil, fmt.Errorf("record pause: %w", err)
+		return PauseRecord{}, nil, fmt.Errorf("record pause: %w", err)
 	}
 	var rec PauseRecord
 	var reason string
 	var version int64
 	if err := tx.QueryRow(ctx, `SELECT paused, reason, version FROM pauses WHERE sale_id = $1 AND sku = $2`, r.Sale, r.SKU).
 		Scan(&rec.Paused, &reason, &version); err != nil {
-		return nil, nil, fmt.Errorf("read pause: %w", err)
+		return PauseRecord{}, nil, fmt.Errorf("read pause: %w", err)
 	}
 	rec.Version = PauseVersion(version)
 	b.m.paused = b.m.paused.with(poolKey{r.Sale, r.SKU}, rec.Paused, reason)

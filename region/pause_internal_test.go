@@ -38,7 +38,7 @@ func (o pauseOp) apply(ctx context.Context, b *batch) (any, error, error) {
 func TestLeaderPausedMidTransaction(t *testing.T) {
 	old, ctx := newInternalRegion(t) // epoch 1, 10 units of s/x
 	hold := blockOp{make(chan struct{})}
-	go old.submit(ctx, hold)
+	go submitOp[any](ctx, old.leadership, hold)
 	for len(old.w.in) != 0 {
 		time.Sleep(time.Millisecond)
 	}
@@ -51,7 +51,7 @@ func TestLeaderPausedMidTransaction(t *testing.T) {
 	waitQueued(old, 1)
 	p := pauseOp{entered: make(chan struct{}), resume: make(chan struct{})}
 	paused := make(chan error, 1)
-	go func() { _, err := old.submit(ctx, p); paused <- err }()
+	go func() { _, err := submitOp[any](ctx, old.leadership, p); paused <- err }()
 	resume := sync.OnceFunc(func() { close(p.resume) })
 	t.Cleanup(resume) // a failed test must not leave the writer stalled
 	waitQueued(old, 2)
@@ -177,7 +177,7 @@ func TestUnknownOutcomeStaysUnknownWhenDeposed(t *testing.T) {
 	if err := next.Lead(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	_, err = old.submit(ctx, lostReplyOp{})
+	_, err = submitOp[any](ctx, old.leadership, lostReplyOp{})
 	if !errors.Is(err, ErrUnknownOutcome) || errors.Is(err, ErrNotLeader) {
 		t.Fatalf("a batch of unknown outcome at a deposed leader: %v; want outcome unknown, not NOT_LEADER", err)
 	}

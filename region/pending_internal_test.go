@@ -30,14 +30,14 @@ func TestGivenUpReserveStillCountsAsInWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	b1, b2 := blockOp{make(chan struct{})}, blockOp{make(chan struct{})}
-	go r.submit(ctx, b1)
+	go submitOp[any](ctx, r.leadership, b1)
 	for len(r.w.in) != 0 {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(20 * time.Millisecond)                                                                // the writer is inside b1
 	go r.Reserve(ctx, ReserveRequest{Sale: "s", SKU: "x", User: "z", Quantity: 1, RequestKey: "kz"}) // the last unit
 	waitQueued(r, 1)
-	go r.submit(ctx, b2)
+	go submitOp[any](ctx, r.leadership, b2)
 	waitQueued(r, 2)
 	go r.Release(ctx, y.Hold.ID) // gives 9 back, after b2
 	waitQueued(r, 3)

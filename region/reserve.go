@@ -4,10 +4,8 @@ import (
 	"container/heap"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,7 +42,7 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		return ReserveResult{}, err
 	}
 	k := keyKey{req.Sale, req.User, req.RequestKey}
-	admitted, vouched, err := r.checkTicket(t, req, now)
+	admitted, vouched, err := checkTicket(&r.cfg, t, req, now)
 	if err != nil {
 		// A retry of a granted request gets its hold back even once its ticket has expired
 		// (I6: the key decides), as long as the leader's memory has the key; but only for a
@@ -74,32 +72,65 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	if err != nil {
 		return ReserveResult{}, err
 	}
-	o := &reserveOp{req: req, terms: t, holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
+	o := &reserveOp{req: req, terms: t, holdID: newHoldID(&r.cfg), region: r.cfg.Name, exhausted: r.exhausted, maxKeys: r.cfg.MaxKeysPerUser,
 		ticket: admitted, unbound: unbound}
-	res, err := r.reserveInWriter(ctx, w, k, o)
-	for range maxLookups {
-		if !errors.Is(err, errKeyRetired) && !errors.Is(err, errBuyerArchived) {
-			return res, err
-		}
-		if err := r.lookUpArchived(ctx, req, k, o, errors.Is(err, errBuyerArchived)); err != nil {
-			return ReserveResult{}, err
-		}
-		if o.replay != nil {
-			return replayOf(o.replay, req)
-		}
-		res, err = r.reserveInWriter(ctx, w, k, o)
-	}
-	if errors.Is(err, errKeyRetired) || errors.Is(err, errBuyerArchived) {
-		// The leader reloaded its state between each read and its submit: say so, and let
-		// the client retry with the same key.
-		return ReserveResult{}, fmt.Errorf("%w: the region's state was reloaded while the request was looked up", ErrUnknownOutcome)
-	}
-	return res, err
+	return r.reserveLookingUp(ctx, w, k, o)
+}
+
+// lookup is what a reserve needs read from SQL before the writer can decide it: nothing,
+// the hold of its key (the key may be a retired or archived hold's), or that and its buyer's
+// archived rows (a buyer of a lazy sale whose archived holds are not in memory, archive.go).
+type lookup uint8
+
+const (
+	lookupNone lookup = iota
+	lookupKey
+	lookupBuyer
+)
+
+// reserveAnswer is the writer's answer to a reserve: its result, or, with need set, the
+// lookup to make before the reserve is submitted again (reserveLookingUp).
+type reserveAnswer struct {
+	ReserveResult
+	need lookup
 }
 
 // maxLookups bounds the SQL lookups one reserve makes for a key or a buyer the writer does
 // not have in memory (lookUpArchived).
 const maxLookups = 3
+
+// reserveLookingUp submits o to w, first making the lookup the committed state says the
+// reserve needs (memState.lookupFor), then any the writer still asks for: the state it
+// decides in may have changed since it was read (a reload, a batch that retired the key).
+// A hold SQL has of the key is the answer (a replay), without the writer.
+func (r *Region) reserveLookingUp(ctx context.Context, w *writer, k keyKey, o *reserveOp) (ReserveResult, error) {
+	need := lookupNone
+	if m := r.state.Load(); m != nil {
+		if _, ok := m.committedKey(k); !ok {
+			need = m.lookupFor(k)
+		}
+	}
+	for lookups := 0; ; lookups++ {
+		if need != lookupNone {
+			if lookups == maxLookups {
+				// The leader reloaded its state between each read and its submit: say so,
+				// and let the client retry with the same key.
+				return ReserveResult{}, fmt.Errorf("%w: the region's state was reloaded while the request was looked up", ErrUnknownOutcome)
+			}
+			if err := r.lookUpArchived(ctx, o.req, k, o, need == lookupBuyer); err != nil {
+				return ReserveResult{}, err
+			}
+			if o.replay != nil {
+				return replayOf(o.replay, o.req)
+			}
+		}
+		ans, err := r.reserveInWriter(ctx, w, k, o)
+		if err != nil || ans.need == lookupNone {
+			return ans.ReserveResult, err
+		}
+		need = ans.need
+	}
+}
 
 // lookUpArchived reads from SQL what the writer asked for before it decides a reserve: the
 // hold of the request's key, in holds or the archive (found: o.replay, the answer), and, when
@@ -201,70 +232,16 @@ func (r *Region) reserveWhenEmpty(ctx context.Context, req ReserveRequest, k key
 	return ReserveResult{}, r.exhausted(req, avail)
 }
 
-// exhausted is the answer to a reserve this region's pool cannot satisfy: SOLD_OUT when the
-// coordinator has flagged the SKU gone everywhere, REGION_EXHAUSTED (retry elsewhere or
-// later) otherwise.
-func (r *Region) exhausted(req ReserveRequest, avail transfer.Units) error {
-	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
-		return r.soldOut.of(poolKey{req.Sale, req.SKU})
-	}
-	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
-}
-
-// soldOutErrors are the SOLD_OUT answers of the SKUs flagged gone, one error value per SKU,
-// made at its first answer: once a flash sale's SKU is gone nearly every reserve of it gets
-// this answer, and an error value says the same to every caller. Bounded: it starts over
-// once it holds maxSoldOutErrors SKUs.
-type soldOutErrors struct {
-	mu sync.RWMutex
-	m  map[poolKey]error
-}
-
-const maxSoldOutErrors = 4096
-
-// of is the SOLD_OUT answer of pool k.
-func (s *soldOutErrors) of(k poolKey) error {
-	s.mu.RLock()
-	err, ok := s.m[k]
-	s.mu.RUnlock()
-	if ok {
-		return err
-	}
-	err = fmt.Errorf("sale %s: %s is sold out in every region: %w", k.sale, k.sku, ErrSoldOut)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil || len(s.m) >= maxSoldOutErrors {
-		s.m = map[poolKey]error{}
-	}
-	s.m[k] = err
-	return err
-}
-
 // reserveInWriter submits a reserve to the writer. The key counts as in the writer until its
 // op is done, even if this caller gives up first: a retry meanwhile must go through the
 // writer, not the empty-pool answer.
-func (r *Region) reserveInWriter(ctx context.Context, w *writer, k keyKey, o *reserveOp) (ReserveResult, error) {
+func (r *Region) reserveInWriter(ctx context.Context, w *writer, k keyKey, o *reserveOp) (reserveAnswer, error) {
 	r.track(k, 1)
-	res, err := w.submitThen(ctx, o, func() { r.track(k, -1) })
+	res, err := submitThen[reserveAnswer](ctx, w, o, func() { r.track(k, -1) })
 	if err != nil {
-		return ReserveResult{}, err
+		return reserveAnswer{}, err
 	}
-	return res.(ReserveResult), nil
-}
-
-// track counts the reserves of a key on their way through the writer.
-func (r *Region) track(k keyKey, d int) {
-	r.inWriterMu.Lock()
-	defer r.inWriterMu.Unlock()
-	if r.inWriterKeys[k] += d; r.inWriterKeys[k] == 0 {
-		delete(r.inWriterKeys, k)
-	}
-}
-
-func (r *Region) inWriter(k keyKey) bool {
-	r.inWriterMu.Lock()
-	defer r.inWriterMu.Unlock()
-	return r.inWriterKeys[k] > 0
+	return res, nil
 }
 
 // replayStored answers a reserve whose key may be a retired hold's from that hold as stored:
@@ -346,39 +323,39 @@ type reserveOp struct {
 // step, and the hold and counters are written in this batch's commit, before any reply (I6).
 // Preserves I1 (available → held), I2 (checked here, CHECKs in SQL) and I3 (credited_in and
 // debited_out unchanged).
-func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
+func (o *reserveOp) apply(_ context.Context, b *batch) (reserveAnswer, error, error) {
 	req := o.req
 	hash := requestHash(req.SKU, req.Quantity)
 	k := keyKey{req.Sale, req.User, req.RequestKey}
 	if prior, ok := b.key(k); ok {
 		res, err := replayOf(prior, req)
-		return res, err, nil
+		return reserveAnswer{ReserveResult: res}, err, nil
 	}
 	if !b.m.knowsBuyer(req.Sale, req.User) {
 		if o.buyer == nil || o.from != b.m {
-			return nil, errBuyerArchived, nil // the caller reads the buyer's archived rows and asks again
+			return reserveAnswer{need: lookupBuyer}, nil, nil // the caller reads the buyer's archived rows and asks again
 		}
 		b.m.mu.Lock()
 		b.m.resolve(o.buyer) // I2: the buyer's archived bought units and keys count from here on
 		b.m.mu.Unlock()
 	}
 	if !o.keyLookedUp && b.m.retiredKey(k) {
-		return nil, errKeyRetired, nil // the caller looks the key up in SQL and asks again
+		return reserveAnswer{need: lookupKey}, nil, nil // the caller looks the key up in SQL and asks again
 	}
 	if a := o.ticket.Admission; a != "" && b.m.ticketUsedBy(req.Sale, a, req.RequestKey) {
-		return nil, fmt.Errorf("admission %s's ticket already backs another request_key: %w", a, ErrTicketUsed), nil
+		return reserveAnswer{}, fmt.Errorf("admission %s's ticket already backs another request_key: %w", a, ErrTicketUsed), nil
 	}
 	if err := b.m.paused.refuse(req); err != nil {
-		return nil, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
+		return reserveAnswer{}, err, nil // the kill switch: no new hold (a retry of a granted one is answered above)
 	}
 	if o.unbound {
-		return nil, fmt.Errorf("sale %s was resumed while the reservation was on its way, its buyer not yet bound to this region: %w",
+		return reserveAnswer{}, fmt.Errorf("sale %s was resumed while the reservation was on its way, its buyer not yet bound to this region: %w",
 			req.Sale, ErrAborted), nil
 	}
 	pk := poolKey{req.Sale, req.SKU}
 	p := b.m.pools[pk]
 	if p == nil {
-		return nil, o.exhausted(req, 0), nil
+		return reserveAnswer{}, o.exhausted(req, 0), nil
 	}
 	// The units set aside for the SKU's waitlist are the waitlist's offers' to take: an open
 	// buyer sees available − aside. A gate only: they are in available (I1 unchanged).
@@ -386,23 +363,23 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	free := p.available - aside
 	if req.fromAside > 0 {
 		if req.Quantity > req.fromAside {
-			return nil, apierr.Invalid("quantity", "%d is over the %d units the waitlist offered", req.Quantity, req.fromAside), nil
+			return reserveAnswer{}, apierr.Invalid("quantity", "%d is over the %d units the waitlist offered", req.Quantity, req.fromAside), nil
 		}
 		free = p.available
 	}
 	if free < req.Quantity {
 		b.touched[pk] = p.available
-		return nil, o.exhausted(req, free), nil
+		return reserveAnswer{}, o.exhausted(req, free), nil
 	}
 	var used transfer.Units
 	if u := b.m.users[userKey{req.Sale, req.SKU, req.User}]; u != nil {
 		used = u.held + u.bought
 	}
 	if used+req.Quantity > o.terms.PerUserLimit {
-		return nil, fmt.Errorf("user %s has %d of %s, limit %d: %w", req.User, used, req.SKU, o.terms.PerUserLimit, ErrLimitExceeded), nil
+		return reserveAnswer{}, fmt.Errorf("user %s has %d of %s, limit %d: %w", req.User, used, req.SKU, o.terms.PerUserLimit, ErrLimitExceeded), nil
 	}
 	if n := b.m.keysPer[saleUser{req.Sale, req.User}]; n >= o.maxKeys {
-		return nil, fmt.Errorf("user %s has used %d request keys in sale %s here, the most a buyer may: %w", req.User, n, req.Sale, apierr.ErrTooManyKeys), nil
+		return reserveAnswer{}, fmt.Errorf("user %s has used %d request keys in sale %s here, the most a buyer may: %w", req.User, n, req.Sale, apierr.ErrTooManyKeys), nil
 	}
 	h := &memHold{Hold: Hold{ID: o.holdID, Region: o.region, Sale: req.Sale, SKU: req.SKU, User: req.User, Quantity: req.Quantity,
 		RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL), Admission: o.ticket.Admission},
@@ -411,7 +388,7 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (any, error, error) {
 	if req.fromAside > 0 {
 		b.asideDelta[pk] -= min(req.Quantity, aside) // the offer's units leave the waitlist's book
 	}
-	return ReserveResult{Hold: h.Hold}, nil, nil
+	return reserveAnswer{ReserveResult: ReserveResult{Hold: h.Hold}}, nil, nil
 }
 
 // take records a new hold: available → held in its pool, the user's held count up. The
@@ -448,7 +425,7 @@ func (b *batch) take(h *memHold) {
 // ticket. vouched is whether the request's buyer is who it says, for a replay of its key: the
 // ticket's signature and buyer checked out (a failure is then its expiry or its SKU), or the
 // sale has no waiting room (its requests name the buyer).
-func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (tk admission.Ticket, vouched bool, err error) {
+func checkTicket(cfg *Config, t SaleTerms, req ReserveRequest, now time.Time) (tk admission.Ticket, vouched bool, err error) {
 	if !t.Admission.Waiting() {
 		if req.Ticket != "" {
 			return admission.Ticket{}, true, apierr.Invalid("ticket", "sale %s has no waiting room; send no ticket", req.Sale)
@@ -459,11 +436,11 @@ func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (tk
 		return admission.Ticket{}, false, fmt.Errorf("sale %s admits through its waiting room: a reservation needs a ticket: %w", req.Sale, ErrTicketInvalid)
 	}
 	var keys *admission.Keyring
-	if r.cfg.Tickets != nil {
-		keys = r.cfg.Tickets()
+	if cfg.Tickets != nil {
+		keys = cfg.Tickets()
 	}
 	if keys == nil {
-		return admission.Ticket{}, false, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", r.cfg.Name, ErrTicketInvalid)
+		return admission.Ticket{}, false, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", cfg.Name, ErrTicketInvalid)
 	}
 	tok := req.token()
 	if tok == nil {
@@ -474,7 +451,7 @@ func (r *Region) checkTicket(t SaleTerms, req ReserveRequest, now time.Time) (tk
 	if tk, err = keys.VerifySignature(tok); err != nil {
 		return admission.Ticket{}, false, err
 	}
-	if err := tk.Check(req.Sale, req.User, r.cfg.Name); err != nil {
+	if err := tk.Check(req.Sale, req.User, cfg.Name); err != nil {
 		return admission.Ticket{}, false, err
 	}
 	if err := tk.CheckLive(now); err != nil {

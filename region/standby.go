@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/internal/pgutil"
 	"github.com/quotaworks/quota/transfer"
 )
@@ -25,10 +27,32 @@ import (
 // snapshot finds every hold written since. Each row read is the hold's current version, and
 // a hold only ever goes from held to closed, so applying a row twice changes nothing.
 
+// warmCopy is a standby's copy of the region's state, kept while another process leads and
+// handed to this process's leadership at takeover (loadForTakeover). The copy belongs to
+// whoever holds warmSem, a one-slot semaphore held for a whole refresh (a channel, so a
+// takeover can give up waiting with its context). warmMu guards warmPaused, set while this
+// process leads, warmClosed, set by Close, and warmCancel, which cancels the refresh under
+// way.
+type warmCopy struct {
+	cfg  *Config
+	pool *pgxpool.Pool
+
+	warmSem    chan struct{}
+	warm       *memState
+	warmMu     sync.Mutex
+	warmPaused bool
+	warmClosed bool
+	warmCancel context.CancelFunc
+}
+
+func newWarmCopy(cfg *Config, pool *pgxpool.Pool) *warmCopy {
+	return &warmCopy{cfg: cfg, pool: pool, warmSem: make(chan struct{}, 1)}
+}
+
 // KeepWarm keeps a warm copy of the region's state while this process does not lead, until
 // ctx ends; the caller owns the goroutine it runs on. It returns at once when
 // Config.StandbyRefresh is negative (a cold standby: a takeover loads every hold).
-func (r *Region) KeepWarm(ctx context.Context) {
+func (r *warmCopy) KeepWarm(ctx context.Context) {
 	if r.cfg.StandbyRefresh < 0 {
 		return
 	}
@@ -49,7 +73,7 @@ func (r *Region) KeepWarm(ctx context.Context) {
 // takeover cancels a refresh under way (takeWarm): a catch-up applies nothing until it has
 // read all it needs, so its copy stays as it was; a copy that fails to apply what it read is
 // dropped, and loaded whole the next time.
-func (r *Region) refreshWarm(ctx context.Context) {
+func (r *warmCopy) refreshWarm(ctx context.Context) {
 	select {
 	case r.warmSem <- struct{}{}:
 	case <-ctx.Done():
@@ -79,14 +103,14 @@ func (r *Region) refreshWarm(ctx context.Context) {
 
 // warmed returns m brought up to date, or the state loaded whole when m is nil. When the
 // read fails it returns m as it was; when applying fails, nil.
-func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
+func (r *warmCopy) warmed(ctx context.Context, m *memState) (*memState, error) {
 	now := r.cfg.Clock.Now()
 	if m == nil {
 		m, err := loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
 		if err == nil {
 			// The copy takes as much memory as the leader's state: a standby near its limit
 			// is told now, not when it takes over.
-			r.warnNearMemoryLimit(len(m.holds))
+			warnNearMemoryLimit(r.cfg, len(m.holds))
 		}
 		return m, err
 	}
@@ -102,7 +126,7 @@ func (r *Region) warmed(ctx context.Context, m *memState) (*memState, error) {
 // catchUpCopy reads the changes since m's stamp in one snapshot (with count, also how many
 // holds are stored: rows) and applies them to m. read says whether the snapshot was read, and
 // so whether m may have been changed: a failed read leaves m as it was.
-func (r *Region) catchUpCopy(ctx context.Context, m *memState, now time.Time, count bool) (rows int64, read bool, err error) {
+func (r *warmCopy) catchUpCopy(ctx context.Context, m *memState, now time.Time, count bool) (rows int64, read bool, err error) {
 	var ch *changes
 	err = pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) (err error) {
 		ch, err = readChanges(ctx, tx, r.cfg.Name, m.changed, count)
@@ -117,7 +141,7 @@ func (r *Region) catchUpCopy(ctx context.Context, m *memState, now time.Time, co
 // takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that) and
 // hands over the warm copy, nil when there is none. It cancels a refresh under way and waits
 // for it to return, which a canceled read does at once.
-func (r *Region) takeWarm(ctx context.Context) (*memState, error) {
+func (r *warmCopy) takeWarm(ctx context.Context) (*memState, error) {
 	r.warmMu.Lock()
 	r.warmPaused = true
 	if r.warmCancel != nil {
@@ -137,7 +161,7 @@ func (r *Region) takeWarm(ctx context.Context) (*memState, error) {
 
 // resumeWarm lets KeepWarm load a copy again, once this process no longer leads. It never
 // waits: Lead and StepDown call it holding leadMu.
-func (r *Region) resumeWarm() {
+func (r *warmCopy) resumeWarm() {
 	r.warmMu.Lock()
 	r.warmPaused = false
 	r.warmMu.Unlock()
@@ -145,7 +169,7 @@ func (r *Region) resumeWarm() {
 
 // closeWarm stops the refreshing for good (Region.Close): a refresh under way is canceled,
 // and the copy let go.
-func (r *Region) closeWarm() {
+func (r *warmCopy) closeWarm() {
 	r.warmMu.Lock()
 	r.warmClosed = true
 	if r.warmCancel != nil {
@@ -156,7 +180,7 @@ func (r *Region) closeWarm() {
 }
 
 // dropWarm lets the warm copy go, for the collector.
-func (r *Region) dropWarm() {
+func (r *warmCopy) dropWarm() {
 	r.warmSem <- struct{}{}
 	r.warm = nil
 	<-r.warmSem
@@ -405,7 +429,7 @@ func (m *memState) checkCaughtUp(rows int64) error {
 // apply or to check is reported and let go, and every hold is loaded instead; when the
 // changes cannot even be read, the takeover fails and the copy is kept. It says which load
 // it did.
-func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error) {
+func (r *warmCopy) loadForTakeover(ctx context.Context) (*memState, string, error) {
 	m, err := r.takeWarm(ctx)
 	if err != nil {
 		return nil, "", err
@@ -431,7 +455,7 @@ func (r *Region) loadForTakeover(ctx context.Context) (*memState, string, error)
 
 // catchUpForTakeover catches m up to one snapshot and checks it against the same snapshot.
 // read says whether the snapshot was read, and so whether m may have been changed.
-func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) (read bool, err error) {
+func (r *warmCopy) catchUpForTakeover(ctx context.Context, m *memState, now time.Time) (read bool, err error) {
 	rows, read, err := r.catchUpCopy(ctx, m, now, true)
 	if err != nil {
 		return read, err
@@ -441,7 +465,7 @@ func (r *Region) catchUpForTakeover(ctx context.Context, m *memState, now time.T
 
 // putWarmBack keeps m as the warm copy again, after a takeover failed before it changed m: a
 // later takeover, or the next refresh once this process stands by again, starts from it.
-func (r *Region) putWarmBack(m *memState) {
+func (r *warmCopy) putWarmBack(m *memState) {
 	r.warmSem <- struct{}{}
 	if r.warm == nil {
 		r.warm = m

@@ -72,8 +72,8 @@ func BenchmarkTakeover(b *testing.B) {
 		}
 		release(c.r)
 	}
-	if warm.warmTakeovers.Load() != 1 || cold.fullTakeovers.Load() != 1 {
-		b.Fatalf("takeovers: warm standby %d warm, cold standby %d full; want 1 and 1", warm.warmTakeovers.Load(), cold.fullTakeovers.Load())
+	if warm.stats.warmTakeovers.Load() != 1 || cold.stats.fullTakeovers.Load() != 1 {
+		b.Fatalf("takeovers: warm standby %d warm, cold standby %d full; want 1 and 1", warm.stats.warmTakeovers.Load(), cold.stats.fullTakeovers.Load())
 	}
 }
 

@@ -89,7 +89,7 @@ func TestWarmStandbyCatchesUpExactly(t *testing.T) {
 	if err := sb.Lead(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if w, f := sb.warmTakeovers.Load(), sb.fullTakeovers.Load(); w != 1 || f != 0 {
+	if w, f := sb.stats.warmTakeovers.Load(), sb.stats.fullTakeovers.Load(); w != 1 || f != 0 {
 		t.Fatalf("takeovers: %d warm, %d full; want the warm copy used", w, f)
 	}
 	if err := sameCaughtUp(ctx, sb.state.Load(), full, sb, clk.Now(), clk.Now().Add(-DefaultRetainClosed)); err != nil {
@@ -232,7 +232,7 @@ func TestWarmStandbyMissingAChangeLoadsEverything(t *testing.T) {
 	if err := sb.Lead(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if w, f := sb.warmTakeovers.Load(), sb.fullTakeovers.Load(); w != 0 || f != 1 {
+	if w, f := sb.stats.warmTakeovers.Load(), sb.stats.fullTakeovers.Load(); w != 0 || f != 1 {
 		t.Fatalf("takeovers: %d warm, %d full; want the copy refused", w, f)
 	}
 	m := sb.state.Load()

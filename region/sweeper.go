@@ -3,13 +3,21 @@ package region
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// sweeper is the leader's housekeeping on the writer: it expires holds past their deadline
+// and moves the holds closed past the retention to the archive (archiver.go).
+type sweeper struct {
+	cfg  *Config
+	pool *pgxpool.Pool
+}
 
 // sweep expires holds past their deadline, in batches through the writer, until ctx ends.
 // When a sweep fills its batch it goes again at once. Then it moves the holds closed past the
 // retention to the archive (archiveTick).
-func (r *Region) sweep(ctx context.Context, w *writer) {
-	defer r.wg.Done()
+func (r *sweeper) sweep(ctx context.Context, w *writer) {
 	t := time.NewTicker(r.cfg.SweepInterval)
 	defer t.Stop()
 	var nextArchive time.Time
@@ -20,14 +28,14 @@ func (r *Region) sweep(ctx context.Context, w *writer) {
 		case <-t.C:
 		}
 		for {
-			n, err := w.submit(ctx, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
+			n, err := submit[int](ctx, w, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
 			if err != nil {
 				if ctx.Err() == nil {
 					r.cfg.Logger.Warn("sweep failed", "region", r.cfg.Name, "err", err)
 				}
 				break
 			}
-			if n.(int) < r.cfg.SweepBatch {
+			if n < r.cfg.SweepBatch {
 				break
 			}
 		}
@@ -44,11 +52,11 @@ const archiveIdleEvery = 10 * time.Second
 // most half the sweep interval, so that over a backlog (the history still in holds after the
 // migration that added the archive) the next sweep's expiries still come on time. While it
 // finds holds to move it looks again at the next sweep; otherwise after archiveIdleEvery.
-func (r *Region) archiveTick(ctx context.Context, w *writer, next *time.Time) {
+func (r *sweeper) archiveTick(ctx context.Context, w *writer, next *time.Time) {
 	if time.Now().Before(*next) {
 		return
 	}
-	n, err := r.archive(ctx, w.submit, r.cfg.SweepInterval/2)
+	n, err := r.archive(ctx, func(ctx context.Context, o op[int]) (int, error) { return submit(ctx, w, o) }, r.cfg.SweepInterval/2)
 	if err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
 	}
@@ -62,12 +70,12 @@ func (r *Region) archiveTick(ctx context.Context, w *writer, next *time.Time) {
 func (r *Region) SweepNow(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := r.submit(ctx, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
+		n, err := submitOp[int](ctx, r.leadership, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
 		if err != nil {
 			return total, err
 		}
-		total += n.(int)
-		if n.(int) < r.cfg.SweepBatch {
+		total += n
+		if n < r.cfg.SweepBatch {
 			return total, nil
 		}
 	}

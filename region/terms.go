@@ -9,19 +9,6 @@ import (
 	"github.com/quotaworks/quota/transfer"
 )
 
-// terms returns a sale's terms from the cache or the database.
-func (r *Region) terms(ctx context.Context, sale string) (SaleTerms, error) {
-	if t, ok := r.sales.Load(sale); ok {
-		return t.(SaleTerms), nil
-	}
-	t, err := readTerms(ctx, r.pool, sale)
-	if err != nil {
-		return t, err
-	}
-	r.sales.Store(sale, t)
-	return t, nil
-}
-
 func readTerms(ctx context.Context, q rowQuerier, sale string) (SaleTerms, error) {
 	t := SaleTerms{Sale: sale}
 	var limit, ttl, ticketTTL int64

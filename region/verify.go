@@ -15,7 +15,7 @@ import (
 // re-reads the stored counters and the sums over the pool's holds in one snapshot, and
 // compares them with each other (I2, I3) and with the cache (available). The writer is the
 // only writer, so any difference is this process's own bug: it crashes with the evidence.
-func (r *Region) verifyCommitted(b *batch) {
+func verifyCommitted(r *readCache, b *batch) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := pgutil.ReadTx(ctx, r.pool, func(tx pgx.Tx) error {

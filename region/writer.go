@@ -19,11 +19,16 @@ import (
 // op is one state change. Most ops (reserve, confirm, release, expire) are decided in the
 // leader's memory (batch.m) and leave their SQL effects in batch.w, written once for the
 // whole batch; the rare ops that come from the coordinator run SQL themselves through
-// batch.sqlOp. apply returns the op's result and its business outcome (sold out, limit, ...:
-// the batch still commits), or a fatal error that fails the whole batch.
-type op interface {
-	apply(ctx context.Context, b *batch) (res any, outcome error, fatal error)
+// batch.sqlOp. apply returns the op's result, of the type T its kind answers with, and its
+// business outcome (sold out, limit, ...: the batch still commits), or a fatal error that
+// fails the whole batch.
+type op[T any] interface {
+	apply(ctx context.Context, b *batch) (res T, outcome error, fatal error)
 }
+
+// verdict is how applying one op ended: its business outcome, which its caller is told once
+// the batch commits, or a fatal error, which fails the whole batch.
+type verdict struct{ outcome, fatal error }
 
 // batch is what the ops of one transaction share: the decision time, the leader's memory,
 // the writes not yet sent, and what the caches learn once the batch commits.
@@ -39,10 +44,7 @@ type batch struct {
 	epoch   int64
 	stamp   int64 // the changed stamp of the holds this batch writes (standby.go)
 	tx      pgx.Tx
-	// sp is the savepoint of the coordinator's op being applied (fencedOp), and spAvail the
-	// pool counts it changed, applied to memory only once the savepoint is released.
-	sp      pgx.Tx
-	spAvail map[poolKey]transfer.Units
+	opSavepoint
 	// aside is the region's waitlist book (nil in the simulation's core), and asideDelta
 	// this batch's changes to it, applied once the batch commits (aside.go).
 	aside      *asideBook
@@ -50,6 +52,14 @@ type batch struct {
 	// archived are the holds this batch moved to the archive (archiveOp): they leave memory
 	// once it commits.
 	archived []Hold
+}
+
+// opSavepoint is the savepoint of the coordinator's op being applied (fencedOp), sp, and
+// spAvail the pool counts it changed, applied to memory only once the savepoint is released
+// (endOp).
+type opSavepoint struct {
+	sp      pgx.Tx
+	spAvail map[poolKey]transfer.Units
 }
 
 // begin opens the batch's transaction on first use, first passing the epoch fence (I4): a
@@ -122,28 +132,28 @@ func (b *batch) fencedOp(ctx context.Context, sale string, gen int64) (tx pgx.Tx
 // constraint, a bad value), the savepoint is rolled back and that error becomes the op's
 // answer: the batch goes on and commits the other requests (I6 for them), and memory is
 // untouched, so no reload is needed. Any other failure stays fatal to the batch.
-func (b *batch) endOp(ctx context.Context, outcome, fatal error) (error, error) {
+func (b *batch) endOp(ctx context.Context, v verdict) verdict {
 	sp, avail := b.sp, b.spAvail
 	if sp == nil {
-		return outcome, fatal
+		return v
 	}
 	b.sp, b.spAvail = nil, nil
-	if fatal != nil {
-		if !statementError(fatal) {
-			return outcome, fatal
+	if v.fatal != nil {
+		if !statementError(v.fatal) {
+			return v
 		}
 		if err := sp.Rollback(ctx); err != nil {
-			return nil, fmt.Errorf("%w (rolling back to the savepoint: %v)", fatal, err)
+			return verdict{fatal: fmt.Errorf("%w (rolling back to the savepoint: %v)", v.fatal, err)}
 		}
-		return fmt.Errorf("refused by the database, nothing changed: %w", fatal), nil
+		return verdict{outcome: fmt.Errorf("refused by the database, nothing changed: %w", v.fatal)}
 	}
 	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
-		return nil, fmt.Errorf("release savepoint: %w", err)
+		return verdict{fatal: fmt.Errorf("release savepoint: %w", err)}
 	}
 	for k, a := range avail {
 		b.applyAvailable(k, a)
 	}
-	return outcome, nil
+	return verdict{outcome: v.outcome}
 }
 
 // statementError reports whether err is the database refusing one statement (integrity,
@@ -204,12 +214,41 @@ func (b *batch) applyAvailable(k poolKey, a transfer.Units) {
 	b.touched[k] = a
 }
 
+// pending is an op waiting for the writer, whatever its result's type (request).
+type pending interface {
+	// applyIn applies the op in b and ends its savepoint (batch.endOp), keeping its result
+	// until the batch is done.
+	applyIn(ctx context.Context, b *batch) verdict
+	// answer tells the caller the result kept by applyIn and the op's outcome, once the
+	// batch committed.
+	answer(outcome error)
+	// fail tells the caller err, and no result: the op was never applied, or its batch failed.
+	fail(err error)
+}
+
 // request is one op waiting for the writer, and its answer once its batch is done.
-type request struct {
-	op   op
-	res  any
+type request[T any] struct {
+	op   op[T]
+	res  T
 	err  error
 	done chan struct{}
+}
+
+func (p *request[T]) applyIn(ctx context.Context, b *batch) verdict {
+	res, outcome, fatal := p.op.apply(ctx, b)
+	p.res = res
+	return b.endOp(ctx, verdict{outcome, fatal})
+}
+
+func (p *request[T]) answer(outcome error) {
+	p.err = outcome
+	close(p.done)
+}
+
+func (p *request[T]) fail(err error) {
+	var zero T
+	p.res, p.err = zero, err
+	close(p.done)
 }
 
 // writer is the region's single writer: every state change of the region's database goes
@@ -223,7 +262,7 @@ type writer struct {
 	max      int
 	window   time.Duration
 	retain   time.Duration // how long a closed hold stays whole in memory (Config.RetainClosed)
-	in       chan *request
+	in       chan pending
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
 	// region stops leading), since memory may be ahead of the database, and what every
@@ -235,6 +274,12 @@ type writer struct {
 	// refused (Config.Metrics).
 	metrics Metrics
 
+	writerLife
+}
+
+// writerLife is a writer's goroutine and the gate of its queue: stop ends the goroutine (wg),
+// and close shuts the gate once it has.
+type writerLife struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -263,10 +308,10 @@ func (w *writer) close() {
 	w.failQueued()
 }
 
-// submit queues o and waits for its batch to commit. A canceled ctx after queuing leaves
+// submit queues o on w and waits for its batch to commit. A canceled ctx after queuing leaves
 // the outcome unknown: the caller must ask again with the same key.
-func (w *writer) submit(ctx context.Context, o op) (any, error) {
-	return w.submitThen(ctx, o, func() {})
+func submit[T any](ctx context.Context, w *writer, o op[T]) (T, error) {
+	return submitThen(ctx, w, o, func() {})
 }
 
 // submitThen is submit with finished called exactly once when the op can no longer take
@@ -276,11 +321,12 @@ func (w *writer) submit(ctx context.Context, o op) (any, error) {
 // Every op that enqueue accepted is answered: by its batch, or by failQueued once the writer
 // stopped (close runs it after shutting the gate). So the wait needs no stop case, and the
 // hot path selects over two channels, not three.
-func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, error) {
-	p := &request{op: o, done: make(chan struct{})}
+func submitThen[T any](ctx context.Context, w *writer, o op[T], finished func()) (T, error) {
+	var zero T
+	p := &request[T]{op: o, done: make(chan struct{})}
 	if err := w.enqueue(ctx, p); err != nil {
 		finished()
-		return nil, err
+		return zero, err
 	}
 	select {
 	case <-p.done:
@@ -291,7 +337,7 @@ func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, er
 			<-p.done
 			finished()
 		}()
-		return nil, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
+		return zero, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
 	}
 }
 
@@ -299,7 +345,7 @@ func (w *writer) submitThen(ctx context.Context, o op, finished func()) (any, er
 // (Config.MaxQueue: OVERLOADED, with a retry-after; nothing was done). The gate is held
 // shared while sending, so that once close holds it exclusively no op can enter the queue
 // after its last drain.
-func (w *writer) enqueue(ctx context.Context, p *request) error {
+func (w *writer) enqueue(ctx context.Context, p pending) error {
 	w.gate.RLock()
 	defer w.gate.RUnlock()
 	if w.shut {
@@ -323,7 +369,7 @@ const queueRetryAfter = 50 * time.Millisecond
 func (w *writer) run() {
 	defer w.wg.Done()
 	for {
-		var first *request
+		var first pending
 		select {
 		case <-w.stop: // checked first: once stopped, take no new batch
 			w.failQueued()
@@ -342,8 +388,8 @@ func (w *writer) run() {
 
 // collect gathers what is already queued behind first (and, with a window, what arrives
 // within it), up to max ops.
-func (w *writer) collect(first *request) []*request {
-	ps := []*request{first}
+func (w *writer) collect(first pending) []pending {
+	ps := []pending{first}
 	var timeout <-chan time.Time
 	if w.window > 0 {
 		t := time.NewTimer(w.window)
@@ -371,11 +417,7 @@ func (w *writer) collect(first *request) []*request {
 	return ps
 }
 
-func (w *writer) commit(ps []*request) {
-	type result struct {
-		res any
-		err error
-	}
+func (w *writer) commit(ps []pending) {
 	if w.m == nil {
 		w.failAll(ps, fmt.Errorf("region state not loaded: %w", ErrNotLeader))
 		return
@@ -389,18 +431,17 @@ func (w *writer) commit(ps []*request) {
 	b := &batch{now: w.clock.Now().Truncate(time.Microsecond), touched: map[poolKey]transfer.Units{}, sales: map[string]SaleTerms{},
 		m: w.m, w: newWrites(), db: w.pool, epoch: w.epoch, stamp: w.m.changed + 1, overlay: map[string]*memHold{}, keys: map[keyKey]*memHold{},
 		aside: w.aside, asideDelta: map[poolKey]transfer.Units{}}
-	results := make([]result, len(ps))
+	outcomes := make([]error, len(ps))
 	err := func() error {
 		for i, p := range ps {
-			res, outcome, fatal := p.op.apply(ctx, b)
-			outcome, fatal = b.endOp(ctx, outcome, fatal)
-			if fatal != nil {
-				return fatal
+			v := p.applyIn(ctx, b)
+			if v.fatal != nil {
+				return v.fatal
 			}
-			if outcome != nil && errors.Is(outcome, ErrFenced) {
+			if v.outcome != nil && errors.Is(v.outcome, ErrFenced) {
 				w.metrics.Fenced(FenceGeneration)
 			}
-			results[i] = result{res, outcome}
+			outcomes[i] = v.outcome
 		}
 		if b.tx == nil {
 			return b.flushOnce(ctx) // the hot path: no op needed a transaction of its own
@@ -429,15 +470,13 @@ func (w *writer) commit(ps []*request) {
 	w.onCommit(b)
 	w.metrics.BatchCommitted(len(ps), time.Since(start))
 	for i, p := range ps {
-		p.res, p.err = results[i].res, results[i].err
-		close(p.done)
+		p.answer(outcomes[i])
 	}
 }
 
-func (w *writer) failAll(ps []*request, err error) {
+func (w *writer) failAll(ps []pending, err error) {
 	for _, p := range ps {
-		p.err = err
-		close(p.done)
+		p.fail(err)
 	}
 }
 
@@ -445,8 +484,7 @@ func (w *writer) failQueued() {
 	for {
 		select {
 		case p := <-w.in:
-			p.err = fmt.Errorf("region writer stopped: %w", ErrNotLeader)
-			close(p.done)
+			p.fail(fmt.Errorf("region writer stopped: %w", ErrNotLeader))
 		default:
 			return
 		}

@@ -7,6 +7,7 @@ package region
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -60,21 +61,47 @@ func newInternalRegion(t *testing.T) (*Region, context.Context) {
 	return r, ctx
 }
 
+// anyOp lets one test batch hold ops of different result types.
+type anyOp[T any] struct{ op op[T] }
+
+func (a anyOp[T]) apply(ctx context.Context, b *batch) (any, error, error) {
+	res, outcome, fatal := a.op.apply(ctx, b)
+	return res, outcome, fatal
+}
+
 // runBatch commits ops as one batch on the region's writer (the writer goroutine is idle:
-// nothing else is submitted meanwhile) and returns each op's answer.
-func runBatch(r *Region, ops ...op) []*request {
-	ps := make([]*request, len(ops))
+// nothing else is submitted meanwhile) and returns each op's answer. Each op is an op[any]
+// or one of the region's ops named below.
+func runBatch(r *Region, ops ...any) []*request[any] {
+	ps := make([]*request[any], len(ops))
+	pend := make([]pending, len(ops))
 	for i, o := range ops {
-		ps[i] = &request{op: o, done: make(chan struct{})}
+		var a op[any]
+		switch o := o.(type) {
+		case *reserveOp:
+			a = anyOp[reserveAnswer]{o}
+		case *confirmOp:
+			a = anyOp[ConfirmResult]{o}
+		case *releaseOp:
+			a = anyOp[Hold]{o}
+		case *refuseOp:
+			a = anyOp[transfer.InState]{o}
+		case op[any]:
+			a = o
+		default:
+			panic(fmt.Sprintf("runBatch: an op of type %T", o))
+		}
+		ps[i] = &request[any]{op: a, done: make(chan struct{})}
+		pend[i] = ps[i]
 	}
-	r.w.commit(ps)
+	r.w.commit(pend)
 	return ps
 }
 
 func (r *Region) reserveOpFor(user, key string) *reserveOp {
 	t, _ := r.sales.Load("s")
 	return &reserveOp{maxKeys: r.cfg.MaxKeysPerUser, req: ReserveRequest{Sale: "s", SKU: "x", User: user, Quantity: 1, RequestKey: key},
-		terms: t.(SaleTerms), holdID: r.newHoldID(), region: r.cfg.Name, exhausted: r.exhausted}
+		terms: t.(SaleTerms), holdID: newHoldID(&r.cfg), region: r.cfg.Name, exhausted: r.exhausted}
 }
 
 // checkCacheMatchesDB: the cached available count is the stored one.
@@ -284,7 +311,7 @@ func TestRefusedStatementFailsItsOpAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	failuresBefore := r.BatchFailures()
-	var ops []op
+	var ops []any
 	for i := range 150 {
 		if i == 75 {
 			ops = append(ops, &refuseOp{req: CreditRequest{Generation: 1, TransferID: "bad", Sale: "s", SKU: "x", Units: -1}})
@@ -293,7 +320,7 @@ func TestRefusedStatementFailsItsOpAlone(t *testing.T) {
 	}
 	ps := runBatch(r, ops...)
 	for i, p := range ps {
-		_, isRefuse := p.op.(*refuseOp)
+		_, isRefuse := p.op.(anyOp[transfer.InState])
 		switch {
 		case isRefuse && (p.err == nil || errors.Is(p.err, ErrAborted)):
 			t.Errorf("the bad refusal: %v, %v; want its own error", p.res, p.err)

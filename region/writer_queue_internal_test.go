@@ -26,7 +26,7 @@ func (o gateOp) apply(context.Context, *batch) (any, error, error) {
 }
 
 func newBareWriter(queue int) *writer {
-	w := &writer{clock: clock.Real{}, max: 4, in: make(chan *request, queue), m: newMemState(),
+	w := &writer{clock: clock.Real{}, max: 4, in: make(chan pending, queue), m: newMemState(),
 		onCommit: func(*batch) {}, onFail: func(err error) (*memState, error) { return nil, err }}
 	w.start()
 	return w
@@ -47,7 +47,7 @@ func TestWriterAnswersEveryOpAcrossClose(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := w.submit(context.Background(), gateOp{release})
+				res, err := submit[any](context.Background(), w, gateOp{release})
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -72,7 +72,7 @@ func TestWriterAnswersEveryOpAcrossClose(t *testing.T) {
 		if answers["ok"]+answers["not leader"]+answers["overloaded"] != 64 {
 			t.Fatalf("round %d: answers %v", round, answers)
 		}
-		if _, err := w.submit(context.Background(), gateOp{release}); !errors.Is(err, ErrNotLeader) {
+		if _, err := submit[any](context.Background(), w, gateOp{release}); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("submit after close: %v", err)
 		}
 		w.close() // idempotent
@@ -92,7 +92,7 @@ func TestWriterFullQueueAnswersAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if res, err := w.submit(context.Background(), gateOp{release}); err == nil && res == "ok" {
+			if res, err := submit[any](context.Background(), w, gateOp{release}); err == nil && res == "ok" {
 				ok.Add(1)
 			}
 		}()
@@ -102,7 +102,7 @@ func TestWriterFullQueueAnswersAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if res, err := w.submit(context.Background(), gateOp{release}); err == nil && res == "ok" {
+			if res, err := submit[any](context.Background(), w, gateOp{release}); err == nil && res == "ok" {
 				ok.Add(1)
 			}
 		}()
@@ -110,7 +110,7 @@ func TestWriterFullQueueAnswersAtOnce(t *testing.T) {
 	}
 	start := time.Now()
 	ran := make(chan struct{})
-	_, err := w.submit(context.Background(), gateOp{ran})
+	_, err := submit[any](context.Background(), w, gateOp{ran})
 	var over *apierr.OverloadedError
 	if !errors.As(err, &over) || over.RetryAfter <= 0 {
 		t.Fatalf("submit to a full queue: %v; want OVERLOADED with a retry-after", err)
@@ -135,7 +135,7 @@ func TestWriterCanceledCallerIsUnknownOutcome(t *testing.T) {
 	finished := make(chan struct{}, 2)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := w.submitThen(ctx, gateOp{release}, func() { finished <- struct{}{} })
+		_, err := submitThen[any](ctx, w, gateOp{release}, func() { finished <- struct{}{} })
 		errc <- err
 	}()
 	time.Sleep(5 * time.Millisecond)
@@ -182,7 +182,7 @@ func BenchmarkWriterSubmit(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := w.submit(context.Background(), gateOp{done}); err != nil {
+					if _, err := submit[any](context.Background(), w, gateOp{done}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -208,10 +208,10 @@ func TestWriterIgnoresAGoneCaller(t *testing.T) {
 	var n atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := w.submit(ctx, countOp{&n}); !errors.Is(err, context.Canceled) {
+	if _, err := submit[any](ctx, w, countOp{&n}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("submit with an ended context: %v", err)
 	}
-	if res, err := w.submit(context.Background(), countOp{&n}); err != nil || res != "ok" {
+	if res, err := submit[any](context.Background(), w, countOp{&n}); err != nil || res != "ok" {
 		t.Fatalf("next submit: %v, %v", res, err)
 	}
 	if n.Load() != 1 {
