@@ -13,7 +13,7 @@ import (
 // buyer's holds are at one region, whose limit is the buyer's. A sale with a waiting room
 // binds a buyer when the room admits them (door.go), and its tickets are valid only at
 // their region. A sale without one binds a buyer at their first reservation that reaches
-// the writer: the reserve path's binding step (bindBuyer) runs after the standby's
+// the writer: the reserve path's binding step (bindings.buyer) runs after the standby's
 // NOT_LEADER and the empty pool's answers, before the writer decides, and writes the record
 // in etcd (Config.Bind: one create-if-absent transaction, so a buyer trying every region at
 // once is bound to exactly one) before any hold of the buyer is decided, hence before it is
@@ -153,41 +153,41 @@ func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
 	return bound, err
 }
 
-// bindBuyer is the reserve path's binding step, for a sale without a waiting room: it
-// answers nil once req's buyer is bound to this region (newly, or before), BOUND_ELSEWHERE
-// naming the region they are bound to, or ABORTED (nothing was done: ask again) when the
-// binding could not be written or read. A sale with a waiting room, or a region that binds
-// no one, has no such step.
+// buyer is the reserve path's binding step, for a sale without a waiting room: it answers
+// nil once req's buyer is bound to this region (newly, or before), BOUND_ELSEWHERE naming
+// the region they are bound to, or ABORTED (nothing was done: ask again) when the binding
+// could not be written or read. A sale with a waiting room, or a region that binds no one
+// (b nil), has no such step.
 //
-// A buyer the region does not know, of a sale or SKU paused here, is not bound (unbound):
-// the writer refuses the reservation PAUSED (or replays one granted before), and refuses it
-// ABORTED should the pause have ended on the way, so that no hold is made unbound.
-func (r *Region) bindBuyer(ctx context.Context, t SaleTerms, req ReserveRequest) (unbound bool, err error) {
-	if r.binds == nil || t.Admission.Waiting() {
+// A buyer the region does not know, of a sale or SKU paused here (paused), is not bound
+// (unbound): the writer refuses the reservation PAUSED (or replays one granted before), and
+// refuses it ABORTED should the pause have ended on the way, so that no hold is made unbound.
+func (b *bindings) buyer(ctx context.Context, t SaleTerms, req ReserveRequest, paused *pauseSet) (unbound bool, err error) {
+	if b == nil || t.Admission.Waiting() {
 		return false, nil
 	}
 	k := saleUser{req.Sale, req.User}
-	if _, ok := r.binds.cached(k); !ok && r.paused.Load().refuse(req) != nil {
+	if _, ok := b.cached(k); !ok && paused.refuse(req) != nil {
 		return true, nil
 	}
-	bound, err := r.binds.of(ctx, k)
+	bound, err := b.of(ctx, k)
 	if err != nil {
-		return false, fmt.Errorf("binding buyer %s to region %s for sale %s: %v: %w", req.User, r.cfg.Name, req.Sale, err, apierr.ErrAborted)
+		return false, fmt.Errorf("binding buyer %s to region %s for sale %s: %v: %w", req.User, b.region, req.Sale, err, apierr.ErrAborted)
 	}
-	if bound != r.cfg.Name {
+	if bound != b.region {
 		return false, &apierr.BoundError{Sale: req.Sale, Region: bound}
 	}
 	return false, nil
 }
 
-// boundElsewhere is bindBuyer from memory only: BOUND_ELSEWHERE for a buyer this region
-// knows to be bound to another, nil otherwise. It runs before the empty pool's answer, which
-// binds no one.
-func (r *Region) boundElsewhere(t SaleTerms, req ReserveRequest) error {
-	if r.binds == nil || t.Admission.Waiting() {
+// elsewhere is buyer from memory only: BOUND_ELSEWHERE for a buyer this region knows to be
+// bound to another, nil otherwise. It runs before the empty pool's answer, which binds no
+// one.
+func (b *bindings) elsewhere(t SaleTerms, req ReserveRequest) error {
+	if b == nil || t.Admission.Waiting() {
 		return nil
 	}
-	if bound, ok := r.binds.cached(saleUser{req.Sale, req.User}); ok && bound != r.cfg.Name {
+	if bound, ok := b.cached(saleUser{req.Sale, req.User}); ok && bound != b.region {
 		return &apierr.BoundError{Sale: req.Sale, Region: bound}
 	}
 	return nil

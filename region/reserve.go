@@ -55,7 +55,7 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		}
 		return ReserveResult{}, err
 	}
-	if err := r.boundElsewhere(t, req); err != nil {
+	if err := r.binds.elsewhere(t, req); err != nil {
 		return ReserveResult{}, err
 	}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {
@@ -68,7 +68,7 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 	}
 	// The buyer is bound to this region before the writer decides (binding.go): a hold is
 	// never acknowledged to a buyer not bound here.
-	unbound, err := r.bindBuyer(ctx, t, req)
+	unbound, err := r.binds.buyer(ctx, t, req, r.paused.Load())
 	if err != nil {
 		return ReserveResult{}, err
 	}
@@ -314,7 +314,7 @@ type reserveOp struct {
 	// ticket is the request's verified admission ticket, in a sale with a waiting room.
 	ticket admission.Ticket
 	// unbound says the binding step left the buyer unbound, the sale being paused
-	// (Region.bindBuyer): the op may replay a granted hold or be refused, never take.
+	// (bindings.buyer): the op may replay a granted hold or be refused, never take.
 	unbound bool
 }
 
