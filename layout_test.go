@@ -26,11 +26,18 @@ type layer struct {
 
 // layers is the one table of import rules: cmd → coordinator/region → transfer/fencing →
 // proto/internal. Adapters (coordrpc, regionrpc) are the only packages below cmd that speak
-// proto; process wiring lives under cmd/.
+// proto as servers; process wiring lives under cmd/. The load generator (loadgen) is the
+// storefront's side of the same APIs: a client of the regions' gRPC and HTTP/JSON edges that
+// counts units as transfer.Units, so it may import proto/ and transfer like an adapter, and
+// nothing of coordinator, region or fencing; it is a layer of its own, not internal/, because
+// internal/ helpers import nothing but each other, and not under cmd/, because the chaos suite
+// (deploy/) runs it too. There are no exceptions: a package that needs an import the table
+// forbids moves, or the table gains a rule with its reason.
 var layers = []layer{
-	{"commands", prefix("cmd/"), []string{"cmd/", "coordinator", "region", "admission", "transfer", "fencing", "proto/", "internal/"}},
+	{"commands", prefix("cmd/"), []string{"cmd/", "coordinator", "region", "admission", "transfer", "fencing", "loadgen", "proto/", "internal/"}},
 	{"simulation", prefix("sim"), []string{"coordinator", "region", "transfer", "internal/"}},
-	{"harness", prefix("deploy/"), []string{"internal/", "proto/", "transfer"}},
+	{"harness", prefix("deploy/"), []string{"loadgen", "internal/", "proto/", "transfer"}},
+	{"load generator", prefix("loadgen"), []string{"proto/", "transfer", "internal/"}},
 	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"}},
 	{"coordinator HTTP adapter", prefix("coordinator/coordhttp"), []string{"coordinator", "admission", "transfer", "internal/"}},
 	{"region HTTP adapter", prefix("region/regionhttp"), []string{"region", "admission", "proto/", "transfer", "internal/"}},
@@ -42,22 +49,6 @@ var layers = []layer{
 	{"admission", prefix("admission"), []string{"transfer", "internal/"}},
 	{"proto", prefix("proto/"), nil},
 	{"internal", prefix("internal/"), []string{"internal/"}},
-}
-
-// exceptions are imports the rules above forbid but the tree has, each with its reason. This
-// list may only shrink.
-// A key is "pkg -> import", one import of one package: an exception never covers more.
-var exceptions = map[string]string{
-	"internal/loadgen -> proto/quota/v1": "the load generator is a storefront client of the region's gRPC API, shared by " +
-		"quotactl's load and bench commands and the chaos suite in deploy/local, which cannot import cmd/",
-	"internal/loadgen -> transfer": "the load generator's stock and quantities are transfer.Units, the project's one type for a count of units",
-}
-
-// excepted is the exception key that covers violation v, if any.
-func excepted(v string) (string, bool) {
-	key, _, _ := strings.Cut(v, " (")
-	_, ok := exceptions[key]
-	return key, ok
 }
 
 // noIO is what transfer and admission (pure rules) may not import from the standard library.
@@ -144,16 +135,10 @@ func violations(p listed) []string {
 	return bad
 }
 
-// TestImportRules checks every package's imports against the layers and their exceptions, and
-// that every exception is still needed.
+// TestImportRules checks every package's imports against the layers.
 func TestImportRules(t *testing.T) {
-	used := map[string]bool{}
 	for _, p := range goList(t) {
 		for _, v := range violations(p) {
-			if key, ok := excepted(v); ok {
-				used[key] = true
-				continue
-			}
 			t.Errorf("import rule broken: %s", v)
 		}
 		for _, imp := range append(p.TestImports, p.XTestImports...) {
@@ -162,14 +147,6 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("import rule broken: %s's tests -> %s (only fencing imports etcd)", pkg, imp)
 			}
 		}
-	}
-	for e := range exceptions {
-		if !used[e] {
-			t.Errorf("exception %q is no longer needed: remove it from the list", e)
-		}
-	}
-	if len(exceptions) > 3 {
-		t.Errorf("%d exceptions to the import rules; at most three are allowed", len(exceptions))
 	}
 }
 
@@ -187,26 +164,25 @@ func TestImportRulesCatchViolations(t *testing.T) {
 		{ImportPath: module + "/fencing", Imports: []string{module + "/region"}},
 		{ImportPath: module + "/newpkg", Imports: nil},
 		{ImportPath: module + "/coordinator", Imports: []string{module + "/coordinator/coordrpc"}},
+		{ImportPath: module + "/loadgen", Imports: []string{module + "/region"}},
+		{ImportPath: module + "/loadgen", Imports: []string{module + "/coordinator"}},
+		{ImportPath: module + "/loadgen", Imports: []string{module + "/cmd/internal/cluster"}},
+		{ImportPath: module + "/region", Imports: []string{module + "/loadgen"}},
+		{ImportPath: module + "/sim", Imports: []string{module + "/loadgen"}},
+		{ImportPath: module + "/internal/apierr", Imports: []string{module + "/proto/quota/v1"}},
 	}
 	for _, c := range cases {
 		if len(violations(c)) == 0 {
 			t.Errorf("%s importing %v: not reported", c.ImportPath, c.Imports)
 		}
 	}
-	// The load generator's exceptions cover only the imports they name.
-	for _, imp := range []string{"/region", "/coordinator", "/cmd/internal/cluster"} {
-		v := violations(listed{ImportPath: module + "/internal/loadgen", Imports: []string{module + imp}})
-		if len(v) == 0 {
-			t.Errorf("internal/loadgen importing %s: not reported", imp)
+	for _, ok := range []listed{
+		{ImportPath: module + "/region/regionrpc", Imports: []string{module + "/region", module + "/proto/quota/v1", "google.golang.org/grpc"}},
+		{ImportPath: module + "/loadgen", Imports: []string{module + "/proto/quota/v1", module + "/transfer", module + "/internal/apierr"}},
+		{ImportPath: module + "/deploy/local", Imports: []string{module + "/loadgen"}},
+	} {
+		if v := violations(ok); len(v) != 0 {
+			t.Errorf("an allowed import was reported: %v", v)
 		}
-		for _, one := range v {
-			if key, ok := excepted(one); ok {
-				t.Errorf("%s: excused by exception %q", one, key)
-			}
-		}
-	}
-	ok := listed{ImportPath: module + "/region/regionrpc", Imports: []string{module + "/region", module + "/proto/quota/v1", "google.golang.org/grpc"}}
-	if v := violations(ok); len(v) != 0 {
-		t.Errorf("an allowed import was reported: %v", v)
 	}
 }
