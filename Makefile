@@ -15,7 +15,7 @@ BIN_DIR := bin
 FUZZTIME ?= 500000x
 # Each fuzz target and its package; seed corpora are in the test files (f.Add) and, for any
 # failure found, in the package's testdata/fuzz/ (commit those files).
-FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:./region FuzzParticipantRequests:./region \
+FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:./region/regionrpc FuzzParticipantRequests:./region/regionrpc \
 	FuzzParseRegions:./cmd/quotad FuzzParsePairs:./cmd/quotactl \
 	FuzzVerifyTicket:./admission FuzzParseKeyring:./admission FuzzParseToken:./coordinator/coordhttp
 

@@ -136,7 +136,7 @@ sale() { # id units admit-rate max-live (admit-rate 0: no waiting room)
 sale "$S-poll" 10 1 1               # admits one buyer, then no one: the rest stay queued
 sale "$S-polla" 10 100000 100000    # admits everyone at once
 sale "$S-soldout" 10 100000 100000
-sale "$S-lg" 5000000 0 0            # no waiting room: internal/loadgen reserves without tickets
+sale "$S-lg" 5000000 0 0            # no waiting room: loadgen reserves without tickets
 sale "$S-grpc" 5000000 100000 1000000
 sale "$S-grpc8" 5000000 100000 1000000
 sale "$S-http" 5000000 100000 1000000

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
-	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 )

@@ -17,7 +17,7 @@
 // durable before it answers), until D passes, the tickets run out or -max calls were made;
 // with -confirm it pays for each hold too (to sell a SKU out).
 //
-// loadgen runs the project's load generator (internal/loadgen) with C buyers in flight for D
+// loadgen runs the project's load generator (loadgen) with C buyers in flight for D
 // against a sale without a waiting room, reserves only (no confirm, no release).
 //
 // Each prints one line starting "HB " with key=value fields the shell script reads.
@@ -42,7 +42,7 @@ import (
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/clock"
-	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"

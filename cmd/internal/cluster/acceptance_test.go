@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
-	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 

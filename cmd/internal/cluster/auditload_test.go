@@ -11,8 +11,8 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/internal/apierr"
-	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 

@@ -8,10 +8,10 @@ import (
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
-	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 )

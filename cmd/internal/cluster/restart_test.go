@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotaworks/quota/internal/loadgen"
 	"github.com/quotaworks/quota/internal/testnet"
 	"github.com/quotaworks/quota/internal/testpg"
 	"github.com/quotaworks/quota/internal/trust"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 )
 

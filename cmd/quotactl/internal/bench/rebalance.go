@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/cmd/internal/cluster"
 	"github.com/quotaworks/quota/coordinator"
-	"github.com/quotaworks/quota/internal/loadgen"
+	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"

@@ -1,4 +1,4 @@
-package region_test
+package regionrpc_test
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// FuzzReserveRequest decodes arbitrary bytes as a ReserveRequest, as the gRPC server would,
+// FuzzReserveRequest decodes arbitrary bytes as a ReserveRequest, as this package's server does,
 // and validates it: no input panics, every refusal names a field, and every accepted request
 // has ids and a quantity within bounds.
 func FuzzReserveRequest(f *testing.F) {

@@ -1,4 +1,4 @@
-package pgutil_test
+package region_test
 
 import (
 	"context"
