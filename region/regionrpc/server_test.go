@@ -212,6 +212,29 @@ func (f *fixture) reserve(sale, sku, user, key string, q int64) error {
 func TestErrorMapping(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	for _, tt := range f.errorCases(f.errorSetup(t)) {
+		err := tt.call()
+		wantStatus(t, tt.name, err, tt.code, tt.reason, tt.meta, tt.field)
+		if ri := detail[*errdetails.RetryInfo](err); (tt.reason == "OVERLOADED") != (ri != nil && ri.RetryDelay.AsDuration() > 0) {
+			t.Errorf("%s: retry info %v", tt.name, ri)
+		}
+	}
+}
+
+// errorCase is a call and the status it must be answered with.
+type errorCase struct {
+	name   string
+	call   func() error
+	code   codes.Code
+	reason string
+	meta   map[string]string
+	field  string
+}
+
+// errorSetup makes the state the error cases need and returns the admission of a buyer
+// bound at eu.
+func (f *fixture) errorSetup(t *testing.T) string {
+	t.Helper()
 	f.sale(t, terms("s", 2, "k"), 10)
 	f.sale(t, terms("big", 100, "k", "gone"), 10)
 	later := terms("later", 1, "k")
@@ -245,24 +268,23 @@ func TestErrorMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admissionOf := func(id string) error {
-		_, err := f.store.GetAdmission(f.ctx, &quotav1.GetAdmissionRequest{SaleId: "room", AdmissionId: id})
-		return err
-	}
-	waitFor(t, "the binding at eu", func() bool { return admissionOf(bound.Admission.AdmissionId) != nil })
+	waitFor(t, "the binding at eu", func() bool { return f.admissionOf("room", bound.Admission.AdmissionId) != nil })
+	return bound.Admission.AdmissionId
+}
+
+func (f *fixture) admissionOf(sale, id string) error {
+	_, err := f.store.GetAdmission(f.ctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: id})
+	return err
+}
+
+// errorCases are the calls answered with each outcome the region's server can give.
+func (f *fixture) errorCases(bound string) []errorCase {
 	wraps := terms("wraps", 1, "k")
 	wraps.HoldTtlMs = 1<<58 + 60_000 // 60 s once wrapped around
 	noOpen := terms("noopen", 1, "k")
 	noOpen.OpensAt = nil
 	elsewhere := metadata.AppendToOutgoingContext(f.ctx, rpcserve.RegionHeader, "eu")
-	for _, tt := range []struct {
-		name   string
-		call   func() error
-		code   codes.Code
-		reason string
-		meta   map[string]string
-		field  string
-	}{
+	return []errorCase{
 		{"quantity 0", func() error { return f.reserve("s", "k", "u", "q0", 0) }, codes.InvalidArgument, "INVALID_ARGUMENT", nil, "quantity"},
 		{"user_id not UTF-8", f.reserveBadUser, codes.InvalidArgument, "INVALID_ARGUMENT", nil, "user_id"},
 		{"no terms", func() error { _, err := f.part.PutSale(f.ctx, &quotav1.PutSaleRequest{Generation: 1}); return err },
@@ -293,7 +315,7 @@ func TestErrorMapping(t *testing.T) {
 			return err
 		}, codes.FailedPrecondition, "FENCED", nil, ""},
 		{"no ticket", func() error { return f.reserve("room", "k", "u", "g", 1) }, codes.Unauthenticated, "TICKET_INVALID", nil, ""},
-		{"bound elsewhere", func() error { return admissionOf(bound.Admission.AdmissionId) },
+		{"bound elsewhere", func() error { return f.admissionOf("room", bound) },
 			codes.FailedPrecondition, "BOUND_ELSEWHERE", map[string]string{"region": "eu"}, ""},
 		{"entering too often", func() error {
 			_, err := f.store.Enter(f.ctx, &quotav1.EnterRequest{SaleId: "room", UserId: "quick"})
@@ -311,12 +333,6 @@ func TestErrorMapping(t *testing.T) {
 			codes.FailedPrecondition, "CONFLICT", nil, ""},
 		{"standby", func() error { return f.reserveOn(f.standby, "s", "k", "u", "h", 1) }, codes.Unavailable, "NOT_LEADER",
 			map[string]string{"leader": leaderAt}, ""},
-	} {
-		err := tt.call()
-		wantStatus(t, tt.name, err, tt.code, tt.reason, tt.meta, tt.field)
-		if ri := detail[*errdetails.RetryInfo](err); (tt.reason == "OVERLOADED") != (ri != nil && ri.RetryDelay.AsDuration() > 0) {
-			t.Errorf("%s: retry info %v", tt.name, ri)
-		}
 	}
 }
 
