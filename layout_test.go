@@ -47,6 +47,11 @@ type layer struct {
 //     the role table (internal/trust) against each one and its UTF-8 codec against real
 //     requests. A helper's production code stays message-agnostic: one that knew the
 //     messages would be an adapter.
+//   - coordinator/coordrpc -> region, region/regionrpc: the Participant client is a client of
+//     the region adapter's server; its tests run it against real regions served as quotad
+//     serves them, so a mapping that disagrees with the server's is caught. Sideways, between
+//     the two adapters, and only in tests: the coordinator adapter's production code still
+//     speaks to regions through proto alone.
 //
 // There are no exceptions: a package that needs an import the table forbids moves (a test
 // moves to the package whose behaviour it checks), or the table gains a rule with its reason.
@@ -55,7 +60,8 @@ var layers = []layer{
 	{"simulation", prefix("sim"), []string{"coordinator", "region", "transfer", "internal/"}, nil},
 	{"harness", prefix("deploy/"), []string{"loadgen", "internal/", "proto/", "transfer"}, nil},
 	{"load generator", prefix("loadgen"), []string{"proto/", "transfer", "internal/"}, nil},
-	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"}, nil},
+	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"},
+		[]string{"region", "region/regionrpc"}},
 	{"coordinator HTTP adapter", prefix("coordinator/coordhttp"), []string{"coordinator", "admission", "transfer", "internal/"}, nil},
 	{"region HTTP adapter", prefix("region/regionhttp"), []string{"region", "admission", "proto/", "transfer", "internal/"}, nil},
 	{"region adapter", prefix("region/regionrpc"), []string{"region", "admission", "proto/", "transfer", "internal/"}, nil},

@@ -91,11 +91,15 @@ func (p *Participant) Close() error {
 
 // PutSale implements coordinator.Participant.
 func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.SaleTerms) error {
-	_, err := p.client().PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: &quotav1.SaleTerms{
-		SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
-		OpensAt: timestamppb.New(t.OpensAt), AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
-		MaxLiveTickets: t.Admission.MaxLive}})
+	_, err := p.client().PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: termsToProto(t)})
 	return apierr.FromStatus(err)
+}
+
+// termsToProto is a sale's terms as PutSale carries them.
+func termsToProto(t coordinator.SaleTerms) *quotav1.SaleTerms {
+	return &quotav1.SaleTerms{SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
+		OpensAt: timestamppb.New(t.OpensAt), AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
+		MaxLiveTickets: t.Admission.MaxLive}
 }
 
 // Credit implements coordinator.Participant.

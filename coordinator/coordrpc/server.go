@@ -5,7 +5,6 @@ package coordrpc
 
 import (
 	"context"
-	"time"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -40,24 +39,41 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 
 // CreateSale implements CoordinatorService.
 func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (*quotav1.CreateSaleResponse, error) {
-	spec := coordinator.SaleSpec{Sale: req.GetSaleId(), PerUserLimit: transfer.Units(req.GetPerUserLimit()),
-		HoldTTL: time.Duration(req.GetHoldTtlMs()) * time.Millisecond,
-		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), TicketTTL: time.Duration(req.GetTicketTtlMs()) * time.Millisecond,
-			MaxLive: req.GetMaxLiveTickets()}, Rebalance: coordinator.RebalanceMode(req.GetRebalance())}
-	if req.GetOpensAt() != nil {
-		if err := req.GetOpensAt().CheckValid(); err != nil {
-			return nil, apierr.Invalid("opens_at", "%v", err)
-		}
-		spec.OpensAt = req.GetOpensAt().AsTime()
-	}
-	for _, k := range req.GetSkus() {
-		spec.SKUs = append(spec.SKUs, coordinator.SKUTotal{SKU: k.GetSku(), Total: transfer.Units(k.GetTotal())})
+	spec, err := saleSpecFromProto(req)
+	if err != nil {
+		return nil, err
 	}
 	sale, replayed, err := s.C.CreateSale(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	return &quotav1.CreateSaleResponse{Sale: saleToProto(sale), Replayed: replayed}, nil
+}
+
+// saleSpecFromProto is the sale a CreateSale request asks for. It refuses only what the
+// coordinator could not be told (an invalid opens_at, a TTL no duration holds); the
+// coordinator checks the rest.
+func saleSpecFromProto(req *quotav1.CreateSaleRequest) (coordinator.SaleSpec, error) {
+	spec := coordinator.SaleSpec{Sale: req.GetSaleId(), PerUserLimit: transfer.Units(req.GetPerUserLimit()),
+		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), MaxLive: req.GetMaxLiveTickets()},
+		Rebalance: coordinator.RebalanceMode(req.GetRebalance())}
+	var err error
+	if spec.HoldTTL, err = millis("hold_ttl", req.GetHoldTtlMs()); err != nil {
+		return spec, err
+	}
+	if spec.Admission.TicketTTL, err = millis("ticket_ttl", req.GetTicketTtlMs()); err != nil {
+		return spec, err
+	}
+	if req.GetOpensAt() != nil {
+		if err := req.GetOpensAt().CheckValid(); err != nil {
+			return spec, apierr.Invalid("opens_at", "%v", err)
+		}
+		spec.OpensAt = req.GetOpensAt().AsTime()
+	}
+	for _, k := range req.GetSkus() {
+		spec.SKUs = append(spec.SKUs, coordinator.SKUTotal{SKU: k.GetSku(), Total: transfer.Units(k.GetTotal())})
+	}
+	return spec, nil
 }
 
 // GetSale implements CoordinatorService.
@@ -108,6 +124,11 @@ func (s *Server) Audit(ctx context.Context, req *quotav1.AuditRequest) (*quotav1
 	if err != nil {
 		return nil, err
 	}
+	return auditToProto(rep), nil
+}
+
+// auditToProto is an audit report as AuditResponse answers it.
+func auditToProto(rep coordinator.Report) *quotav1.AuditResponse {
 	out := &quotav1.AuditResponse{Ok: rep.OK, At: timestamppb.New(rep.At)}
 	for _, a := range rep.SKUs {
 		sa := &quotav1.SkuAudit{SaleId: a.Sale, Sku: a.SKU, Total: int64(a.Total), Unallocated: int64(a.Unallocated),
@@ -125,5 +146,5 @@ func (s *Server) Audit(ctx context.Context, req *quotav1.AuditRequest) (*quotav1
 	for _, p := range rep.Pauses {
 		out.Pauses = append(out.Pauses, PauseToProto(p))
 	}
-	return out, nil
+	return out
 }

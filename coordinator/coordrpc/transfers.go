@@ -2,12 +2,11 @@ package coordrpc
 
 import (
 	"context"
-	"google.golang.org/protobuf/types/known/timestamppb"
-	"time"
 
 	"github.com/quotaworks/quota/coordinator"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // Transfer implements CoordinatorService.
@@ -56,24 +55,49 @@ func (s *Server) ResolveTransfer(ctx context.Context, req *quotav1.ResolveTransf
 
 // Rebalance implements CoordinatorService.
 func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (*quotav1.RebalanceResponse, error) {
-	p := transfer.Policy{Window: time.Duration(req.GetWindowMs()) * time.Millisecond,
-		Horizon: time.Duration(req.GetHorizonMs()) * time.Millisecond, MinUnits: transfer.Units(req.GetMinUnits())}
+	p, err := policyFromProto(req)
+	if err != nil {
+		return nil, err
+	}
 	res, err := s.C.Rebalance(ctx, coordinator.RebalanceRequest{Sale: req.GetSaleId(), SKU: req.GetSku(), Policy: p,
 		DryRun: req.GetDryRun(), RequestID: req.GetRequestId()})
 	if err != nil {
 		return nil, err
 	}
+	return rebalanceToProto(res, p), nil
+}
+
+// policyFromProto is the policy a Rebalance request names; a window or horizon no duration
+// holds is refused (policy), the rest the coordinator checks.
+func policyFromProto(req *quotav1.RebalanceRequest) (transfer.Policy, error) {
+	p := transfer.Policy{MinUnits: transfer.Units(req.GetMinUnits())}
+	var err error
+	if p.Window, err = millis("policy", req.GetWindowMs()); err != nil {
+		return p, err
+	}
+	p.Horizon, err = millis("policy", req.GetHorizonMs())
+	return p, err
+}
+
+// rebalanceToProto is a rebalance as RebalanceResponse answers it, each pool's need under p.
+func rebalanceToProto(res coordinator.RebalanceResult, p transfer.Policy) *quotav1.RebalanceResponse {
 	out := &quotav1.RebalanceResponse{Replayed: res.Replayed}
 	for _, d := range res.Pools {
 		out.Pools = append(out.Pools, &quotav1.PoolDemand{Pool: d.Pool, Available: int64(d.Available), Recent: int64(d.Recent), Need: int64(p.Need(d))})
 	}
-	for _, m := range res.Moves {
-		out.Moves = append(out.Moves, &quotav1.PlannedMove{From: m.From, To: m.To, Units: int64(m.Units)})
-	}
+	out.Moves = movesToProto(res.Moves)
 	for _, t := range res.Transfers {
 		out.Transfers = append(out.Transfers, TransferToProto(t))
 	}
-	return out, nil
+	return out
+}
+
+func movesToProto(ms []transfer.Move) []*quotav1.PlannedMove {
+	var out []*quotav1.PlannedMove
+	for _, m := range ms {
+		out = append(out, &quotav1.PlannedMove{From: m.From, To: m.To, Units: int64(m.Units)})
+	}
+	return out
 }
 
 // PlanRebalance implements CoordinatorService.
@@ -82,11 +106,16 @@ func (s *Server) PlanRebalance(ctx context.Context, req *quotav1.PlanRebalanceRe
 	if err != nil {
 		return nil, err
 	}
-	p := s.C.AutoPolicy()
+	return planToProto(plan, s.C.AutoPolicy()), nil
+}
+
+// planToProto is the automatic rebalancer's plan under policy p as PlanRebalanceResponse
+// answers it; a pool that never runs out has empty_in_ms -1.
+func planToProto(plan coordinator.SalePlan, p transfer.Policy) *quotav1.PlanRebalanceResponse {
 	out := &quotav1.PlanRebalanceResponse{SaleId: plan.Sale, Mode: string(plan.Mode), Enabled: plan.Enabled, At: timestamppb.New(plan.At),
 		WindowMs: p.Window.Milliseconds(), HorizonMs: p.Horizon.Milliseconds(), MinUnits: int64(p.MinUnits)}
 	for _, k := range plan.SKUs {
-		sp := &quotav1.SkuPlan{Sku: k.SKU, NearSellOut: k.NearSellOut, InFlight: int64(k.InFlight), Held: k.Held}
+		sp := &quotav1.SkuPlan{Sku: k.SKU, NearSellOut: k.NearSellOut, InFlight: int64(k.InFlight), Held: k.Held, Moves: movesToProto(k.Moves)}
 		for _, d := range k.Pools {
 			empty := int64(-1)
 			if d.Projection.EmptyIn >= 0 {
@@ -95,10 +124,7 @@ func (s *Server) PlanRebalance(ctx context.Context, req *quotav1.PlanRebalanceRe
 			sp.Pools = append(sp.Pools, &quotav1.PoolPlan{Pool: d.Pool, Available: int64(d.Available), Recent: int64(d.Recent),
 				Incoming: int64(d.Incoming), Need: int64(d.Need), Frozen: d.Frozen, PerSecond: d.Projection.PerSecond, EmptyInMs: empty})
 		}
-		for _, m := range k.Moves {
-			sp.Moves = append(sp.Moves, &quotav1.PlannedMove{From: m.From, To: m.To, Units: int64(m.Units)})
-		}
 		out.Skus = append(out.Skus, sp)
 	}
-	return out, nil
+	return out
 }

@@ -4,7 +4,6 @@ package regionrpc
 
 import (
 	"context"
-	"time"
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -107,23 +106,34 @@ func (s *Server) GetStock(ctx context.Context, req *quotav1.GetStockRequest) (*q
 
 // PutSale implements ParticipantService.
 func (s *Server) PutSale(ctx context.Context, req *quotav1.PutSaleRequest) (*quotav1.PutSaleResponse, error) {
-	t := req.GetSale()
-	if t == nil {
-		return nil, apierr.Invalid("sale", "missing")
-	}
-	if err := t.GetOpensAt().CheckValid(); err != nil { // a nil opens_at is invalid too
-		return nil, apierr.Invalid("opens_at", "%v", err)
-	}
-	err := s.R.PutSale(ctx, req.GetGeneration(), region.SaleTerms{
-		Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
-		HoldTTL: time.Duration(t.GetHoldTtlMs()) * time.Millisecond, OpensAt: t.GetOpensAt().AsTime(),
-		Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), TicketTTL: time.Duration(t.GetTicketTtlMs()) * time.Millisecond,
-			MaxLive: t.GetMaxLiveTickets()},
-	})
+	t, err := termsFromProto(req.GetSale())
 	if err != nil {
 		return nil, err
 	}
+	if err := s.R.PutSale(ctx, req.GetGeneration(), t); err != nil {
+		return nil, err
+	}
 	return &quotav1.PutSaleResponse{}, nil
+}
+
+// termsFromProto is the sale's terms a PutSale request carries. It refuses only what the
+// region could not be told (no terms, no valid opens_at, a TTL no duration holds); the
+// region checks the rest.
+func termsFromProto(t *quotav1.SaleTerms) (region.SaleTerms, error) {
+	if t == nil {
+		return region.SaleTerms{}, apierr.Invalid("sale", "missing")
+	}
+	if err := t.GetOpensAt().CheckValid(); err != nil { // a nil opens_at is invalid too
+		return region.SaleTerms{}, apierr.Invalid("opens_at", "%v", err)
+	}
+	out := region.SaleTerms{Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
+		OpensAt: t.GetOpensAt().AsTime(), Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), MaxLive: t.GetMaxLiveTickets()}}
+	var err error
+	if out.HoldTTL, err = millis("hold_ttl", t.GetHoldTtlMs()); err != nil {
+		return out, err
+	}
+	out.Admission.TicketTTL, err = millis("ticket_ttl", t.GetTicketTtlMs())
+	return out, err
 }
 
 // Credit implements ParticipantService.
