@@ -9,7 +9,7 @@ import (
 // A closed hold (sold, released, expired) never changes again, so neither the leader's
 // memory nor the holds table need keep it for long:
 //
-//   - Retired: once it has been closed for Config.RetainClosed (counted from its closed_at,
+//   - Retired: once it has been closed for Config.Sweep.RetainClosed (counted from its closed_at,
 //     also for the holds a leader loads), the leader drops it from memory and keeps only its
 //     key's digest, in a Bloom filter of fixed size (keyFilter).
 //   - Archived: the archiver (archiveOp, run by the sweeper) then moves it from holds to

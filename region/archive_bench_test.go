@@ -12,7 +12,7 @@ import (
 )
 
 // BenchmarkArchive measures the archiver: QUOTA_BENCH_HOLDS (default 100,000) holds of one
-// sale, each of its own buyer, sold an hour ago (past Config.RetainClosed) and still in the
+// sale, each of its own buyer, sold an hour ago (past Config.Sweep.RetainClosed) and still in the
 // holds table (as after the migration that added the archive), moved to holds_closed by one
 // ArchiveNow through the leader's writer, in batches of 1,024. It reports archived holds per
 // second. Run:
@@ -32,7 +32,7 @@ func BenchmarkArchive(b *testing.B) {
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE holds`); err != nil {
 		b.Fatal(err)
 	}
-	r, err := region.New(region.Config{Name: "us", SweepInterval: time.Hour, Logger: quietLogger}, pool)
+	r, err := region.New(region.Config{Name: "us", Sweep: region.SweepConfig{Interval: time.Hour}, Logger: quietLogger}, pool)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func closeAndTakeOver(t *testing.T, idle time.Duration) (r *Region, ctx context.
 // takeOverFrom closes old and returns a new leader of its region at epoch, on its clock.
 func takeOverFrom(t *testing.T, old *Region, epoch int64) *Region {
 	old.Close()
-	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func TestBadStoredFingerprint(t *testing.T) {
 			if _, err := old.pool.Exec(ctx, `UPDATE holds SET request_hash = $2 WHERE hold_id = $1`, h.ID, bad); err != nil {
 				t.Fatal(err)
 			}
-			r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+			r, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 			if err != nil {
 				t.Fatal(err)
 			}

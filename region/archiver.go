@@ -281,11 +281,11 @@ func archiveDue(ctx context.Context, db *pgxpool.Pool, cutoff time.Time) (bool, 
 func (r *sweeper) archive(ctx context.Context, submit func(context.Context, op[int]) (int, error), budget time.Duration) (int, error) {
 	total, start := 0, time.Now()
 	for budget <= 0 || time.Since(start) < budget {
-		due, err := archiveDue(ctx, r.pool, r.cfg.Clock.Now().Add(-r.cfg.RetainClosed))
+		due, err := archiveDue(ctx, r.pool, r.cfg.Clock.Now().Add(-r.cfg.Sweep.RetainClosed))
 		if err != nil || !due {
 			return total, err
 		}
-		n, err := submit(ctx, &archiveOp{region: r.cfg.Name, retain: r.cfg.RetainClosed, limit: archiveBatch})
+		n, err := submit(ctx, &archiveOp{region: r.cfg.Name, retain: r.cfg.Sweep.RetainClosed, limit: archiveBatch})
 		if err != nil {
 			return total, err
 		}

@@ -247,7 +247,7 @@ func TestArchivedKeysCountTowardTheCap(t *testing.T) {
 		t.Fatalf("archive: %d, %v", n, err)
 	}
 	old.Close()
-	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, MaxKeysPerUser: 4, Logger: old.cfg.Logger}, old.pool)
+	r, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, MaxKeysPerUser: 4, Logger: old.cfg.Logger}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +420,7 @@ func TestSweeperArchives(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
-	r, err := New(Config{Name: "us", Clock: clk, SweepInterval: 10 * time.Millisecond, Logger: old.cfg.Logger}, old.pool)
+	r, err := New(Config{Name: "us", Clock: clk, Sweep: SweepConfig{Interval: 10 * time.Millisecond}, Logger: old.cfg.Logger}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}

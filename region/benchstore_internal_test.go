@@ -11,7 +11,7 @@ import (
 // StoreBenchHolds writes, for the memory and takeover benchmarks, a sale m with one SKU p
 // whose pool holds n units in holds, each of its own user (buyer-<i>, key checkout-1), and
 // churn more available: held for an hour, or, with state "sold", sold an hour ago (past
-// Config.RetainClosed). Exported for the external benchmarks of package region_test.
+// Config.Sweep.RetainClosed). Exported for the external benchmarks of package region_test.
 func StoreBenchHolds(tb testing.TB, pool *pgxpool.Pool, n, churn int, state string) {
 	tb.Helper()
 	for _, q := range []string{

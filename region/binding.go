@@ -15,12 +15,12 @@ import (
 // their region. A sale without one binds a buyer at their first reservation that reaches
 // the writer: the reserve path's binding step (bindings.buyer) runs after the standby's
 // NOT_LEADER and the empty pool's answers, before the writer decides, and writes the record
-// in etcd (Config.Bind: one create-if-absent transaction, so a buyer trying every region at
+// in etcd (Config.Binding.Bind: one create-if-absent transaction, so a buyer trying every region at
 // once is bound to exactly one) before any hold of the buyer is decided, hence before it is
 // acknowledged. The region then remembers the answer: the buyer's later reservations here
 // do not reach etcd.
 
-// Defaults of Config.MaxBindings and Config.BindsInFlight.
+// Defaults of Config.Binding.MaxBindings and Config.Binding.InFlight.
 const (
 	DefaultMaxBindings   = 200_000
 	DefaultBindsInFlight = 64
@@ -28,13 +28,13 @@ const (
 
 // validateBinding fills in and checks the binding's bounds.
 func (c *Config) validateBinding() error {
-	setDefault(&c.MaxBindings, DefaultMaxBindings)
-	setDefault(&c.BindsInFlight, DefaultBindsInFlight)
-	if c.MaxBindings < 2 || c.MaxBindings > 10_000_000 {
-		return fmt.Errorf("max bindings %d: must be 2..10000000", c.MaxBindings)
+	setDefault(&c.Binding.MaxBindings, DefaultMaxBindings)
+	setDefault(&c.Binding.InFlight, DefaultBindsInFlight)
+	if c.Binding.MaxBindings < 2 || c.Binding.MaxBindings > 10_000_000 {
+		return fmt.Errorf("max bindings %d: must be 2..10000000", c.Binding.MaxBindings)
 	}
-	if c.BindsInFlight < 1 || c.BindsInFlight > 10_000 {
-		return fmt.Errorf("binds in flight %d: must be 1..10000", c.BindsInFlight)
+	if c.Binding.InFlight < 1 || c.Binding.InFlight > 10_000 {
+		return fmt.Errorf("binds in flight %d: must be 1..10000", c.Binding.InFlight)
 	}
 	return nil
 }
@@ -66,10 +66,10 @@ type bindCall struct {
 
 // newBindings returns cfg's bindings, or nil when cfg binds no one.
 func newBindings(cfg Config) *bindings {
-	if cfg.Bind == nil {
+	if cfg.Binding.Bind == nil {
 		return nil
 	}
-	return &bindings{bind: cfg.Bind, region: cfg.Name, half: max(1, cfg.MaxBindings/2), slots: make(chan struct{}, cfg.BindsInFlight),
+	return &bindings{bind: cfg.Binding.Bind, region: cfg.Name, half: max(1, cfg.Binding.MaxBindings/2), slots: make(chan struct{}, cfg.Binding.InFlight),
 		cur: map[saleUser]string{}, old: map[saleUser]string{}, flight: map[saleUser]*bindCall{}}
 }
 

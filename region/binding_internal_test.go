@@ -10,13 +10,13 @@ import (
 // most recently asked about kept; a buyer forgotten is asked about again.
 func TestBindingsAreBounded(t *testing.T) {
 	var calls int
-	b := newBindings(Config{Name: "us", MaxBindings: 4, BindsInFlight: 1, Bind: func(_ context.Context, _, user, region string) (string, error) {
+	b := newBindings(Config{Name: "us", Binding: BindingConfig{MaxBindings: 4, InFlight: 1, Bind: func(_ context.Context, _, user, region string) (string, error) {
 		calls++
 		if user == "elsewhere" {
 			return "eu", nil
 		}
 		return region, nil
-	}})
+	}}})
 	ctx := context.Background()
 	for i := range 10 {
 		if got, err := b.of(ctx, saleUser{"s", "u" + strconv.Itoa(i)}); err != nil || got != "us" {

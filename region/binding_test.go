@@ -43,7 +43,7 @@ func newEtcdBinds(t *testing.T) *etcdBinds {
 
 // config makes a region bind through b.
 func (b *etcdBinds) config(cfg *region.Config) {
-	cfg.Bind = func(ctx context.Context, sale, user, region string) (string, error) {
+	cfg.Binding.Bind = func(ctx context.Context, sale, user, region string) (string, error) {
 		n, _ := b.calls.LoadOrStore(region, new(atomic.Int64))
 		n.(*atomic.Int64).Add(1)
 		return b.binder.Load().Bind(ctx, sale, user, region)

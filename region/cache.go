@@ -102,7 +102,7 @@ func (r *readCache) cachedAvailable(k poolKey) (transfer.Units, bool) {
 // coordinator has flagged the SKU gone everywhere, REGION_EXHAUSTED (retry elsewhere or
 // later) otherwise.
 func (r *readCache) exhausted(req ReserveRequest, avail transfer.Units) error {
-	if r.cfg.SoldOut != nil && r.cfg.SoldOut(req.Sale, req.SKU) {
+	if r.cfg.Cluster.SoldOut != nil && r.cfg.Cluster.SoldOut(req.Sale, req.SKU) {
 		return r.soldOut.of(poolKey{req.Sale, req.SKU})
 	}
 	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", r.cfg.Name, avail, req.SKU, req.Quantity, ErrRegionExhausted)

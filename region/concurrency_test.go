@@ -23,7 +23,7 @@ func TestConcurrentReservesNeverOversell(t *testing.T) {
 // TestNeverOversellSmallBatches: the same with small, windowed batches (many commits, each
 // batch mixing grants and refusals at its end).
 func TestNeverOversellSmallBatches(t *testing.T) {
-	testNeverOversell(t, 300, 50, 10, func(c *region.Config) { c.MaxBatch = 7; c.BatchWindow = time.Millisecond })
+	testNeverOversell(t, 300, 50, 10, func(c *region.Config) { c.Writer.MaxBatch = 7; c.Writer.BatchWindow = time.Millisecond })
 }
 
 func testNeverOversell(t *testing.T, units transfer.Units, workers, each int, opts ...func(*region.Config)) {

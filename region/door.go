@@ -289,10 +289,10 @@ func (d *Door) soldOutEverywhere(t SaleTerms) bool {
 // (units available here) is not believed.
 func (d *Door) drained(sale, sku string) bool {
 	on := false
-	if f := d.r.cfg.Drained; f != nil {
+	if f := d.r.cfg.Cluster.Drained; f != nil {
 		on = f(sale, sku)
 	} else {
-		on = d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku)
+		on = d.r.cfg.Cluster.SoldOut != nil && d.r.cfg.Cluster.SoldOut(sale, sku)
 	}
 	if !on {
 		return false
@@ -512,7 +512,7 @@ func (d *Door) Describe(ctx context.Context, sale string) (SaleView, error) {
 	for _, sku := range t.SKUs {
 		avail, _ := d.r.cachedAvailable(poolKey{sale, sku})
 		avail -= min(d.r.aside.of(poolKey{sale, sku}), avail) // what an open buyer could take
-		v.SKUs = append(v.SKUs, SKUView{SKU: sku, SoldOut: d.r.cfg.SoldOut != nil && d.r.cfg.SoldOut(sale, sku),
+		v.SKUs = append(v.SKUs, SKUView{SKU: sku, SoldOut: d.r.cfg.Cluster.SoldOut != nil && d.r.cfg.Cluster.SoldOut(sale, sku),
 			Paused: paused(sku), Available: avail})
 	}
 	return v, nil

@@ -191,7 +191,7 @@ func TestExpiryRacesPayment(t *testing.T) {
 // TestBackgroundSweeper: without SweepNow, the region's own sweeper expires due holds and
 // returns their units.
 func TestBackgroundSweeper(t *testing.T) {
-	e := newEnv(t, func(c *region.Config) { c.SweepInterval = 5 * time.Millisecond; c.SweepBatch = 2 })
+	e := newEnv(t, func(c *region.Config) { c.Sweep.Interval = 5 * time.Millisecond; c.Sweep.Batch = 2 })
 	e.sale(defaultTerms(testSale, 10), 10)
 	var ids []string
 	for i := range 5 {

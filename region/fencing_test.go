@@ -256,19 +256,19 @@ func TestConfigValidate(t *testing.T) {
 		{Name: ""},
 		{Name: "US"},
 		{Name: "unallocated"},
-		{Name: "us", MaxBatch: -1},
-		{Name: "us", MaxBatch: 10001},
-		{Name: "us", BatchWindow: -time.Millisecond},
-		{Name: "us", BatchWindow: 2 * time.Second},
-		{Name: "us", SweepInterval: time.Microsecond},
-		{Name: "us", SweepBatch: -1},
+		{Name: "us", Writer: region.WriterConfig{MaxBatch: -1}},
+		{Name: "us", Writer: region.WriterConfig{MaxBatch: 10001}},
+		{Name: "us", Writer: region.WriterConfig{BatchWindow: -time.Millisecond}},
+		{Name: "us", Writer: region.WriterConfig{BatchWindow: 2 * time.Second}},
+		{Name: "us", Sweep: region.SweepConfig{Interval: time.Microsecond}},
+		{Name: "us", Sweep: region.SweepConfig{Batch: -1}},
 	} {
 		if _, err := region.New(c, nil); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}
 	}
 	c := region.Config{Name: "eu-west"}
-	if err := c.Validate(); err != nil || c.MaxBatch != 256 || c.SweepInterval != time.Second || c.SweepBatch != 512 || c.Clock == nil || c.Logger == nil {
+	if err := c.Validate(); err != nil || c.Writer.MaxBatch != 256 || c.Sweep.Interval != time.Second || c.Sweep.Batch != 512 || c.Clock == nil || c.Logger == nil {
 		t.Errorf("defaults: %+v, %v", c, err)
 	}
 }

@@ -67,7 +67,7 @@ func (e *env) takeOver() {
 // with epoch.
 func (e *env) newRegion(epoch int64) *region.Region {
 	e.t.Helper()
-	cfg := region.Config{Name: "us", Clock: e.clk, SweepInterval: time.Hour, Logger: quietLogger, Verify: os.Getenv("QUOTA_VERIFY") == "1"}
+	cfg := region.Config{Name: "us", Clock: e.clk, Sweep: region.SweepConfig{Interval: time.Hour}, Logger: quietLogger, Verify: os.Getenv("QUOTA_VERIFY") == "1"}
 	for _, o := range e.opts {
 		o(&cfg)
 	}

@@ -81,7 +81,7 @@ func TestUpgradeKeepsHolds(t *testing.T) {
 	if got := holdKeyCollation(t, ctx, pool); got != "C" {
 		t.Fatalf("holds.user_id collation after the migration: %q, want C", got)
 	}
-	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, pool)
+	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}

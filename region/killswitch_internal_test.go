@@ -10,7 +10,7 @@ import (
 // new leader refuses the paused SKU from its first request, and sells the resumed one.
 func TestWarmStandbyTakesOverPaused(t *testing.T) {
 	old, ctx := newInternalRegion(t)
-	if err := old.PutSale(ctx, 1, SaleTerms{Sale: "s2", SKUs: []string{"x"}, PerUserLimit: 10, HoldTTL: old.cfg.RetainClosed,
+	if err := old.PutSale(ctx, 1, SaleTerms{Sale: "s2", SKUs: []string{"x"}, PerUserLimit: 10, HoldTTL: old.cfg.Sweep.RetainClosed,
 		OpensAt: old.cfg.Clock.Now().Add(-1)}); err != nil {
 		t.Fatal(err)
 	}

@@ -89,8 +89,8 @@ func (r *leadership) Lead(ctx context.Context, epoch int64) error {
 	}
 	r.aside.reset() // the waitlists were the last leader's memory (aside.go)
 	w := &writer{
-		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.MaxBatch, window: r.cfg.BatchWindow, retain: r.cfg.RetainClosed,
-		in: make(chan pending, r.cfg.MaxQueue), onCommit: r.onCommit, m: m, aside: r.aside, metrics: r.cfg.Metrics,
+		pool: r.pool, clock: r.cfg.Clock, epoch: epoch, max: r.cfg.Writer.MaxBatch, window: r.cfg.Writer.BatchWindow, retain: r.cfg.Sweep.RetainClosed,
+		in: make(chan pending, r.cfg.Writer.MaxQueue), onCommit: r.onCommit, m: m, aside: r.aside, metrics: r.cfg.Metrics,
 	}
 	w.onFail = func(err error) (*memState, error) { return r.onBatchFailure(w, err) }
 	w.start()
@@ -238,8 +238,8 @@ func (r *leadership) writer() (*writer, error) {
 // notLeader is ErrNotLeader with the leader's address when the election knows it.
 func (r *leadership) notLeader() error {
 	nl := &apierr.NotLeaderError{Role: "region " + r.cfg.Name}
-	if r.cfg.LeaderHint != nil {
-		nl.Leader = r.cfg.LeaderHint()
+	if r.cfg.Cluster.LeaderHint != nil {
+		nl.Leader = r.cfg.Cluster.LeaderHint()
 	}
 	return nl
 }
@@ -261,7 +261,7 @@ func submitOp[T any](ctx context.Context, r *leadership, o op[T]) (T, error) {
 // snapshot includes it, and it fails with ErrFenced when a newer leader has taken over.
 func (r *leadership) reload(ctx context.Context, epoch int64) (*memState, error) {
 	m, _, err := r.reloadWith(ctx, epoch, func(ctx context.Context) (*memState, string, error) {
-		m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now(), r.cfg.RetainClosed)
+		m, err := loadMem(ctx, r.pool, r.cfg.Name, r.cfg.Clock.Now(), r.cfg.Sweep.RetainClosed)
 		return m, "full", err
 	})
 	return m, err

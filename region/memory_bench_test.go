@@ -29,7 +29,7 @@ import (
 func BenchmarkLeaderMemory(b *testing.B) { leaderMemory(b, "held") }
 
 // BenchmarkLeaderMemoryClosed is BenchmarkLeaderMemory with every stored hold sold an hour
-// before, longer than Config.RetainClosed: a leader keeps of each only its user's count and a
+// before, longer than Config.Sweep.RetainClosed: a leader keeps of each only its user's count and a
 // digest of its key (archive.go), so the heap per hold is a small fraction of a live one's.
 func BenchmarkLeaderMemoryClosed(b *testing.B) { leaderMemory(b, "sold") }
 
@@ -54,7 +54,7 @@ func leaderMemory(b *testing.B, state string) {
 	region.StoreBenchHolds(b, pool, n, churn, state)
 	before := heapInUse()
 	b.ResetTimer()
-	r, err := region.New(region.Config{Name: "us", SweepInterval: time.Hour, Logger: quietLogger}, pool)
+	r, err := region.New(region.Config{Name: "us", Sweep: region.SweepConfig{Interval: time.Hour}, Logger: quietLogger}, pool)
 	if err != nil {
 		b.Fatal(err)
 	}

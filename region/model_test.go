@@ -150,7 +150,7 @@ func (m *model) sweep(now time.Time) int {
 func TestRegionMatchesModel(t *testing.T) {
 	t.Run("retain default", func(t *testing.T) { checkRegionMatchesModel(t, newEnv(t)) })
 	t.Run("retain 1ns", func(t *testing.T) {
-		checkRegionMatchesModel(t, newEnv(t, func(c *region.Config) { c.RetainClosed = time.Nanosecond }))
+		checkRegionMatchesModel(t, newEnv(t, func(c *region.Config) { c.Sweep.RetainClosed = time.Nanosecond }))
 	})
 }
 

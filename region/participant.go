@@ -64,10 +64,10 @@ func (r *Region) checkGeneration(ctx context.Context, gen int64) error {
 	if gen < 1 {
 		return fmt.Errorf("generation %d: not a coordinator's generation: %w", gen, ErrFenced)
 	}
-	if r.cfg.CoordinatorGeneration == nil || gen <= r.coordGen.Load() {
+	if r.cfg.Cluster.CoordinatorGeneration == nil || gen <= r.coordGen.Load() {
 		return nil
 	}
-	cur, err := r.cfg.CoordinatorGeneration(ctx)
+	cur, err := r.cfg.Cluster.CoordinatorGeneration(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the coordinator leader's generation: %v: %w", err, apierr.ErrAborted)
 	}

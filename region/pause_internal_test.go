@@ -58,7 +58,7 @@ func TestLeaderPausedMidTransaction(t *testing.T) {
 	close(hold.ch)
 	<-p.entered
 
-	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestSuccessorEndsAStalledHolderOfTheEpochRow(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT quota_check_epoch(1)`); err != nil { // the hot path's fence: FOR SHARE
 		t.Fatal(err)
 	}
-	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func (lostReplyOp) apply(context.Context, *batch) (any, error, error) {
 // key), not NOT_LEADER, which would say that nothing was done.
 func TestUnknownOutcomeStaysUnknownWhenDeposed(t *testing.T) {
 	old, ctx := newInternalRegion(t)
-	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	next, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}

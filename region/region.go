@@ -21,29 +21,11 @@ type Config struct {
 	Name string
 	// Clock tells the time for holds and expiry; default the wall clock.
 	Clock clock.Clock
-	// MaxBatch is the most operations one transaction commits; default 256.
-	MaxBatch int
 	// MaxKeysPerUser is the most request keys one buyer may use in one sale at this region
 	// (every reserve with a new key is one, kept for good); past it a reserve with a new key
 	// is answered TOO_MANY_KEYS (RESOURCE_EXHAUSTED), so what a buyer makes the leader keep
 	// is bounded. Retries with a used key are answered as before. Default 1,000.
 	MaxKeysPerUser int32
-	// MaxQueue is the most operations waiting for the writer; past it a request is answered
-	// OVERLOADED (RESOURCE_EXHAUSTED with a retry-after) at once. Default 16 × MaxBatch.
-	MaxQueue int
-	// BatchWindow is how long the writer waits for more operations after the first; 0 (the
-	// default) commits whatever is queued at once, so light load pays about one commit.
-	BatchWindow time.Duration
-	// SweepInterval is how often expired holds are looked for; default 1s.
-	SweepInterval time.Duration
-	// SweepBatch is the most holds one sweep expires per transaction; default 512.
-	SweepBatch int
-	// RetainClosed is how long the leader keeps a closed (sold, released, expired) hold
-	// whole in memory after it closed, so retries of it are answered without SQL; afterwards
-	// it keeps only a digest of its key and reads the hold from SQL when asked, and the
-	// sweeper moves the hold to the archive table holds_closed (archive.go). The time counts
-	// from the hold's stored closed_at, also for the holds a leader loads. Default 10m.
-	RetainClosed time.Duration
 	// StandbyRefresh is how often a process that does not lead refreshes its warm copy of
 	// the region's state (KeepWarm), so that taking over reads only what changed since.
 	// Default 1s; negative: no copy, a takeover loads every hold.
@@ -52,6 +34,66 @@ type Config struct {
 	Logger *slog.Logger
 	// Verify runs the expensive invariant checks after every batch (QUOTA_VERIFY=1).
 	Verify bool
+	// Metrics receives the region's counts (reservations by outcome, batches, fences) for
+	// the process's Prometheus metrics; default: counted nowhere.
+	Metrics Metrics
+	// Writer tunes the leader's writer: its batches and its queue.
+	Writer WriterConfig
+	// Sweep tunes the sweeper: expiry of holds and the archiving of closed ones.
+	Sweep SweepConfig
+	// Binding binds buyers to this region in a sale without a waiting room (binding.go).
+	Binding BindingConfig
+	// Cluster is what the region reads of the rest of the cluster: its leader, the
+	// coordinator's flags and generation, the ticket keys. Each unset function reads nothing.
+	Cluster ClusterView
+}
+
+// WriterConfig tunes the leader's writer (Config.Writer).
+type WriterConfig struct {
+	// MaxBatch is the most operations one transaction commits; default 256.
+	MaxBatch int
+	// MaxQueue is the most operations waiting for the writer; past it a request is answered
+	// OVERLOADED (RESOURCE_EXHAUSTED with a retry-after) at once. Default 16 × MaxBatch.
+	MaxQueue int
+	// BatchWindow is how long the writer waits for more operations after the first; 0 (the
+	// default) commits whatever is queued at once, so light load pays about one commit.
+	BatchWindow time.Duration
+}
+
+// SweepConfig tunes the sweeper (Config.Sweep).
+type SweepConfig struct {
+	// Interval is how often expired holds are looked for; default 1s.
+	Interval time.Duration
+	// Batch is the most holds one sweep expires per transaction; default 512.
+	Batch int
+	// RetainClosed is how long the leader keeps a closed (sold, released, expired) hold
+	// whole in memory after it closed, so retries of it are answered without SQL; afterwards
+	// it keeps only a digest of its key and reads the hold from SQL when asked, and the
+	// sweeper moves the hold to the archive table holds_closed (archive.go). The time counts
+	// from the hold's stored closed_at, also for the holds a leader loads. Default 10m.
+	RetainClosed time.Duration
+}
+
+// BindingConfig binds buyers to this region (Config.Binding).
+type BindingConfig struct {
+	// Bind records, once per (sale, user) across the cluster, the region a buyer is bound to,
+	// and returns the region recorded: this one, or the one that came first
+	// (fencing.Binder.Bind). In a sale without a waiting room a buyer's first reservation here
+	// binds them before it is decided (binding.go; a sale with one binds at admission,
+	// DoorConfig.Bind), so the per-user limit holds across regions. Nil: no binding (a
+	// cluster of one region).
+	Bind func(ctx context.Context, sale, user, region string) (string, error)
+	// MaxBindings bounds the bindings the region remembers, so that only a buyer's first
+	// reservation here reaches etcd; one forgotten costs one more etcd transaction at the
+	// buyer's next reservation. Default 200,000.
+	MaxBindings int
+	// InFlight bounds the binding writes reservations have under way at once; default 64
+	// (as many as the front door's admissions, DoorConfig.BindsInFlight).
+	InFlight int
+}
+
+// ClusterView is what a region reads of the rest of the cluster (Config.Cluster).
+type ClusterView struct {
 	// LeaderHint, when set, tells where the region's current leader answers; a standby puts
 	// it in its NOT_LEADER answers so clients can go there.
 	LeaderHint func() string
@@ -71,23 +113,6 @@ type Config struct {
 	// change under a running region: keys rotate). A sale with a waiting room needs them:
 	// without them every reservation of it is refused TICKET_INVALID.
 	Tickets func() *admission.Keyring
-	// Metrics receives the region's counts (reservations by outcome, batches, fences) for
-	// the process's Prometheus metrics; default: counted nowhere.
-	Metrics Metrics
-	// Bind records, once per (sale, user) across the cluster, the region a buyer is bound to,
-	// and returns the region recorded: this one, or the one that came first
-	// (fencing.Binder.Bind). In a sale without a waiting room a buyer's first reservation here
-	// binds them before it is decided (binding.go; a sale with one binds at admission,
-	// DoorConfig.Bind), so the per-user limit holds across regions. Nil: no binding (a
-	// cluster of one region).
-	Bind func(ctx context.Context, sale, user, region string) (string, error)
-	// MaxBindings bounds the bindings the region remembers, so that only a buyer's first
-	// reservation here reaches etcd; one forgotten costs one more etcd transaction at the
-	// buyer's next reservation. Default 200,000.
-	MaxBindings int
-	// BindsInFlight bounds the binding writes reservations have under way at once; default 64
-	// (as many as the front door's admissions, DoorConfig.BindsInFlight).
-	BindsInFlight int
 }
 
 // DefaultMaxKeysPerUser is Config.MaxKeysPerUser's default.
@@ -101,11 +126,11 @@ func (c *Config) Validate() error {
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
 	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 256
+	if c.Writer.MaxBatch == 0 {
+		c.Writer.MaxBatch = 256
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
-		return fmt.Errorf("max batch %d: must be 1..10000", c.MaxBatch)
+	if c.Writer.MaxBatch < 1 || c.Writer.MaxBatch > 10000 {
+		return fmt.Errorf("max batch %d: must be 1..10000", c.Writer.MaxBatch)
 	}
 	if c.MaxKeysPerUser == 0 {
 		c.MaxKeysPerUser = DefaultMaxKeysPerUser
@@ -113,32 +138,32 @@ func (c *Config) Validate() error {
 	if c.MaxKeysPerUser < 1 {
 		return fmt.Errorf("max keys per user %d: must be positive", c.MaxKeysPerUser)
 	}
-	if c.MaxQueue == 0 {
-		c.MaxQueue = 16 * c.MaxBatch
+	if c.Writer.MaxQueue == 0 {
+		c.Writer.MaxQueue = 16 * c.Writer.MaxBatch
 	}
-	if c.MaxQueue < c.MaxBatch || c.MaxQueue > 1<<20 {
-		return fmt.Errorf("max queue %d: must be %d (max batch)..%d", c.MaxQueue, c.MaxBatch, 1<<20)
+	if c.Writer.MaxQueue < c.Writer.MaxBatch || c.Writer.MaxQueue > 1<<20 {
+		return fmt.Errorf("max queue %d: must be %d (max batch)..%d", c.Writer.MaxQueue, c.Writer.MaxBatch, 1<<20)
 	}
-	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
-		return fmt.Errorf("batch window %s: must be 0..1s", c.BatchWindow)
+	if c.Writer.BatchWindow < 0 || c.Writer.BatchWindow > time.Second {
+		return fmt.Errorf("batch window %s: must be 0..1s", c.Writer.BatchWindow)
 	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = time.Second
+	if c.Sweep.Interval == 0 {
+		c.Sweep.Interval = time.Second
 	}
-	if c.SweepInterval < time.Millisecond {
-		return fmt.Errorf("sweep interval %s: must be at least 1ms", c.SweepInterval)
+	if c.Sweep.Interval < time.Millisecond {
+		return fmt.Errorf("sweep interval %s: must be at least 1ms", c.Sweep.Interval)
 	}
-	if c.SweepBatch == 0 {
-		c.SweepBatch = 512
+	if c.Sweep.Batch == 0 {
+		c.Sweep.Batch = 512
 	}
-	if c.SweepBatch < 1 {
-		return fmt.Errorf("sweep batch %d: must be positive", c.SweepBatch)
+	if c.Sweep.Batch < 1 {
+		return fmt.Errorf("sweep batch %d: must be positive", c.Sweep.Batch)
 	}
-	if c.RetainClosed == 0 {
-		c.RetainClosed = DefaultRetainClosed
+	if c.Sweep.RetainClosed == 0 {
+		c.Sweep.RetainClosed = DefaultRetainClosed
 	}
-	if c.RetainClosed < 0 {
-		return fmt.Errorf("retain closed %s: must not be negative", c.RetainClosed)
+	if c.Sweep.RetainClosed < 0 {
+		return fmt.Errorf("retain closed %s: must not be negative", c.Sweep.RetainClosed)
 	}
 	if c.StandbyRefresh == 0 {
 		c.StandbyRefresh = time.Second
@@ -158,9 +183,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// DefaultRetainClosed is Config.RetainClosed's default: long enough for a client's retries
-// of a confirm or release to be answered from memory, short enough that a busy sale's closed
-// holds do not pile up in it.
+// DefaultRetainClosed is Config.Sweep.RetainClosed's default: long enough for a client's
+// retries of a confirm or release to be answered from memory, short enough that a busy
+// sale's closed holds do not pile up in it.
 const DefaultRetainClosed = 10 * time.Minute
 
 type poolKey struct{ sale, sku string }
@@ -191,7 +216,7 @@ type Region struct {
 	// coordGen is the highest coordinator leader generation read from etcd so far.
 	coordGen atomic.Int64
 	// binds is what this region knows of its buyers' bindings (binding.go); nil when it binds
-	// no one (Config.Bind unset).
+	// no one (Config.Binding.Bind unset).
 	binds *bindings
 }
 

@@ -436,8 +436,8 @@ func checkTicket(cfg *Config, t SaleTerms, req ReserveRequest, now time.Time) (t
 		return admission.Ticket{}, false, fmt.Errorf("sale %s admits through its waiting room: a reservation needs a ticket: %w", req.Sale, ErrTicketInvalid)
 	}
 	var keys *admission.Keyring
-	if cfg.Tickets != nil {
-		keys = cfg.Tickets()
+	if cfg.Cluster.Tickets != nil {
+		keys = cfg.Cluster.Tickets()
 	}
 	if keys == nil {
 		return admission.Ticket{}, false, fmt.Errorf("region %s has no ticket keys to check tickets with: %w", cfg.Name, ErrTicketInvalid)

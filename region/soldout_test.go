@@ -19,7 +19,7 @@ import (
 func TestSoldOutAnswer(t *testing.T) {
 	var flagged atomic.Bool
 	e := newEnv(t, func(c *region.Config) {
-		c.SoldOut = func(sale, sku string) bool { return flagged.Load() && sale == testSale && sku == testSKU }
+		c.Cluster.SoldOut = func(sale, sku string) bool { return flagged.Load() && sale == testSale && sku == testSKU }
 	})
 	e.sale(defaultTerms(testSale, 1), 1)
 	e.mustReserve("alice", "k1", 1)
@@ -60,8 +60,8 @@ func TestSoldOutAnswerWithTicket(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, func(c *region.Config) {
-		c.SoldOut = func(string, string) bool { return true }
-		c.Tickets = func() *admission.Keyring { return keys }
+		c.Cluster.SoldOut = func(string, string) bool { return true }
+		c.Cluster.Tickets = func() *admission.Keyring { return keys }
 	})
 	terms := defaultTerms(testSale, 1)
 	terms.Admission = transfer.AdmissionTerms{Rate: 10, TicketTTL: time.Hour, MaxLive: 10}

@@ -106,7 +106,7 @@ func (r *warmCopy) refreshWarm(ctx context.Context) {
 func (r *warmCopy) warmed(ctx context.Context, m *memState) (*memState, error) {
 	now := r.cfg.Clock.Now()
 	if m == nil {
-		m, err := loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+		m, err := loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.Sweep.RetainClosed)
 		if err == nil {
 			// The copy takes as much memory as the leader's state: a standby near its limit
 			// is told now, not when it takes over.
@@ -135,7 +135,7 @@ func (r *warmCopy) catchUpCopy(ctx context.Context, m *memState, now time.Time, 
 	if err != nil {
 		return 0, false, err
 	}
-	return ch.rows, true, m.catchUp(ch, now, r.cfg.RetainClosed)
+	return ch.rows, true, m.catchUp(ch, now, r.cfg.Sweep.RetainClosed)
 }
 
 // takeWarm stops the refreshing for as long as this process leads (resumeWarm ends that) and
@@ -449,7 +449,7 @@ func (r *warmCopy) loadForTakeover(ctx context.Context) (*memState, string, erro
 		r.cfg.Logger.Error("region standby's copy of the state is unusable; loading every hold", "region", r.cfg.Name, "err", err)
 		m = nil // not live during the load
 	}
-	m, err = loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.RetainClosed)
+	m, err = loadMem(ctx, r.pool, r.cfg.Name, now, r.cfg.Sweep.RetainClosed)
 	return m, "full", err
 }
 

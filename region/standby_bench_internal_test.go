@@ -35,7 +35,7 @@ func BenchmarkTakeover(b *testing.B) {
 	StoreBenchHolds(b, pool, n, churn, "held")
 	quiet := slog.New(slog.DiscardHandler)
 	newRegion := func(refresh time.Duration) *Region {
-		r, err := New(Config{Name: "us", SweepInterval: time.Hour, Logger: quiet, StandbyRefresh: refresh}, pool)
+		r, err := New(Config{Name: "us", Sweep: SweepConfig{Interval: time.Hour}, Logger: quiet, StandbyRefresh: refresh}, pool)
 		if err != nil {
 			b.Fatal(err)
 		}

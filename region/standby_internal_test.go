@@ -17,7 +17,7 @@ import (
 // loads its warm copy.
 func newStandby(t *testing.T, old *Region) *Region {
 	t.Helper()
-	sb, err := New(Config{Name: "us", Clock: old.cfg.Clock, SweepInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	sb, err := New(Config{Name: "us", Clock: old.cfg.Clock, Sweep: SweepConfig{Interval: time.Hour}, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestKeepWarmFollowsTheLeader(t *testing.T) {
 	if _, err := old.Credit(ctx, CreditRequest{Generation: 1, TransferID: "t2", Sale: "s", SKU: "x", Units: 100000}); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := New(Config{Name: "us", Clock: clk, SweepInterval: time.Hour, StandbyRefresh: 5 * time.Millisecond,
+	sb, err := New(Config{Name: "us", Clock: clk, Sweep: SweepConfig{Interval: time.Hour}, StandbyRefresh: 5 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestKeepWarmFollowsTheLeader(t *testing.T) {
 	}
 	takeOver(old, sb, 2, "a")
 	sb.StepDown()
-	third, err := New(Config{Name: "us", Clock: clk, SweepInterval: time.Hour, StandbyRefresh: -1, Logger: slog.New(slog.DiscardHandler)}, old.pool)
+	third, err := New(Config{Name: "us", Clock: clk, Sweep: SweepConfig{Interval: time.Hour}, StandbyRefresh: -1, Logger: slog.New(slog.DiscardHandler)}, old.pool)
 	if err != nil {
 		t.Fatal(err)
 	}

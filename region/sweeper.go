@@ -18,7 +18,7 @@ type sweeper struct {
 // When a sweep fills its batch it goes again at once. Then it moves the holds closed past the
 // retention to the archive (archiveTick).
 func (r *sweeper) sweep(ctx context.Context, w *writer) {
-	t := time.NewTicker(r.cfg.SweepInterval)
+	t := time.NewTicker(r.cfg.Sweep.Interval)
 	defer t.Stop()
 	var nextArchive time.Time
 	for {
@@ -28,14 +28,14 @@ func (r *sweeper) sweep(ctx context.Context, w *writer) {
 		case <-t.C:
 		}
 		for {
-			n, err := submit[int](ctx, w, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
+			n, err := submit[int](ctx, w, &expireOp{limit: r.cfg.Sweep.Batch, region: r.cfg.Name})
 			if err != nil {
 				if ctx.Err() == nil {
 					r.cfg.Logger.Warn("sweep failed", "region", r.cfg.Name, "err", err)
 				}
 				break
 			}
-			if n < r.cfg.SweepBatch {
+			if n < r.cfg.Sweep.Batch {
 				break
 			}
 		}
@@ -56,7 +56,7 @@ func (r *sweeper) archiveTick(ctx context.Context, w *writer, next *time.Time) {
 	if time.Now().Before(*next) {
 		return
 	}
-	n, err := r.archive(ctx, func(ctx context.Context, o op[int]) (int, error) { return submit(ctx, w, o) }, r.cfg.SweepInterval/2)
+	n, err := r.archive(ctx, func(ctx context.Context, o op[int]) (int, error) { return submit(ctx, w, o) }, r.cfg.Sweep.Interval/2)
 	if err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("archiving closed holds failed", "region", r.cfg.Name, "err", err)
 	}
@@ -70,12 +70,12 @@ func (r *sweeper) archiveTick(ctx context.Context, w *writer, next *time.Time) {
 func (r *Region) SweepNow(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := submitOp[int](ctx, r.leadership, &expireOp{limit: r.cfg.SweepBatch, region: r.cfg.Name})
+		n, err := submitOp[int](ctx, r.leadership, &expireOp{limit: r.cfg.Sweep.Batch, region: r.cfg.Name})
 		if err != nil {
 			return total, err
 		}
 		total += n
-		if n < r.cfg.SweepBatch {
+		if n < r.cfg.Sweep.Batch {
 			return total, nil
 		}
 	}

@@ -29,7 +29,7 @@ func keyringOf(t *testing.T, id string, b byte) *admission.Keyring {
 // her hold; her own ticket replays the hold, also once it has expired.
 func TestTicketSignatureBeforeReplay(t *testing.T) {
 	keys := keyringOf(t, "k1", 7)
-	e := newEnv(t, func(c *region.Config) { c.Tickets = func() *admission.Keyring { return keys } })
+	e := newEnv(t, func(c *region.Config) { c.Cluster.Tickets = func() *admission.Keyring { return keys } })
 	terms := defaultTerms(testSale, 5)
 	terms.Admission = transfer.AdmissionTerms{Rate: 10, TicketTTL: time.Minute, MaxLive: 10}
 	e.sale(terms, 10)

@@ -261,7 +261,7 @@ type writer struct {
 	epoch    int64
 	max      int
 	window   time.Duration
-	retain   time.Duration // how long a closed hold stays whole in memory (Config.RetainClosed)
+	retain   time.Duration // how long a closed hold stays whole in memory (Config.Sweep.RetainClosed)
 	in       chan pending
 	onCommit func(b *batch)
 	// onFail learns of a failed batch and returns the state reloaded from SQL (nil: the
@@ -342,7 +342,7 @@ func submitThen[T any](ctx context.Context, w *writer, o op[T], finished func())
 }
 
 // enqueue queues p unless the writer is stopped, ctx has ended or the queue is full
-// (Config.MaxQueue: OVERLOADED, with a retry-after; nothing was done). The gate is held
+// (Config.Writer.MaxQueue: OVERLOADED, with a retry-after; nothing was done). The gate is held
 // shared while sending, so that once close holds it exclusively no op can enter the queue
 // after its last drain.
 func (w *writer) enqueue(ctx context.Context, p pending) error {

@@ -42,7 +42,7 @@ func newInternalRegion(t *testing.T) (*Region, context.Context) {
 		t.Fatal(err)
 	}
 	now := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
-	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), SweepInterval: time.Hour,
+	r, err := New(Config{Name: "us", Clock: clock.NewManual(now), Sweep: SweepConfig{Interval: time.Hour},
 		Logger: slog.New(slog.DiscardHandler)}, pool)
 	if err != nil {
 		t.Fatal(err)

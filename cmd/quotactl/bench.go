@@ -133,7 +133,7 @@ func benchConfig(e *env) (bench.Config, error) {
 		return cfg, usage("%v", err)
 	}
 	cfg.GC = gc
-	cfg.Region = region.Config{MaxBatch: e.v.GetInt("max-batch"), BatchWindow: e.v.GetDuration("batch-window")}
+	cfg.Region = region.Config{Writer: region.WriterConfig{MaxBatch: e.v.GetInt("max-batch"), BatchWindow: e.v.GetDuration("batch-window")}}
 	for _, s := range splitList(e.v.GetString("concurrency")) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {

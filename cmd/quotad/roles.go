@@ -29,8 +29,8 @@ func addRegionTuning(cmd *cobra.Command) {
 }
 
 func regionTuning(v *viper.Viper) (region.Config, error) {
-	c := region.Config{Name: "placeholder", MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window"),
-		SweepInterval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed"), Verify: v.GetBool("verify"),
+	c := region.Config{Name: "placeholder", Writer: region.WriterConfig{MaxBatch: v.GetInt("max-batch"), BatchWindow: v.GetDuration("batch-window")},
+		Sweep: region.SweepConfig{Interval: v.GetDuration("sweep-interval"), RetainClosed: v.GetDuration("retain-closed")}, Verify: v.GetBool("verify"),
 		StandbyRefresh: v.GetDuration("standby-refresh"), MaxKeysPerUser: v.GetInt32("max-keys-per-user")}
 	switch {
 	case c.StandbyRefresh == 0: // no copy; in a region.Config 0 means the default
@@ -38,8 +38,8 @@ func regionTuning(v *viper.Viper) (region.Config, error) {
 	case c.StandbyRefresh < 0:
 		return c, fmt.Errorf("standby-refresh %s: must not be negative (0: no copy)", c.StandbyRefresh)
 	}
-	if c.RetainClosed <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
-		return c, fmt.Errorf("retain-closed %s: must be positive (default %s)", c.RetainClosed, region.DefaultRetainClosed)
+	if c.Sweep.RetainClosed <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
+		return c, fmt.Errorf("retain-closed %s: must be positive (default %s)", c.Sweep.RetainClosed, region.DefaultRetainClosed)
 	}
 	if c.MaxKeysPerUser <= 0 { // in a region.Config 0 means the default; on the command line it would surprise
 		return c, fmt.Errorf("max-keys-per-user %d: must be positive (default %d)", c.MaxKeysPerUser, region.DefaultMaxKeysPerUser)

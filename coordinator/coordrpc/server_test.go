@@ -59,7 +59,7 @@ func listen(t *testing.T, opts rpcserve.Options, register func(*grpc.Server)) st
 func startRegion(t *testing.T, name string, pool *pgxpool.Pool, lead bool) regionNode {
 	t.Helper()
 	n := regionNode{pool: pool}
-	cfg := region.Config{Name: name, Logger: quiet, SweepInterval: time.Hour, LeaderHint: func() string { return leaderAt }}
+	cfg := region.Config{Name: name, Logger: quiet, Sweep: region.SweepConfig{Interval: time.Hour}, Cluster: region.ClusterView{LeaderHint: func() string { return leaderAt }}}
 	var err error
 	if n.r, err = region.New(cfg, pool); err != nil {
 		t.Fatal(err)

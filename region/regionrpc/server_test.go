@@ -82,8 +82,8 @@ func newFixture(t *testing.T) *fixture {
 	if f.keys, err = admission.ParseKeyring([]byte("k1 " + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)) + "\n")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := region.Config{Name: "us", Logger: quiet, SweepInterval: time.Hour, MaxKeysPerUser: 3,
-		Tickets: func() *admission.Keyring { return f.keys }, SoldOut: func(_, sku string) bool { return sku == "gone" }}
+	cfg := region.Config{Name: "us", Logger: quiet, Sweep: region.SweepConfig{Interval: time.Hour}, MaxKeysPerUser: 3,
+		Cluster: region.ClusterView{Tickets: func() *admission.Keyring { return f.keys }, SoldOut: func(_, sku string) bool { return sku == "gone" }}}
 	if f.r, err = region.New(cfg, f.pool); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func newFixture(t *testing.T) *fixture {
 	if err := f.r.Lead(f.ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	door, err := region.NewDoor(f.r, region.DoorConfig{Keys: cfg.Tickets, PerUserRate: 1, PerUserBurst: 1,
+	door, err := region.NewDoor(f.r, region.DoorConfig{Keys: cfg.Cluster.Tickets, PerUserRate: 1, PerUserBurst: 1,
 		Bind: func(_ context.Context, _, user, here string) (string, error) {
 			if user == "bound" {
 				return "eu", nil // bound at eu first
@@ -104,7 +104,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(door.Close)
 	f.conn = serve(t, "us", &regionrpc.Server{R: f.r, D: door})
 	f.store, f.part = quotav1.NewRegionServiceClient(f.conn), quotav1.NewParticipantServiceClient(f.conn)
-	cfg.LeaderHint = func() string { return leaderAt }
+	cfg.Cluster.LeaderHint = func() string { return leaderAt }
 	standby, err := region.New(cfg, f.pool)
 	if err != nil {
 		t.Fatal(err)

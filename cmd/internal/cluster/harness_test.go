@@ -84,7 +84,7 @@ func newTestCluster(t *testing.T, names ...string) *testCluster {
 	for _, name := range names {
 		db := testpg.NewDB(t, "region_"+name)
 		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: name, Verify: verify(),
-			CoordinatorGeneration: tc.coordinatorGeneration}, Listen: "127.0.0.1:0", DBURL: db,
+			Cluster: region.ClusterView{CoordinatorGeneration: tc.coordinatorGeneration}}, Listen: "127.0.0.1:0", DBURL: db,
 			LeaseTTL: 2 * time.Second, TLS: certs, Logger: testLogger()}, etcd)
 		if err != nil {
 			t.Fatal(err)

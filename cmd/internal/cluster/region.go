@@ -53,7 +53,7 @@ type RegionConfig struct {
 	// Limits bound what the gRPC server and the HTTP edge accept (zero fields: the defaults).
 	Limits rpcserve.Limits
 	// NoBindAtReserve leaves out the binding of a buyer at their first reservation in a sale
-	// without a waiting room (region.Config.Bind), so the per-user limit of such a sale holds
+	// without a waiting room (region.Config.Binding.Bind), so the per-user limit of such a sale holds
 	// per region only: for the benchmark that measures what the binding costs. Admissions to
 	// a waiting room bind as ever.
 	NoBindAtReserve bool
@@ -175,12 +175,12 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		cfg.Logger = slog.Default()
 	}
 	cfg.Region.Logger = cfg.Logger
-	cfg.Region.LeaderHint = cachedHint(hintTTL, func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) })
+	cfg.Region.Cluster.LeaderHint = cachedHint(hintTTL, func() string { return leaderOf(etcd, "region/"+cfg.Region.Name) })
 	flags := &flagSet{}
-	cfg.Region.SoldOut = flags.has(fencing.SoldOut)
-	cfg.Region.Drained = flags.has(fencing.Drained)
-	if cfg.Region.CoordinatorGeneration == nil {
-		cfg.Region.CoordinatorGeneration = coordinatorGeneration(etcd)
+	cfg.Region.Cluster.SoldOut = flags.has(fencing.SoldOut)
+	cfg.Region.Cluster.Drained = flags.has(fencing.Drained)
+	if cfg.Region.Cluster.CoordinatorGeneration == nil {
+		cfg.Region.Cluster.CoordinatorGeneration = coordinatorGeneration(etcd)
 	}
 	var keys *ticketKeys
 	if cfg.TicketKeys != "" {
@@ -188,7 +188,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 		if keys, err = loadTicketKeys(cfg.TicketKeys, cfg.Logger); err != nil {
 			return nil, err
 		}
-		cfg.Region.Tickets = keys.get
+		cfg.Region.Cluster.Tickets = keys.get
 	}
 	nm := newNodeMetrics(roleRegion, cfg.Region.Name, cfg.TLS)
 	if nm.off = cfg.NoMetrics; !nm.off {
@@ -196,7 +196,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	binder := fencing.NewBinder(etcd, cmp.Or(cfg.BindRetention, fencing.DefaultBindRetention))
 	if !cfg.NoBindAtReserve {
-		cfg.Region.Bind = binder.Bind
+		cfg.Region.Binding.Bind = binder.Bind
 	}
 	r, db, err := openRegion(ctx, cfg)
 	if err != nil {

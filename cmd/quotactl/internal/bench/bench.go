@@ -367,7 +367,7 @@ func (c *Config) setup() Setup {
 
 // regionTuning describes the region's writer settings (Validate filled in the defaults).
 func (c *Config) regionTuning() string {
-	return fmt.Sprintf("max batch %d, batch window %s", c.Region.MaxBatch, c.Region.BatchWindow)
+	return fmt.Sprintf("max batch %d, batch window %s", c.Region.Writer.MaxBatch, c.Region.Writer.BatchWindow)
 }
 
 // describeServer reads the server's version and commit durability.
