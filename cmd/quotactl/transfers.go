@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
@@ -35,7 +36,8 @@ its outcome has stayed unknown), not an error; the coordinator keeps driving it,
 	f.String("from", "", "source region, or 'unallocated' (required)")
 	f.String("to", "", "destination region, or 'unallocated' (required)")
 	f.Int64("units", 0, "units to move (required)")
-	f.String("request-id", "", "idempotency id: run again with the same id to retry safely; default a new random id (printed)")
+	f.String("request-key", "", "the request key, which makes the transfer idempotent: run again with the same key to retry safely; default a new random key (printed)")
+	cliconf.Alias(f, "request-id", "request-key")
 	f.Duration("wait", 10*time.Second, "how long to wait for the transfer to finish")
 	return cmd
 }
@@ -58,7 +60,7 @@ func printTransfer(e *env, t xferJSON) error {
 
 func runTransfer(e *env) error {
 	req := &quotav1.TransferRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"), From: e.v.GetString("from"),
-		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-id")}
+		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-key")}
 	if w := e.v.GetDuration("wait"); w < 0 {
 		return usage("--wait %s: must not be negative (0: do not wait)", w)
 	}
@@ -66,7 +68,7 @@ func runTransfer(e *env) error {
 	if picked {
 		req.RequestId = "manual-" + randomID()
 	} else if why := transfer.CheckID(req.RequestId); why != "" {
-		return usage("--request-id %q: %s", req.RequestId, why)
+		return usage("--request-key %q: %s", req.RequestId, why)
 	}
 	if err := e.checkPools(map[string]string{"from": req.From, "to": req.To}); err != nil {
 		return err
@@ -77,7 +79,7 @@ func runTransfer(e *env) error {
 	}
 	resp, err := c.Transfer(e.ctx, req)
 	if picked && mayBeRecorded(err) {
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request key %s (pass --request-key %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
 	}
 	if err != nil {
 		return fmt.Errorf("transfer: %w", err)
@@ -252,7 +254,8 @@ a region with a stranded transfer out gives nothing until it is resolved.`,
 	f.Duration("window", time.Minute, "how far back the hold rate is measured")
 	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
 	f.Int64("min-units", 10, "smallest transfer worth making")
-	f.String("request-id", "", "idempotency prefix of the planned transfers (retry a rebalance with the same one); default a new random one")
+	f.String("request-key", "", "the request key, which makes the rebalance idempotent: the prefix of its transfers' keys (retry a rebalance with the same one); default a new random one")
+	cliconf.Alias(f, "request-id", "request-key")
 	return cmd
 }
 
@@ -283,7 +286,7 @@ func runRebalance(e *env) error {
 	if err != nil {
 		return err
 	}
-	rid := e.v.GetString("request-id")
+	rid := e.v.GetString("request-key")
 	picked := rid == "" && !e.v.GetBool("dry-run")
 	if picked {
 		rid = "rebalance-" + randomID()
@@ -292,7 +295,7 @@ func runRebalance(e *env) error {
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
 		MinUnits: e.v.GetInt64("min-units"), RequestId: rid})
 	if picked && mayBeRecorded(err) && (err != nil || len(resp.GetTransfers()) > 0) { // an empty plan records nothing
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this rebalance safely)\n", rid, rid)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request key %s (pass --request-key %s to retry this rebalance safely)\n", rid, rid)
 	}
 	if err != nil {
 		return fmt.Errorf("rebalance: %w", err)
@@ -325,7 +328,7 @@ func runRebalance(e *env) error {
 			fmt.Fprintf(w, "%-12s %10d %10d %10d\n", p.Pool, p.Available, p.Recent, p.Need)
 		}
 		if out.Replayed {
-			fmt.Fprintf(w, "replayed: request id %s moved this before; nothing was planned now\n", rid)
+			fmt.Fprintf(w, "replayed: request key %s moved this before; nothing was planned now\n", rid)
 		} else if len(out.Plan) == 0 {
 			fmt.Fprintln(w, "plan: nothing to move")
 		}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// warned tells whether out has quotactl's one-line warning that --old is deprecated, naming
+// --name.
+func warned(out, old, name string) bool {
+	return strings.Count(out, "quotactl: --"+old+" is deprecated and goes in the next release: use --"+name+"\n") == 1
+}
+
+// TestDeprecatedRequestKeyNames: reserve's --key and the --request-id of transfer, rebalance
+// and sale create still work as --request-key, each warning once on stderr; the old and the
+// new name with different values are refused, naming both.
+func TestDeprecatedRequestKeyNames(t *testing.T) {
+	d := startDev(t, "us", "eu")
+	coord := "--coordinator=" + d.Coordinator.Addr()
+	out, err := run(t, coord, "sale", "create", "--sale", "dep", "--sku", "phone=100", "--allocate", "us=1,eu=1", "--request-id", "alloc-dep-1", "-o", "json")
+	if err != nil || !warned(out, "request-id", "request-key") || !strings.Contains(out, `"transfers": [`) {
+		t.Fatalf("sale create --request-id: %v\n%s; want the allocation made and the warning", err, out)
+	}
+	// The same key under the new name replays the allocation: the alias set the same key.
+	out, err = run(t, coord, "sale", "create", "--sale", "dep", "--sku", "phone=100", "--allocate", "us=1,eu=1", "--request-key", "alloc-dep-1", "-o", "json")
+	if err != nil || strings.Contains(out, "deprecated") || !strings.Contains(out, `"replayed": true`) {
+		t.Errorf("sale create --request-key of the same key: %v\n%s; want a replay, no warning", err, out)
+	}
+	out, err = run(t, coord, "reserve", "--region", "us", "--sale", "dep", "--sku", "phone", "--user", "u1", "--key", "k1", "-o", "json")
+	if err != nil || !warned(out, "key", "request-key") || !strings.Contains(out, `"request_key": "k1"`) {
+		t.Errorf("reserve --key k1: %v\n%s; want a hold of request key k1 and the warning", err, out)
+	}
+	out, err = run(t, coord, "transfer", "--sale", "dep", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "dep-move", "-o", "json")
+	if err != nil || !warned(out, "request-id", "request-key") || strings.Contains(out, "request key manual-") {
+		t.Fatalf("transfer --request-id dep-move: %v\n%s; want the transfer under that key and the warning", err, out)
+	}
+	out, err = run(t, coord, "transfer", "--sale", "dep", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-key", "dep-move", "-o", "json")
+	if err != nil || !strings.Contains(out, `"replayed": true`) {
+		t.Errorf("transfer --request-key dep-move after --request-id dep-move: %v\n%s; want the same transfer, replayed", err, out)
+	}
+	out, err = run(t, coord, "rebalance", "--sale", "dep", "--sku", "phone", "--dry-run", "--request-id", "dep-rb", "-o", "json")
+	if err != nil || !warned(out, "request-id", "request-key") {
+		t.Errorf("rebalance --request-id: %v\n%s; want it to run, with the warning", err, out)
+	}
+	for _, args := range [][]string{
+		{"reserve", "--region", "us", "--sale", "dep", "--sku", "phone", "--user", "u1", "--key", "k1", "--request-key", "k2"},
+		{"transfer", "--sale", "dep", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "a", "--request-key", "b"},
+	} {
+		old := "--" + map[string]string{"reserve": "key", "transfer": "request-id"}[args[0]]
+		_, err := run(t, append([]string{coord}, args...)...)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), old+` "`) || !strings.Contains(err.Error(), `--request-key "`) {
+			t.Errorf("%v: exit %d (%v); want 2, naming %s and --request-key", args, exitCode(err), err, old)
+		}
+	}
+}
