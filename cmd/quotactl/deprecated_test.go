@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -51,5 +53,50 @@ func TestDeprecatedRequestKeyNames(t *testing.T) {
 		if exitCode(err) != 2 || !strings.Contains(err.Error(), old+` "`) || !strings.Contains(err.Error(), `--request-key "`) {
 			t.Errorf("%v: exit %d (%v); want 2, naming %s and --request-key", args, exitCode(err), err, old)
 		}
+	}
+}
+
+// TestDeprecatedKeyFileNames: ticket-keys' --file and console's --keys still name the key
+// file, as --ticket-keys and --console-keys (quotad's names of the same files), on the
+// command line, as a QUOTA_* variable and as a config file key, each warning once.
+func TestDeprecatedKeyFileNames(t *testing.T) {
+	for _, tc := range []struct{ cmd, old, name, list string }{
+		{"ticket-keys", "file", "ticket-keys", "list"},
+		{"console keys", "keys", "console-keys", "rotate"},
+	} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "k")
+		args := func(verb string, more ...string) []string {
+			return append(append(strings.Fields(tc.cmd), verb), more...)
+		}
+		out, err := run(t, args("create", "--"+tc.old, path)...)
+		if err != nil || !warned(out, tc.old, tc.name) {
+			t.Fatalf("%s create --%s: %v\n%s; want the file made and the warning", tc.cmd, tc.old, err, out)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("%s create --%s %s made no file: %v", tc.cmd, tc.old, path, err)
+		}
+		if out, err := run(t, args(tc.list, "--"+tc.name, path)...); err != nil || strings.Contains(out, "deprecated") {
+			t.Errorf("%s %s --%s: %v\n%s; want it to read the file, no warning", tc.cmd, tc.list, tc.name, err, out)
+		}
+		_, err = run(t, args(tc.list, "--"+tc.old, path, "--"+tc.name, path+".other")...)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--"+tc.old+` "`) || !strings.Contains(err.Error(), "--"+tc.name+` "`) {
+			t.Errorf("%s %s with --%s and --%s disagreeing: exit %d (%v); want 2 naming both", tc.cmd, tc.list, tc.old, tc.name, exitCode(err), err)
+		}
+		// The old config key: the file is found, and the warning names the key to use.
+		cfg := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(cfg, []byte(tc.old+": "+path+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err = run(t, args(tc.list, "--config", cfg)...)
+		want := "quotactl: config key " + tc.old + " is deprecated and goes in the next release: use config key " + tc.name + "\n"
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("%s %s with config key %s: %v\n%s; want it to read the file and %q", tc.cmd, tc.list, tc.old, err, out, want)
+		}
+	}
+	t.Setenv("QUOTA_FILE", filepath.Join(t.TempDir(), "missing.keys"))
+	_, err := run(t, "ticket-keys", "list")
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), "--ticket-keys") || !strings.Contains(err.Error(), "missing.keys") {
+		t.Errorf("ticket-keys list with QUOTA_FILE naming a missing file: exit %d (%v); want 2, reading that file", exitCode(err), err)
 	}
 }

@@ -159,5 +159,5 @@ func printConsole(d *cluster.Dev, scheme string) {
 	if d.ConsoleKeysMade {
 		made = ", created"
 	}
-	fmt.Printf(" (keys %s%s); log in with the token of: quotactl console token --role operator --keys %s\n", d.ConsoleKeys, made, d.ConsoleKeys)
+	fmt.Printf(" (keys %s%s); log in with the token of: quotactl console token --role operator --console-keys %s\n", d.ConsoleKeys, made, d.ConsoleKeys)
 }
