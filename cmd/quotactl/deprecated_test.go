@@ -100,3 +100,21 @@ func TestDeprecatedKeyFileNames(t *testing.T) {
 		t.Errorf("ticket-keys list with QUOTA_FILE naming a missing file: exit %d (%v); want 2, reading that file", exitCode(err), err)
 	}
 }
+
+// TestDeprecatedDurationName: load's --max-duration still sets the cap on the load, now
+// --duration as in quotactl bench: its value is the one checked, under the new name.
+func TestDeprecatedDurationName(t *testing.T) {
+	base := []string{"--coordinator", "127.0.0.1:1", "load", "--sale", "s", "--sku", "phone"}
+	out, err := run(t, append(base, "--max-duration", "-1s")...)
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), "--duration -1s: must not be negative") || !warned(out, "max-duration", "duration") {
+		t.Errorf("load --max-duration -1s: exit %d (%v)\n%s; want 2 refusing --duration -1s, and the warning", exitCode(err), err, out)
+	}
+	out, err = run(t, append(base, "--duration", "-2s")...)
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), "--duration -2s: must not be negative") || strings.Contains(out, "deprecated") {
+		t.Errorf("load --duration -2s: exit %d (%v)\n%s; want 2 refusing it, no warning", exitCode(err), err, out)
+	}
+	_, err = run(t, append(base, "--max-duration", "1m", "--duration", "2m")...)
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), `--max-duration "1m0s"`) || !strings.Contains(err.Error(), `--duration "2m0s"`) {
+		t.Errorf("load --max-duration 1m --duration 2m: exit %d (%v); want 2 naming both", exitCode(err), err)
+	}
+}
