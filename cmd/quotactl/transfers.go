@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -233,10 +234,16 @@ preferred: sources give in the order of their spare units, largest first. A sour
 taken below what it needs itself, and a region whose database cannot be read is left out
 entirely.
 
-With --plan it moves nothing and shows what the coordinator's automatic rebalancer would do
-next for each SKU of the sale (or --sku's), and why: each pool's available units, the units on
-their way to it, its recent demand and rate, its need over the horizon and its projected time
-to empty; the moves; and what holds them back (the sale's --rebalance manual, the
+--dry-run and --plan both move nothing, but show two different planners. --dry-run shows this
+command's plan, the one it would run without --dry-run: from --window, --horizon and
+--min-units, for one SKU. --plan shows the coordinator's automatic rebalancer, another planner
+with its own settings (quotad's --rebalance-window, --rebalance-horizon, --rebalance-min-units,
+and the rules below), which this command never runs; --window, --horizon, --min-units,
+--request-key and --dry-run do not apply to it, and giving one with --plan is an error.
+
+With --plan it shows what the coordinator's automatic rebalancer would do next for each SKU of
+the sale (or --sku's), and why: each pool's available units, the units on their way to it,
+its recent demand and rate, its need over the horizon and its projected time to empty; the moves; and what holds them back (the sale's --rebalance manual, the
 coordinator's --auto-rebalance=false, a pause, the cap on transfers in flight, the cooldown).
 Near sell-out (fewer units left than the regions expect to sell within the horizon) a region
 whose buyers went quiet gives its last units to the regions whose buyers are still arriving;
@@ -249,14 +256,30 @@ a region with a stranded transfer out gives nothing until it is resolved.`,
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
 	f.String("sku", "", "SKU (needed to move; with --plan, every SKU when empty)")
-	f.Bool("dry-run", false, "print the plan only")
-	f.Bool("plan", false, "show the automatic rebalancer's next step and why; moves nothing")
+	f.Bool("dry-run", false, "print the plan this command would run (from --window, --horizon, --min-units) and move nothing")
+	f.Bool("plan", false, "show instead the coordinator's automatic rebalancer's next step and why, by its own settings; moves nothing")
 	f.Duration("window", time.Minute, "how far back the hold rate is measured")
 	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
 	f.Int64("min-units", 10, "smallest transfer worth making")
 	f.String("request-key", "", "the request key, which makes the rebalance idempotent: the prefix of its transfers' keys (retry a rebalance with the same one); default a new random one")
 	cliconf.Alias(f, "request-id", "request-key")
 	return cmd
+}
+
+// planIgnores are the flags of this command's own planner, which --plan (the automatic
+// rebalancer's) does not use.
+var planIgnores = []string{"dry-run", "window", "horizon", "min-units", "request-key"}
+
+// checkPlanFlags refuses, with --plan, a flag of the other planner given on the command line
+// (exit 2): it would be silently ignored. One from QUOTA_* or the config file is let be.
+func checkPlanFlags(e *env) error {
+	for _, name := range planIgnores {
+		if f := e.cmd.Flags().Lookup(name); f.Changed && strings.HasPrefix(cliconf.Source(f), "--") {
+			return usage("--%s with --plan: --plan shows the coordinator's automatic rebalancer, which has its own settings (quotad --rebalance-*); --%s belongs to this command's own planner: see %s --help",
+				name, name, e.cmd.CommandPath())
+		}
+	}
+	return nil
 }
 
 // checkRebalanceFlags refuses a rebalance's missing or out-of-range flags (exit 2).
@@ -277,6 +300,9 @@ func checkRebalanceFlags(e *env) error {
 
 func runRebalance(e *env) error {
 	if e.v.GetBool("plan") {
+		if err := checkPlanFlags(e); err != nil {
+			return err
+		}
 		return runRebalancePlan(e)
 	}
 	if err := checkRebalanceFlags(e); err != nil {
