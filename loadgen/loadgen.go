@@ -144,7 +144,7 @@ func (c *counters) snapshot(start time.Time) Stats {
 }
 
 // InvalidError is a Config setting Run does not accept. Field names the setting in the form
-// of its command-line flag ("buyers", "max-duration"; "confirm" for the two ratios together),
+// of its command-line flag ("buyers", "duration"; "confirm" for the two ratios together),
 // so a CLI can point at the flag.
 type InvalidError struct {
 	Field string
@@ -184,7 +184,7 @@ func (c *Config) CheckSettings() error {
 	case c.Rate < 0 || c.Rate > 1e7:
 		return &InvalidError{"rate", fmt.Sprint(c.Rate), "must be 0..10000000 buyers per second (0: unpaced)"}
 	case c.MaxDuration < 0:
-		return &InvalidError{"max-duration", c.MaxDuration.String(), "must not be negative (0 means 10m)"}
+		return &InvalidError{"duration", c.MaxDuration.String(), "must not be negative (0 means 10m)"}
 	}
 	if c.Quantity == 0 {
 		c.Quantity = 1

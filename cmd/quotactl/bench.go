@@ -75,7 +75,7 @@ in docs/benchmarks.md.`,
 	f.Duration("duration", bench.DefaultDuration, "cap on each variant's run")
 	f.Duration("warmup", bench.DefaultWarmup, "warm-up excluded from the stats (or --warmup-ops, whichever ends first)")
 	f.Int64("warmup-ops", 0, "operations excluded as warm-up; default min(300, stock/10)")
-	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "URL of the PostgreSQL server on which to create (and drop) the bench's databases (--db-prefix); its own database is only connected to")
 	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_<pid>_<n>")
 	f.String("variants", strings.Join(bench.DefaultVariants, ","), "variants to run, of a,b,c,d,e,f,g,h,i,j")
 	f.String("buckets", "4,16,64", "bucket counts K of variant (c)")

@@ -46,7 +46,7 @@ sale had units). Every database is dropped at the end.`,
 	f.String("concurrency", "256", "buyers in flight at once")
 	f.Duration("operator-after", 2*time.Second, "when, into the sale, the operator's one rebalance runs")
 	f.Duration("duration", 2*time.Minute, "cap on each sale's load")
-	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "URL of the PostgreSQL server on which to create (and drop) the bench's databases (--db-prefix); its own database is only connected to")
 	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_rb_<pid>_<n>")
 	f.Uint64("seed", 1, "random seed (the buyers' regions)")
 	f.Duration("rebalance-every", coordinator.DefaultRebalanceEvery, "the automatic rebalancer's interval")

@@ -75,7 +75,7 @@ audit clean) or the run fails. Figures and the capacity model: docs/scaling.md.`
 	f.Int("audit-runs", 3, "audit curve: audits timed at each point (the median is reported)")
 	f.Duration("duration", time.Minute, "cap on each point's reservation load")
 	f.Duration("curve-timeout", 15*time.Minute, "cap on each curve")
-	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server (a database to connect to for creating the bench's)")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "URL of the PostgreSQL server on which to create (and drop) the bench's databases (--db-prefix); its own database is only connected to")
 	f.String("db-prefix", "", "prefix of the databases the bench creates and drops; default quota_bench_sc_<pid>_<n>")
 	cliconf.AddGCFlags(f)
 	return cmd

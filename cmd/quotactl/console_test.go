@@ -18,16 +18,16 @@ import (
 // after a rotation; bad roles and TTLs are usage errors.
 func TestConsoleTokens(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "console.keys")
-	if out, err := run(t, "console", "keys", "create", "--keys", keys); err != nil {
+	if out, err := run(t, "console", "keys", "create", "--console-keys", keys); err != nil {
 		t.Fatalf("keys create: %v\n%s", err, out)
 	}
 	if st, err := os.Stat(keys); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v, mode %v; want 0600", err, st.Mode())
 	}
-	if _, err := run(t, "console", "keys", "create", "--keys", keys); exitCode(err) != 2 {
+	if _, err := run(t, "console", "keys", "create", "--console-keys", keys); exitCode(err) != 2 {
 		t.Fatalf("keys create over an existing file: exit %d (%v); want 2", exitCode(err), err)
 	}
-	out, err := run(t, "console", "token", "--role", "auditor", "--name", "alice", "--ttl", "2h", "--keys", keys, "-o", "json")
+	out, err := run(t, "console", "token", "--role", "auditor", "--name", "alice", "--ttl", "2h", "--console-keys", keys, "-o", "json")
 	if err != nil {
 		t.Fatalf("token: %v\n%s", err, out)
 	}
@@ -35,7 +35,7 @@ func TestConsoleTokens(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if _, err := run(t, "console", "keys", "rotate", "--keys", keys); err != nil {
+	if _, err := run(t, "console", "keys", "rotate", "--console-keys", keys); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(keys)
@@ -52,11 +52,11 @@ func TestConsoleTokens(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"--role", "storefront"}, {"--role", "operator", "--ttl", "0s"}, {"--role", "operator", "--ttl", "200h"},
 		{"--role", "operator", "--name", "a b"}} {
-		if out, err := run(t, append([]string{"console", "token", "--keys", keys}, bad...)...); exitCode(err) != 2 {
+		if out, err := run(t, append([]string{"console", "token", "--console-keys", keys}, bad...)...); exitCode(err) != 2 {
 			t.Errorf("token %v: exit %d (%v)\n%s; want a usage error", bad, exitCode(err), err, out)
 		}
 	}
-	if out, err := run(t, "console", "token", "--role", "operator", "--keys", keys+".missing"); exitCode(err) != 2 ||
+	if out, err := run(t, "console", "token", "--role", "operator", "--console-keys", keys+".missing"); exitCode(err) != 2 ||
 		!strings.Contains(err.Error(), "console keys create") {
 		t.Fatalf("token without a key file: exit %d (%v)\n%s; want a usage error saying how to make one", exitCode(err), err, out)
 	}
@@ -68,8 +68,8 @@ func TestConsoleTokens(t *testing.T) {
 // flag.
 func TestKeyFiles(t *testing.T) {
 	for _, tc := range []struct{ cmd, flag, lost string }{
-		{"ticket-keys", "file", "tickets signed with its keys stop working"},
-		{"console keys", "keys", "tokens signed with its keys stop logging in"},
+		{"ticket-keys", "ticket-keys", "tickets signed with its keys stop working"},
+		{"console keys", "console-keys", "tokens signed with its keys stop logging in"},
 	} {
 		path := filepath.Join(t.TempDir(), "k")
 		args := func(verb string, more ...string) []string {

@@ -20,7 +20,7 @@ import (
 func TestDescribeNamesTheFlag(t *testing.T) {
 	reserve := &cobra.Command{Use: "reserve"}
 	reserve.Flags().String("sale", "", "")
-	reserve.Flags().String("key", "", "")
+	reserve.Flags().String("request-key", "", "")
 	audit := &cobra.Command{Use: "audit"}
 	tests := []struct {
 		cmd  *cobra.Command
@@ -28,7 +28,7 @@ func TestDescribeNamesTheFlag(t *testing.T) {
 		want string // "" : no flag named
 	}{
 		{reserve, apierr.ToStatus(apierr.Invalid("sale_id", "empty")), "; set by --sale"},
-		{reserve, fmt.Errorf("reserve: %w", apierr.ToStatus(apierr.Invalid("request_key", "too long"))), "; set by --key"},
+		{reserve, fmt.Errorf("reserve: %w", apierr.ToStatus(apierr.Invalid("request_key", "too long"))), "; set by --request-key"},
 		{audit, apierr.ToStatus(apierr.Invalid("sale_id", "empty")), ""},
 		{reserve, apierr.ToStatus(apierr.Invalid("policy", "unknown")), ""},
 		{reserve, apierr.ToStatus(fmt.Errorf("region us: %w", apierr.ErrRegionExhausted)), ""},

@@ -120,9 +120,9 @@ func describe(err error) string {
 
 // flagOfField names the flag that sets each request field a server may call invalid.
 var flagOfField = map[string]string{
-	"sale_id": "sale", "sale": "sale", "sku": "sku", "user_id": "user", "request_key": "key",
+	"sale_id": "sale", "sale": "sale", "sku": "sku", "user_id": "user", "request_key": "request-key",
 	"quantity": "quantity", "hold_id": "hold", "payment_id": "payment", "units": "units",
-	"from": "from", "to": "to", "request_id": "request-id", "per_user_limit": "per-user-limit",
+	"from": "from", "to": "to", "request_id": "request-key", "per_user_limit": "per-user-limit",
 	"hold_ttl": "hold-ttl", "admit_rate": "admit-rate", "ticket_ttl": "ticket-ttl", "max_live_tickets": "max-live-tickets", "opens_at": "opens-at", "weights": "allocate", "total": "sku", "skus": "sku",
 }
 

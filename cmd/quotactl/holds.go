@@ -5,6 +5,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 )
@@ -59,11 +60,11 @@ func reserveCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "reserve",
 		Short:   "Reserve units at a region (a hold that waits for payment)",
-		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --key checkout-1`,
+		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --request-key checkout-1`,
 		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
 			resp, err := rc.Reserve(e.ctx, &quotav1.ReserveRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
-				UserId: e.v.GetString("user"), Quantity: e.v.GetInt64("quantity"), RequestKey: e.v.GetString("key")})
+				UserId: e.v.GetString("user"), Quantity: e.v.GetInt64("quantity"), RequestKey: e.v.GetString("request-key")})
 			if err != nil {
 				return fmt.Errorf("reserve: %w", err)
 			}
@@ -78,7 +79,8 @@ func reserveCmd() *cobra.Command {
 	f.String("sku", "", "SKU (required)")
 	f.String("user", "", "user id (required)")
 	f.Int64("quantity", 1, "units")
-	f.String("key", "", "idempotency key (required): retrying with the same key at the same region returns the same hold")
+	f.String("request-key", "", "the request key, which makes the call idempotent (required): retrying with the same key at the same region returns the same hold")
+	cliconf.Alias(f, "key", "request-key")
 	return cmd
 }
 

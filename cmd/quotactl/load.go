@@ -57,7 +57,8 @@ client presents the storefront certificate of --certs-dir over HTTP/2 (plaintext
 	f.String("skew", "us=60,eu=25,ap=15", "share of buyers nearest to each region")
 	f.Float64("confirm", 0.85, "fraction of holds paid for")
 	f.Float64("release", 0.05, "fraction of holds cancelled; the rest are abandoned and expire")
-	f.Duration("max-duration", 5*time.Minute, "stop after this long (0 means 10m)")
+	f.Duration("duration", 5*time.Minute, "cap on the load: stop after this long (0 means 10m)")
+	cliconf.Alias(f, "max-duration", "duration")
 	f.Uint64("seed", 1, "random seed")
 	f.String("user-prefix", "", "prefix of buyer ids; default <sale>-s<seed>- (the same seed replays the same buyers)")
 	f.String("http", "", "go through the storefront HTTP/JSON edges and their waiting rooms: each region's base URL,\n"+
@@ -108,7 +109,7 @@ func runLoad(e *env) error {
 	}
 	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
 		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
-		MaxDuration: e.v.GetDuration("max-duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
+		MaxDuration: e.v.GetDuration("duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
 	var invalid *loadgen.InvalidError
 	if err := cfg.CheckSettings(); errors.As(err, &invalid) { // loadgen names its settings as their flags
 		return usage("--%s %s: %s", invalid.Field, invalid.Value, invalid.Want)

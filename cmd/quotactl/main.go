@@ -115,10 +115,10 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	if err := checkRequired(cmd); err != nil {
 		return nil, nil, err
 	}
-	// An empty id typed on purpose (an unset shell variable, often) would quietly become a
+	// An empty key typed on purpose (an unset shell variable, often) would quietly become a
 	// random one, and a retry a second transfer.
-	if f := cmd.Flags().Lookup("request-id"); f != nil && f.Changed && f.Value.String() == "" {
-		return nil, nil, usage(`--request-id "": must not be empty (leave the flag out for a new random id)`)
+	if f := cmd.Flags().Lookup("request-key"); f != nil && f.Changed && f.Value.String() == "" {
+		return nil, nil, usage(`--request-key "": must not be empty (leave the flag out for a new random key)`)
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	e := &env{v: v, cmd: cmd, ctx: ctx}

@@ -24,7 +24,7 @@ func TestSalePauseAndResume(t *testing.T) {
 	}
 	must("sale", "create", "--sale", "s", "--sku", "phone=100", "--sku", "case=10", "--allocate", "us=1,eu=1")
 	var held holdJSON
-	if err := json.Unmarshal([]byte(must("reserve", "--region", "us", "--sale", "s", "--sku", "phone", "--user", "u1", "--key", "k1", "-o", "json")), &held); err != nil {
+	if err := json.Unmarshal([]byte(must("reserve", "--region", "us", "--sale", "s", "--sku", "phone", "--user", "u1", "--request-key", "k1", "-o", "json")), &held); err != nil {
 		t.Fatal(err)
 	}
 	var res pauseResultJSON
@@ -36,12 +36,12 @@ func TestSalePauseAndResume(t *testing.T) {
 		t.Fatalf("pause: %+v; want phone paused for its reason at us and eu", res)
 	}
 	for _, r := range []string{"us", "eu"} {
-		out, err := run(t, coord, "reserve", "--region", r, "--sale", "s", "--sku", "phone", "--user", "u2", "--key", "k2")
+		out, err := run(t, coord, "reserve", "--region", r, "--sale", "s", "--sku", "phone", "--user", "u2", "--request-key", "k2")
 		if exitCode(err) != 1 || !strings.Contains(describe(err), "reason PAUSED") || !strings.Contains(err.Error(), "sku phone of sale s is paused (price error)") {
 			t.Errorf("reserve of the paused SKU at %s: exit %d, %v\n%s; want PAUSED naming the SKU and the reason", r, exitCode(err), describe(err), out)
 		}
 	}
-	must("reserve", "--region", "eu", "--sale", "s", "--sku", "case", "--user", "u2", "--key", "k3")
+	must("reserve", "--region", "eu", "--sale", "s", "--sku", "case", "--user", "u2", "--request-key", "k3")
 	must("confirm", "--region", "us", "--hold", held.HoldID, "--payment", "pay-1")
 	if out := must("sale", "show", "--sale", "s"); !strings.Contains(out, "sku phone of sale s PAUSED since ") || !strings.Contains(out, ": price error") {
 		t.Errorf("sale show while paused:\n%s; want the pause with its reason", out)
@@ -56,7 +56,7 @@ func TestSalePauseAndResume(t *testing.T) {
 	if out := must("sale", "resume", "--sale", "s"); !strings.Contains(out, "sale s resumed in us, eu") || !strings.Contains(out, "nothing paused") {
 		t.Errorf("resume:\n%s", out)
 	}
-	must("reserve", "--region", "eu", "--sale", "s", "--sku", "phone", "--user", "u2", "--key", "k2")
+	must("reserve", "--region", "eu", "--sale", "s", "--sku", "phone", "--user", "u2", "--request-key", "k2")
 	for _, tt := range []struct {
 		args []string
 		code int

@@ -40,7 +40,8 @@ func saleCmd() *cobra.Command {
 	f.Int64("max-live-tickets", 0, "most tickets live at once at each region; default 30 s of --admit-rate")
 	f.String("rebalance", "auto", "auto: the coordinator's rebalancer moves the sale's stock toward the regions that will run out first; manual: only operators move it")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
-	f.String("request-id", "", "idempotency id of the allocation; default alloc-<sale>")
+	f.String("request-key", "", "the request key of the allocation, which makes it idempotent; default alloc-<sale>")
+	cliconf.Alias(f, "request-id", "request-key")
 	show := &cobra.Command{Use: "show", Short: "Show a sale's ledger counts", Args: cobra.NoArgs, RunE: withEnv(runSaleShow),
 		Example: "  quotactl sale show --sale launch"}
 	show.Flags().String("sale", "", "sale id (required)")
@@ -222,9 +223,9 @@ func allocateFailed(sale, requestID string, existed bool, err error) error {
 	}
 	switch {
 	case status.Code(err) == codes.AlreadyExists:
-		// Allocation request ids are one namespace across sales: the id may be another sale's.
-		return fmt.Errorf("sale %q %s, but request id %q was used before (for this sale with other weights, or for another sale): %w "+
-			"(an allocation happens once per request id; to allocate what is still unallocated, pass a new --request-id; "+
+		// Allocation request keys are one namespace across sales: the key may be another sale's.
+		return fmt.Errorf("sale %q %s, but request key %q was used before (for this sale with other weights, or for another sale): %w "+
+			"(an allocation happens once per request key; to allocate what is still unallocated, pass a new --request-key; "+
 			"to move allocated units, use quotactl transfer or rebalance)", sale, state, requestID, err)
 	case !existed:
 		return fmt.Errorf("sale %q was created with its stock unallocated, but allocating failed: %w "+
@@ -239,8 +240,8 @@ func allocateFailed(sale, requestID string, existed bool, err error) error {
 func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 	alloc := e.v.GetString("allocate")
 	if alloc == "" {
-		if id := e.v.GetString("request-id"); id != "" {
-			return nil, usage("--request-id %q names an allocation, and without --allocate there is none", id)
+		if id := e.v.GetString("request-key"); id != "" {
+			return nil, usage("--request-key %q names an allocation, and without --allocate there is none", id)
 		}
 		return nil, nil
 	}
@@ -252,12 +253,12 @@ func allocateRequest(e *env, sale string) (*quotav1.AllocateRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: e.v.GetString("request-id")}
+	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: e.v.GetString("request-key")}
 	if areq.RequestId == "" {
 		areq.RequestId = "alloc-" + sale
 	}
 	if why := transfer.CheckID(areq.RequestId); why != "" {
-		return nil, usage("--request-id %q (the allocation's; default alloc-<sale>): %s", areq.RequestId, why)
+		return nil, usage("--request-key %q (the allocation's; default alloc-<sale>): %s", areq.RequestId, why)
 	}
 	for i, n := range names {
 		if _, err := findRegion(rs, "allocate", n); err != nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/spf13/cobra"
 )
 
@@ -17,14 +18,15 @@ import (
 // signs and checks waiting-room tickets.
 func ticketKeysCmd() *cobra.Command {
 	create := &cobra.Command{Use: "create", Short: "Create the ticket key file with one fresh key", Args: cobra.NoArgs,
-		Example: `  quotactl ticket-keys create --file certs/tickets.keys`, RunE: withEnv(runTicketKeysCreate)}
+		Example: `  quotactl ticket-keys create --ticket-keys certs/tickets.keys`, RunE: withEnv(runTicketKeysCreate)}
 	create.Flags().Bool("overwrite", false, "replace the file if it exists (every ticket issued under the old keys stops working)")
 	rotate := &cobra.Command{Use: "rotate", Short: "Put a fresh signing key first and keep the previous one for checking", Args: cobra.NoArgs,
-		Example: `  quotactl ticket-keys rotate --file certs/tickets.keys`, RunE: withEnv(runTicketKeysRotate)}
+		Example: `  quotactl ticket-keys rotate --ticket-keys certs/tickets.keys`, RunE: withEnv(runTicketKeysRotate)}
 	list := &cobra.Command{Use: "list", Short: "List the key ids of the file and which one signs", Args: cobra.NoArgs,
-		Example: `  quotactl ticket-keys list --file .dev/tickets.keys`, RunE: withEnv(runTicketKeysList)}
+		Example: `  quotactl ticket-keys list --ticket-keys .dev/tickets.keys`, RunE: withEnv(runTicketKeysList)}
 	cmd := group("ticket-keys", "Create, rotate and list the keys that sign waiting-room tickets", create, rotate, list)
-	cmd.PersistentFlags().String("file", ".dev/tickets.keys", "the ticket key file (quotad dev's is <data-dir>/tickets.keys)")
+	cmd.PersistentFlags().String("ticket-keys", ".dev/tickets.keys", "the ticket key file, as quotad region's --ticket-keys (quotad dev's is <data-dir>/tickets.keys)")
+	cliconf.Alias(cmd.PersistentFlags(), "file", "ticket-keys")
 	cmd.Long = `Regions sign admission tickets (HMAC-SHA256) with the first key of the ticket key file and
 accept a ticket signed by any key in it; the file holds at most two. To rotate without
 downtime: run rotate, copy the file to every region (they read it again within a few
@@ -34,10 +36,10 @@ is a secret: it is written with mode 0600.`
 }
 
 func runTicketKeysCreate(e *env) error {
-	return createKeyFile(e, "file", "tickets signed with its keys stop working")
+	return createKeyFile(e, "ticket-keys", "tickets signed with its keys stop working")
 }
 
-func runTicketKeysRotate(e *env) error { return rotateKeyFile(e, "file") }
+func runTicketKeysRotate(e *env) error { return rotateKeyFile(e, "ticket-keys") }
 
 // createKeyFile writes a new key file (admission.NewKeyFile) at the path flag names; an
 // existing one is replaced only with --overwrite, and the refusal says what replacing it
@@ -92,14 +94,14 @@ func writeKeys(e *env, path string, data []byte, did string) error {
 }
 
 func runTicketKeysList(e *env) error {
-	path := e.v.GetString("file")
+	path := e.v.GetString("ticket-keys")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return usage("--file: %v", err)
+		return usage("--ticket-keys: %v", err)
 	}
 	ring, err := admission.ParseKeyring(data)
 	if err != nil {
-		return fmt.Errorf("--file %s: %w", path, err)
+		return fmt.Errorf("--ticket-keys %s: %w", path, err)
 	}
 	return printKeys(e, path, ring, "")
 }

@@ -17,7 +17,7 @@ func TestTransferCommandReportsUnfinishedState(t *testing.T) {
 	}
 	d.Regions[1].Close() // eu is gone: its process stops answering
 	out, err := run(t, coord, "transfer", "--sale", "s", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "10",
-		"--request-id", "move-1", "--wait", "1s", "-o", "json")
+		"--request-key", "move-1", "--wait", "1s", "-o", "json")
 	if err != nil {
 		t.Fatalf("transfer to a dead region: %v (want its state, not an error)\n%s", err, out)
 	}

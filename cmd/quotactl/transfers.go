@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
@@ -35,7 +37,8 @@ its outcome has stayed unknown), not an error; the coordinator keeps driving it,
 	f.String("from", "", "source region, or 'unallocated' (required)")
 	f.String("to", "", "destination region, or 'unallocated' (required)")
 	f.Int64("units", 0, "units to move (required)")
-	f.String("request-id", "", "idempotency id: run again with the same id to retry safely; default a new random id (printed)")
+	f.String("request-key", "", "the request key, which makes the transfer idempotent: run again with the same key to retry safely; default a new random key (printed)")
+	cliconf.Alias(f, "request-id", "request-key")
 	f.Duration("wait", 10*time.Second, "how long to wait for the transfer to finish")
 	return cmd
 }
@@ -58,7 +61,7 @@ func printTransfer(e *env, t xferJSON) error {
 
 func runTransfer(e *env) error {
 	req := &quotav1.TransferRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"), From: e.v.GetString("from"),
-		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-id")}
+		To: e.v.GetString("to"), Units: e.v.GetInt64("units"), RequestId: e.v.GetString("request-key")}
 	if w := e.v.GetDuration("wait"); w < 0 {
 		return usage("--wait %s: must not be negative (0: do not wait)", w)
 	}
@@ -66,7 +69,7 @@ func runTransfer(e *env) error {
 	if picked {
 		req.RequestId = "manual-" + randomID()
 	} else if why := transfer.CheckID(req.RequestId); why != "" {
-		return usage("--request-id %q: %s", req.RequestId, why)
+		return usage("--request-key %q: %s", req.RequestId, why)
 	}
 	if err := e.checkPools(map[string]string{"from": req.From, "to": req.To}); err != nil {
 		return err
@@ -77,7 +80,7 @@ func runTransfer(e *env) error {
 	}
 	resp, err := c.Transfer(e.ctx, req)
 	if picked && mayBeRecorded(err) {
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request key %s (pass --request-key %s to retry this transfer safely)\n", req.RequestId, req.RequestId)
 	}
 	if err != nil {
 		return fmt.Errorf("transfer: %w", err)
@@ -231,10 +234,16 @@ preferred: sources give in the order of their spare units, largest first. A sour
 taken below what it needs itself, and a region whose database cannot be read is left out
 entirely.
 
-With --plan it moves nothing and shows what the coordinator's automatic rebalancer would do
-next for each SKU of the sale (or --sku's), and why: each pool's available units, the units on
-their way to it, its recent demand and rate, its need over the horizon and its projected time
-to empty; the moves; and what holds them back (the sale's --rebalance manual, the
+--dry-run and --plan both move nothing, but show two different planners. --dry-run shows this
+command's plan, the one it would run without --dry-run: from --window, --horizon and
+--min-units, for one SKU. --plan shows the coordinator's automatic rebalancer, another planner
+with its own settings (quotad's --rebalance-window, --rebalance-horizon, --rebalance-min-units,
+and the rules below), which this command never runs; --window, --horizon, --min-units,
+--request-key and --dry-run do not apply to it, and giving one with --plan is an error.
+
+With --plan it shows what the coordinator's automatic rebalancer would do next for each SKU of
+the sale (or --sku's), and why: each pool's available units, the units on their way to it,
+its recent demand and rate, its need over the horizon and its projected time to empty; the moves; and what holds them back (the sale's --rebalance manual, the
 coordinator's --auto-rebalance=false, a pause, the cap on transfers in flight, the cooldown).
 Near sell-out (fewer units left than the regions expect to sell within the horizon) a region
 whose buyers went quiet gives its last units to the regions whose buyers are still arriving;
@@ -247,13 +256,30 @@ a region with a stranded transfer out gives nothing until it is resolved.`,
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
 	f.String("sku", "", "SKU (needed to move; with --plan, every SKU when empty)")
-	f.Bool("dry-run", false, "print the plan only")
-	f.Bool("plan", false, "show the automatic rebalancer's next step and why; moves nothing")
+	f.Bool("dry-run", false, "print the plan this command would run (from --window, --horizon, --min-units) and move nothing")
+	f.Bool("plan", false, "show instead the coordinator's automatic rebalancer's next step and why, by its own settings; moves nothing")
 	f.Duration("window", time.Minute, "how far back the hold rate is measured")
 	f.Duration("horizon", time.Minute, "how far ahead each region should be stocked at its rate")
 	f.Int64("min-units", 10, "smallest transfer worth making")
-	f.String("request-id", "", "idempotency prefix of the planned transfers (retry a rebalance with the same one); default a new random one")
+	f.String("request-key", "", "the request key, which makes the rebalance idempotent: the prefix of its transfers' keys (retry a rebalance with the same one); default a new random one")
+	cliconf.Alias(f, "request-id", "request-key")
 	return cmd
+}
+
+// planIgnores are the flags of this command's own planner, which --plan (the automatic
+// rebalancer's) does not use.
+var planIgnores = []string{"dry-run", "window", "horizon", "min-units", "request-key"}
+
+// checkPlanFlags refuses, with --plan, a flag of the other planner given on the command line
+// (exit 2): it would be silently ignored. One from QUOTA_* or the config file is let be.
+func checkPlanFlags(e *env) error {
+	for _, name := range planIgnores {
+		if f := e.cmd.Flags().Lookup(name); f.Changed && strings.HasPrefix(cliconf.Source(f), "--") {
+			return usage("--%s with --plan: --plan shows the coordinator's automatic rebalancer, which has its own settings (quotad --rebalance-*); --%s belongs to this command's own planner: see %s --help",
+				name, name, e.cmd.CommandPath())
+		}
+	}
+	return nil
 }
 
 // checkRebalanceFlags refuses a rebalance's missing or out-of-range flags (exit 2).
@@ -274,6 +300,9 @@ func checkRebalanceFlags(e *env) error {
 
 func runRebalance(e *env) error {
 	if e.v.GetBool("plan") {
+		if err := checkPlanFlags(e); err != nil {
+			return err
+		}
 		return runRebalancePlan(e)
 	}
 	if err := checkRebalanceFlags(e); err != nil {
@@ -283,7 +312,7 @@ func runRebalance(e *env) error {
 	if err != nil {
 		return err
 	}
-	rid := e.v.GetString("request-id")
+	rid := e.v.GetString("request-key")
 	picked := rid == "" && !e.v.GetBool("dry-run")
 	if picked {
 		rid = "rebalance-" + randomID()
@@ -292,7 +321,7 @@ func runRebalance(e *env) error {
 		DryRun: e.v.GetBool("dry-run"), WindowMs: e.v.GetDuration("window").Milliseconds(), HorizonMs: e.v.GetDuration("horizon").Milliseconds(),
 		MinUnits: e.v.GetInt64("min-units"), RequestId: rid})
 	if picked && mayBeRecorded(err) && (err != nil || len(resp.GetTransfers()) > 0) { // an empty plan records nothing
-		fmt.Fprintf(e.cmd.ErrOrStderr(), "request id %s (pass --request-id %s to retry this rebalance safely)\n", rid, rid)
+		fmt.Fprintf(e.cmd.ErrOrStderr(), "request key %s (pass --request-key %s to retry this rebalance safely)\n", rid, rid)
 	}
 	if err != nil {
 		return fmt.Errorf("rebalance: %w", err)
@@ -325,7 +354,7 @@ func runRebalance(e *env) error {
 			fmt.Fprintf(w, "%-12s %10d %10d %10d\n", p.Pool, p.Available, p.Recent, p.Need)
 		}
 		if out.Replayed {
-			fmt.Fprintf(w, "replayed: request id %s moved this before; nothing was planned now\n", rid)
+			fmt.Fprintf(w, "replayed: request key %s moved this before; nothing was planned now\n", rid)
 		} else if len(out.Plan) == 0 {
 			fmt.Fprintln(w, "plan: nothing to move")
 		}

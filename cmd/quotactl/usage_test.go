@@ -27,34 +27,34 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1"); err != nil {
 		t.Fatalf("corrected create: %v\n%s", err, out)
 	}
-	// Run again with other weights: the sale exists and its allocation's request id is spent,
+	// Run again with other weights: the sale exists and its allocation's request key is spent,
 	// which the error says, with what to do instead.
 	out, err := run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2")
 	if exitCode(err) != 1 || strings.Contains(err.Error(), "created with its stock unallocated") ||
-		!strings.Contains(err.Error(), "exists already") || !strings.Contains(err.Error(), "new --request-id") {
-		t.Errorf("create again with other weights: exit %d (%v)\n%s; want 1, saying the sale exists and to pass a new --request-id", exitCode(err), err, out)
+		!strings.Contains(err.Error(), "exists already") || !strings.Contains(err.Error(), "new --request-key") {
+		t.Errorf("create again with other weights: exit %d (%v)\n%s; want 1, saying the sale exists and to pass a new --request-key", exitCode(err), err, out)
 	}
-	// Another sale under the spent request id: told to pick a new one, not to fix --allocate.
-	out, err = run(t, coord, "sale", "create", "--sale", "typo4", "--sku", "phone=5", "--allocate", "us=1", "--request-id", "alloc-typo")
-	if exitCode(err) != 1 || !strings.Contains(err.Error(), "new --request-id") || strings.Contains(err.Error(), "corrected --allocate") {
-		t.Errorf("another sale under a spent allocation id: exit %d (%v)\n%s; want 1, telling to pass a new --request-id", exitCode(err), err, out)
+	// Another sale under the spent request key: told to pick a new one, not to fix --allocate.
+	out, err = run(t, coord, "sale", "create", "--sale", "typo4", "--sku", "phone=5", "--allocate", "us=1", "--request-key", "alloc-typo")
+	if exitCode(err) != 1 || !strings.Contains(err.Error(), "new --request-key") || strings.Contains(err.Error(), "corrected --allocate") {
+		t.Errorf("another sale under a spent allocation id: exit %d (%v)\n%s; want 1, telling to pass a new --request-key", exitCode(err), err, out)
 	}
-	out, err = run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2", "--request-id", "alloc-2")
+	out, err = run(t, coord, "sale", "create", "--sale", "typo", "--sku", "phone=5", "--allocate", "us=1,eu=2", "--request-key", "alloc-2")
 	if err != nil || !strings.Contains(out, "moved nothing") {
 		t.Errorf("a new allocation with nothing unallocated: %v\n%s; want exit 0 and a note that nothing moved", err, out)
 	}
 	if out, err := run(t, coord, "sale", "create", "--sale", "unalloc", "--sku", "phone=5", "-o", "json"); err != nil || !strings.Contains(out, `"allocated": {}`) {
 		t.Errorf("a sale never allocated: %v\n%s; want \"allocated\": {} (not null)", err, out)
 	}
-	if _, err := run(t, coord, "sale", "create", "--sale", "typo2", "--sku", "phone=5", "--request-id", "alloc-x"); exitCode(err) != 2 {
-		t.Errorf("--request-id without --allocate: exit %d (%v), want 2", exitCode(err), err)
+	if _, err := run(t, coord, "sale", "create", "--sale", "typo2", "--sku", "phone=5", "--request-key", "alloc-x"); exitCode(err) != 2 {
+		t.Errorf("--request-key without --allocate: exit %d (%v), want 2", exitCode(err), err)
 	}
 	out, err = run(t, coord, "stock", "--sale", "typo", "-o", "json")
 	if err != nil || !strings.Contains(out, `"region": "us"`) || strings.Contains(out, `"region": "eu"`) {
 		t.Errorf("stock of a sale only us holds: %v\n%s; want us's pool, eu left out, exit 0", err, out)
 	}
 	// eu got none of the stock but knows the sale: a buyer there is told to look elsewhere.
-	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "u", "--key", "k"); err == nil ||
+	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "u", "--request-key", "k"); err == nil ||
 		!strings.Contains(describe(err), "REGION_EXHAUSTED") {
 		t.Errorf("reserve at a region without stock of the sale: %v\n%s; want REGION_EXHAUSTED", describe(err), out)
 	}
@@ -66,10 +66,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	for _, args := range [][]string{{"sale", "bogus"}, {"transfers", "bogus"}, {"stock", "--sale", "typo", "--timeout", "0"},
 		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--wait", "-1s"},
-		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", "bad id!"},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-key", "bad id!"},
 		{"transfers", "resolve", ""},
-		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-id", ""},
-		{"rebalance", "--sale", "typo", "--sku", "phone", "--request-id", ""},
+		{"transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1", "--request-key", ""},
+		{"rebalance", "--sale", "typo", "--sku", "phone", "--request-key", ""},
 		// Flags the help calls required, checked before any call.
 		{"reserve", "--region", "us", "--sale", "typo", "--sku", "phone", "--user", "u"},
 		{"confirm", "--region", "us", "--hold", "us.0123"},
@@ -100,14 +100,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := run(t, "--coordinator=", "regions"); exitCode(err) != 2 {
 		t.Errorf("--coordinator '': exit %d (%v), want 2", exitCode(err), err)
 	}
-	// A refused transfer recorded nothing: no request id is offered for a retry.
+	// A refused transfer recorded nothing: no request key is offered for a retry.
 	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "100000")
-	if exitCode(err) != 1 || strings.Contains(out, "request id") || !strings.HasSuffix(describeFor(transferCmd(), err), "set by --units") {
-		t.Errorf("transfer of more than us has: exit %d (%v)\n%s; want 1, no request id, the flag named", exitCode(err), err, out)
+	if exitCode(err) != 1 || strings.Contains(out, "request key") || !strings.HasSuffix(describeFor(transferCmd(), err), "set by --units") {
+		t.Errorf("transfer of more than us has: exit %d (%v)\n%s; want 1, no request key, the flag named", exitCode(err), err, out)
 	}
 	out, err = run(t, coord, "transfer", "--sale", "typo", "--sku", "phone", "--from", "us", "--to", "eu", "--units", "1")
-	if err != nil || !strings.Contains(out, "request id manual-") {
-		t.Errorf("transfer of 1 unit: %v\n%s; want the random request id printed", err, out)
+	if err != nil || !strings.Contains(out, "request key manual-") {
+		t.Errorf("transfer of 1 unit: %v\n%s; want the random request key printed", err, out)
 	}
 	// Refusing a transfer that is already posted cancels nothing, and says so.
 	id := out[strings.Index(out, "transfer t-")+len("transfer "):]
@@ -127,16 +127,16 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if _, err := run(t, coord, "release", "--region", "us", "--hold", "nosuch"); apierr.Field(err) != "hold_id" {
 		t.Errorf("release of a malformed hold id: %v; want invalid hold_id", err)
 	}
-	// A rebalance retried under its request id replays what it moved, plans nothing new. eu
+	// A rebalance retried under its request key replays what it moved, plans nothing new. eu
 	// sells its one unit (and refused a buyer before it had any: demand too), so it needs more
 	// and us gives them; us keeps at least 2.
-	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "rb-u", "--key", "k"); err != nil {
+	if out, err := run(t, coord, "reserve", "--region", "eu", "--sale", "typo", "--sku", "phone", "--user", "rb-u", "--request-key", "k"); err != nil {
 		t.Fatalf("reserve at eu: %v\n%s", err, out)
 	}
 	var rb [2]string
 	for i := range rb {
 		out, err := run(t, coord, "rebalance", "--sale", "typo", "--sku", "phone", "--min-units", "1", "--window", "1m",
-			"--horizon", "1m", "--request-id", "rb-typo", "-o", "json")
+			"--horizon", "1m", "--request-key", "rb-typo", "-o", "json")
 		if err != nil {
 			t.Fatalf("rebalance %d: %v\n%s", i+1, err, out)
 		}
@@ -144,7 +144,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	if !strings.Contains(rb[1], `"replayed": true`) || !strings.Contains(rb[0], `"replayed": false`) ||
 		!strings.Contains(rb[0], `"state": "posted"`) || transferIDs(rb[0]) != transferIDs(rb[1]) {
-		t.Errorf("rebalance twice under one request id:\n%s\n%s\nwant the second replayed", rb[0], rb[1])
+		t.Errorf("rebalance twice under one request key:\n%s\n%s\nwant the second replayed", rb[0], rb[1])
 	}
 	// The same buyers twice: the second run's holds are the first run's, replayed, not new.
 	for i, want := range []string{`"granted": 2`, `"replayed_from_earlier_run": 2`} {

@@ -52,7 +52,7 @@ roles, etcd included.`,
 	}
 	f := cmd.Flags()
 	f.StringSlice("regions", []string{"us", "eu", "ap"}, "region names, in port order")
-	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "PostgreSQL server URL (any database; used to create the project's databases)")
+	f.String("pg-url", "postgres://quota:quota@127.0.0.1:5432/postgres", "URL of the PostgreSQL server on which to create the databases (--db-prefix); its own database is only connected to")
 	f.String("data-dir", ".dev", "directory for the embedded etcd's data")
 	f.String("db-prefix", "quota", "prefix of the database names")
 	f.String("host", "127.0.0.1", "address every server binds")
@@ -159,5 +159,5 @@ func printConsole(d *cluster.Dev, scheme string) {
 	if d.ConsoleKeysMade {
 		made = ", created"
 	}
-	fmt.Printf(" (keys %s%s); log in with the token of: quotactl console token --role operator --keys %s\n", d.ConsoleKeys, made, d.ConsoleKeys)
+	fmt.Printf(" (keys %s%s); log in with the token of: quotactl console token --role operator --console-keys %s\n", d.ConsoleKeys, made, d.ConsoleKeys)
 }

@@ -67,7 +67,7 @@ func regionCmd() *cobra.Command {
 		"Prometheus metrics at /metrics, e.g. 127.0.0.1:8401; empty: none")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
 		"waiting room: without it, their admissions and reservations are refused")
-	f.String("db-url", "", "the region's database URL (required; the database must exist: quotad dev creates its own)")
+	f.String("db-url", "", "URL of the region's own database, which must exist (required; unlike --pg-url of quotad dev, nothing is created)")
 	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)
@@ -160,7 +160,7 @@ func coordinatorCmd() *cobra.Command {
 		"--console-keys or --insecure, the web console (/console/), e.g. 127.0.0.1:8400; empty: none")
 	f.String("console-keys", "", "the web console's key file (quotactl console keys create), whose keys verify the console's\n"+
 		"login tokens (quotactl console token); empty: no console unless --insecure (docs/console.md)")
-	f.String("db-url", "", "the ledger database URL (required)")
+	f.String("db-url", "", "URL of the coordinator's own database, the ledger, which must exist (required; unlike --pg-url of quotad dev, nothing is created)")
 	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
 	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")

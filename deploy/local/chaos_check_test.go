@@ -36,7 +36,7 @@ func (r *chaosRun) transfers(ctx context.Context) {
 		}
 		if i%4 == 3 {
 			_, err := r.coordinatorCall("rebalance", "--sale", chaosSale, "--sku", "phone", "--min-units", "1",
-				"--window", "20s", "--horizon", "20s", "--request-id", fmt.Sprintf("chaos-rb-%d", i), "-o", "json")
+				"--window", "20s", "--horizon", "20s", "--request-key", fmt.Sprintf("chaos-rb-%d", i), "-o", "json")
 			r.ops.mu.Lock()
 			r.ops.rebalances++
 			if err == nil {
@@ -48,7 +48,7 @@ func (r *chaosRun) transfers(ctx context.Context) {
 		from := rng.IntN(3)
 		to := (from + 1 + rng.IntN(2)) % 3
 		_, err := r.coordinatorCall("transfer", "--sale", chaosSale, "--sku", "phone", "--from", regions[from], "--to", regions[to],
-			"--units", strconv.Itoa(1+rng.IntN(40)), "--request-id", fmt.Sprintf("chaos-tr-%d", i), "--wait", "5s", "-o", "json")
+			"--units", strconv.Itoa(1+rng.IntN(40)), "--request-key", fmt.Sprintf("chaos-tr-%d", i), "--wait", "5s", "-o", "json")
 		r.ops.mu.Lock()
 		r.ops.transfers++
 		if err == nil {

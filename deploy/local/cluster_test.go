@@ -216,7 +216,7 @@ type transferJSON struct {
 // transfer asks the coordinator at addr to move units and wants the transfer posted.
 func (c *localCluster) transfer(addr, from, to string, units int, requestID string) error {
 	out, err := c.quotactl(addr, "transfer", "--sale", "t1", "--sku", "phone", "--from", from, "--to", to,
-		"--units", strconv.Itoa(units), "--request-id", requestID, "--wait", "5s", "-o", "json")
+		"--units", strconv.Itoa(units), "--request-key", requestID, "--wait", "5s", "-o", "json")
 	if err != nil {
 		return fmt.Errorf("%v: %s", err, out)
 	}
@@ -232,7 +232,7 @@ func (c *localCluster) transfer(addr, from, to string, units int, requestID stri
 
 // reserve reserves one phone at us, through the region list of the coordinator at addr.
 func (c *localCluster) reserve(addr, user, key string) error {
-	out, err := c.quotactl(addr, "reserve", "--region", "us", "--sale", "t1", "--sku", "phone", "--user", user, "--key", key, "-o", "json")
+	out, err := c.quotactl(addr, "reserve", "--region", "us", "--sale", "t1", "--sku", "phone", "--user", user, "--request-key", key, "-o", "json")
 	if err != nil {
 		return fmt.Errorf("%v: %s", err, out)
 	}

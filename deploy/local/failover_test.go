@@ -176,7 +176,7 @@ func TestLocalRegionFailover(t *testing.T) {
 		State  string `json:"state"`
 	}
 	if out, err := c.quotactl(coord, "reserve", "--region", "us", "--sale", sale, "--sku", "phone", "--user", "probe-quotactl",
-		"--key", "k", "-o", "json"); err != nil {
+		"--request-key", "k", "-o", "json"); err != nil {
 		t.Errorf("quotactl reserve --region us after the failover: %v\n%s", err, out)
 	} else if err := json.Unmarshal([]byte(out), &viaCoordinator); err != nil || viaCoordinator.State != "held" {
 		t.Errorf("quotactl reserve --region us after the failover: %s (%v)", out, err)

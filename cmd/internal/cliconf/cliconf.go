@@ -19,7 +19,8 @@ import (
 )
 
 // Bind returns the command's settings. QUOTA_PG_URL sets --pg-url; the file named by
-// --config (YAML, TOML or JSON) uses the flag names as keys.
+// --config (YAML, TOML or JSON) uses the flag names as keys. A deprecated name (Alias), in
+// any of the three places, sets its flag, with a warning on the command's stderr.
 func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 	v := viper.New()
 	v.SetEnvPrefix("QUOTA")
@@ -44,6 +45,9 @@ func Bind(cmd *cobra.Command) (*viper.Viper, error) {
 		}
 	}
 	if err := parseSettings(cmd.Flags(), v); err != nil {
+		return nil, err
+	}
+	if err := bindAliases(cmd); err != nil {
 		return nil, err
 	}
 	return v, nil
