@@ -34,7 +34,7 @@ const MaxBindLeases = 1024
 // every key already on a lease each time another is put on it (and for every bind attempt,
 // even one that only reads the record back): a lease shared by all of a sale's buyers makes
 // each bind cost as many checks as there are buyers, and the sale's binds quadratic.
-const MaxBindsPerLease = 64
+const MaxBindsPerLease = 256
 
 // LeaseID names an etcd lease a bind record is attached to; NoLease attaches none.
 type LeaseID int64
@@ -116,12 +116,24 @@ func Bound(ctx context.Context, c *Client, sale, user string) (string, bool, err
 }
 
 // Binder binds buyers to regions (Bind) with each sale's records on one lease, so they vanish
-// after the retention. It grants a sale's lease on the sale's first bind and remembers it, for
+// after the retention. Concurrent binds, of any sales, are written together, up to
+// MaxBindBatch in one etcd transaction (bindbatch.go), by one goroutine the Binder owns until
+// Close. It grants a sale's lease on the sale's first bind and remembers it, for
 // at most MaxBindLeases sales (the least recently used is forgotten first). It never revokes a
 // lease: that would drop every binding of the sale. Safe for concurrent use.
 type Binder struct {
 	c         *Client
 	retention time.Duration
+
+	// The batch writer (bindbatch.go): run's context, ended by Close; the binds waiting;
+	// stop, closed by Close; done, closed when run has returned; the transactions sent.
+	ctx       context.Context
+	cancel    context.CancelFunc
+	queue     chan *bindReq
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	txns      atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -141,19 +153,30 @@ type saleLease struct {
 
 // NewBinder returns a Binder writing through c whose records last at least retention after
 // their bind (DefaultBindRetention when retention <= 0) and at most about 1.5 × retention.
-// Closing the Binder does not close c.
+// It starts the Binder's batch writer: Close stops it. Closing the Binder does not close c.
 func NewBinder(c *Client, retention time.Duration) *Binder {
+	return newBinder(c, retention, MaxBindQueue)
+}
+
+// newBinder is NewBinder with room for queued binds.
+func newBinder(c *Client, retention time.Duration, queued int) *Binder {
 	if retention <= 0 {
 		retention = DefaultBindRetention
 	}
 	if retention < 2*time.Second {
 		retention = 2 * time.Second
 	}
-	return &Binder{c: c, retention: retention, leases: make(map[string]*list.Element), lru: list.New()}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Binder{c: c, retention: retention, ctx: ctx, cancel: cancel, queue: make(chan *bindReq, queued),
+		stop: make(chan struct{}), done: make(chan struct{}), leases: make(map[string]*list.Element), lru: list.New()}
+	go b.run()
+	return b
 }
 
 // Bind binds user to region for sale if no region is recorded yet and returns the region
-// recorded (see Bind), with the record on the sale's lease.
+// recorded (see Bind), with the record on the sale's lease. It waits for the batch its bind
+// is written in, no longer than ctx; it answers only once the record is in etcd. A bind
+// beyond the MaxBindQueue waiting is refused ErrBindQueueFull.
 func (b *Binder) Bind(ctx context.Context, sale, user, region string) (string, error) {
 	if err := checkBind(sale, user, region, true); err != nil {
 		return "", err
@@ -163,13 +186,21 @@ func (b *Binder) Bind(ctx context.Context, sale, user, region string) (string, e
 		if err != nil {
 			return "", err
 		}
-		bound, err := Bind(ctx, b.c, sale, user, region, sl.id)
+		r := &bindReq{ctx: ctx, key: bindKey(sale, user), region: region, lease: sl.id, res: make(chan bindRes, 1)}
+		bound, err := b.enqueue(r)
+		if err == nil && bound == "" {
+			err = fmt.Errorf("bind %s/%s: etcd answered no region", sale, user)
+		}
 		if err == nil || attempt > 0 || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return bound, err
 		}
 		b.forget(sl) // revoked or expired behind our back: grant a new one, once
 	}
 }
+
+// Txns is how many etcd transactions the Binder has sent to write binds (grants of leases
+// aside): with binds written in batches, fewer than the binds.
+func (b *Binder) Txns() uint64 { return b.txns.Load() }
 
 // Bound returns the region user is bound to for sale, and false when none is recorded. It
 // only reads.
@@ -180,14 +211,21 @@ func (b *Binder) Bound(ctx context.Context, sale, user string) (string, bool, er
 	return Bound(ctx, b.c, sale, user)
 }
 
-// Close makes the Binder refuse further calls and forgets its leases without revoking them:
-// the records keep them until they expire. Idempotent; always nil.
+// Close makes the Binder refuse further calls, ends the batch writer (a transaction in
+// flight is cut; the binds waiting are answered ErrBinderClosed) and waits for it, and
+// forgets its leases without revoking them: the records keep them until they expire.
+// Idempotent; always nil.
 func (b *Binder) Close() error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.closed = true
 	b.leases = make(map[string]*list.Element)
 	b.lru.Init()
+	b.mu.Unlock()
+	b.closeOnce.Do(func() {
+		close(b.stop)
+		b.cancel()
+	})
+	<-b.done
 	return nil
 }
 

@@ -162,6 +162,117 @@ func TestBindConcurrentRegionsAgree(t *testing.T) {
 	}
 }
 
+// TestBinderBatchesConcurrentBinds: 200 binds at once, of two sales, a quarter of whose
+// buyers are bound elsewhere already, go to etcd in far fewer transactions than binds; each
+// bound buyer hears the region recorded, untouched, and every other is bound here, on its
+// sale's lease.
+func TestBinderBatchesConcurrentBinds(t *testing.T) {
+	ctx := context.Background()
+	url := startBindEtcd(t)
+	c := dialBind(t, url)
+	raw := rawEtcd(t, url)
+	b := fencing.NewBinder(c, time.Hour)
+	defer b.Close()
+	const n = 200
+	sale := func(u int) string { return fmt.Sprint("s", u%2) }
+	for u := 0; u < n; u += 4 {
+		if _, err := fencing.Bind(ctx, c, sale(u), fmt.Sprint("u", u), "eu", fencing.NoLease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []string{"s0", "s1"} { // grant the leases first: binds then arrive at once
+		if _, err := b.Bind(ctx, s, "warm", "us"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txns0 := b.Txns()
+	got := make([]string, n)
+	var wg sync.WaitGroup
+	for u := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			bound, err := b.Bind(bctx, sale(u), fmt.Sprint("u", u), "us")
+			if err != nil {
+				t.Error(err)
+			}
+			got[u] = bound
+		}()
+	}
+	wg.Wait()
+	if txns := b.Txns() - txns0; txns > n/10 {
+		t.Errorf("%d binds took %d etcd transactions; want them batched (at most %d)", n, txns, n/10)
+	} else {
+		t.Logf("%d binds in %d etcd transactions", n, txns)
+	}
+	leases := map[string]clientv3.LeaseID{"s0": recordLease(t, raw, "s0", "warm"), "s1": recordLease(t, raw, "s1", "warm")}
+	for u := range n {
+		want, lease := "us", leases[sale(u)]
+		if u%4 == 0 {
+			want, lease = "eu", 0
+		}
+		if got[u] != want {
+			t.Errorf("u%d: bound to %q; want %s", u, got[u], want)
+		}
+		if l := recordLease(t, raw, sale(u), fmt.Sprint("u", u)); l != lease {
+			t.Errorf("u%d: record on lease %x; want %x", u, l, lease)
+		}
+	}
+}
+
+// TestBindersOfTwoRegionsAgreeInBatches: two regions' Binders binding the same 300 buyers
+// at once, each in batches, answer one region per buyer, the one etcd records.
+func TestBindersOfTwoRegionsAgreeInBatches(t *testing.T) {
+	ctx := context.Background()
+	url := startBindEtcd(t)
+	c := dialBind(t, url)
+	regions := []string{"us", "eu"}
+	const n = 300
+	binders := make([]*fencing.Binder, len(regions))
+	got := make([][]string, len(regions))
+	for r := range regions {
+		binders[r] = fencing.NewBinder(dialBind(t, url), time.Hour)
+		defer binders[r].Close()
+		got[r] = make([]string, n)
+	}
+	var wg sync.WaitGroup
+	for u := range n {
+		for r, region := range regions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				bound, err := binders[r].Bind(bctx, "sale", fmt.Sprint("u", u), region)
+				if err != nil {
+					t.Error(err)
+				}
+				got[r][u] = bound
+			}()
+		}
+	}
+	wg.Wait()
+	wins := map[string]int{}
+	for u := range n {
+		rec, ok, err := fencing.Bound(ctx, c, "sale", fmt.Sprint("u", u))
+		if err != nil || !ok {
+			t.Fatalf("u%d: no record (%v)", u, err)
+		}
+		if got[0][u] != rec || got[1][u] != rec {
+			t.Errorf("u%d: us answered %q, eu %q, etcd records %q; want one region", u, got[0][u], got[1][u], rec)
+		}
+		wins[rec]++
+	}
+	for r := range regions {
+		if txns := binders[r].Txns(); txns >= n/2 {
+			t.Errorf("%s: %d binds took %d etcd transactions; want them batched", regions[r], n, txns)
+		}
+	}
+	t.Logf("bound: %v; transactions: us %d, eu %d", wins, binders[0].Txns(), binders[1].Txns())
+}
+
 // TestBindRecordsCarryTheSaleLease: a sale's first records carry one lease, granted once with a
 // TTL of at least the retention; a sale of its own gets a lease of its own.
 func TestBindRecordsCarryTheSaleLease(t *testing.T) {

@@ -15,15 +15,16 @@ import (
 // their region. A sale without one binds a buyer at their first reservation that reaches
 // the writer: the reserve path's binding step (bindings.buyer) runs after the standby's
 // NOT_LEADER and the empty pool's answers, before the writer decides, and writes the record
-// in etcd (Config.Binding.Bind: one create-if-absent transaction, so a buyer trying every region at
-// once is bound to exactly one) before any hold of the buyer is decided, hence before it is
+// in etcd (Config.Binding.Bind: create-if-absent, so a buyer trying every region at once is
+// bound to exactly one; fencing.Binder writes the binds of many buyers arriving together in
+// one transaction) before any hold of the buyer is decided, hence before it is
 // acknowledged. The region then remembers the answer: the buyer's later reservations here
 // do not reach etcd.
 
 // Defaults of Config.Binding.MaxBindings and Config.Binding.InFlight.
 const (
 	DefaultMaxBindings   = 200_000
-	DefaultBindsInFlight = 64
+	DefaultBindsInFlight = 1024
 )
 
 // validateBinding fills in and checks the binding's bounds.
@@ -135,8 +136,10 @@ func (b *bindings) of(ctx context.Context, k saleUser) (string, error) {
 }
 
 // write binds k to this region in etcd, in a slot: the wait for one is bounded by ctx (the
-// caller's), the etcd transaction by bindTimeout too. A slow etcd then makes new buyers wait
-// in line here rather than pile transactions onto it that time out and are asked again.
+// caller's), the bind by bindTimeout too. A slow etcd then makes new buyers wait in line
+// here rather than pile binds onto it that time out and are asked again. The slots bound the
+// binds waiting, not etcd's transactions: fencing.Binder writes those that wait together in
+// one transaction.
 func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
 	select {
 	case b.slots <- struct{}{}:

@@ -38,6 +38,11 @@ func newEtcdBinds(t *testing.T) *etcdBinds {
 	t.Cleanup(func() { c.Close() })
 	b := &etcdBinds{etcd: c}
 	b.binder.Store(fencing.NewBinder(c, time.Hour))
+	t.Cleanup(func() { // the binder in use then; before the etcd client closes (cleanups run last first)
+		if err := b.binder.Load().Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return b
 }
 

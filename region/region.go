@@ -87,8 +87,9 @@ type BindingConfig struct {
 	// reservation here reaches etcd; one forgotten costs one more etcd transaction at the
 	// buyer's next reservation. Default 200,000.
 	MaxBindings int
-	// InFlight bounds the binding writes reservations have under way at once; default 64
-	// (as many as the front door's admissions, DoorConfig.BindsInFlight).
+	// InFlight bounds the reservations waiting for their buyer's binding write at once;
+	// default 1024. fencing.Binder writes the binds waiting together in one etcd transaction
+	// (up to fencing.MaxBindBatch), so this bounds a queue, not etcd's load.
 	InFlight int
 }
 
