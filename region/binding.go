@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
 )
@@ -20,6 +21,13 @@ import (
 // one transaction) before any hold of the buyer is decided, hence before it is
 // acknowledged. The region then remembers the answer: the buyer's later reservations here
 // do not reach etcd.
+
+// reserveBindTimeout bounds a reservation's wait for its buyer's binding (and the caller's
+// deadline, sooner). Longer than the front door's bindTimeout: a buyer in a waiting room
+// goes back to the front of the line when a bind fails, while a reservation answered
+// ABORTED comes back as a retry, queued behind the binds already waiting; under a slow etcd
+// waiting in line is cheaper than asking again.
+const reserveBindTimeout = 8 * time.Second
 
 // Defaults of Config.Binding.MaxBindings and Config.Binding.InFlight.
 const (
@@ -136,7 +144,7 @@ func (b *bindings) of(ctx context.Context, k saleUser) (string, error) {
 }
 
 // write binds k to this region in etcd, in a slot: the wait for one is bounded by ctx (the
-// caller's), the bind by bindTimeout too. A slow etcd then makes new buyers wait in line
+// caller's), the bind by reserveBindTimeout too. A slow etcd then makes new buyers wait in line
 // here rather than pile binds onto it that time out and are asked again. The slots bound the
 // binds waiting, not etcd's transactions: fencing.Binder writes those that wait together in
 // one transaction.
@@ -147,7 +155,7 @@ func (b *bindings) write(ctx context.Context, k saleUser) (string, error) {
 		return "", fmt.Errorf("waiting for one of the %d binding writes in flight: %w", cap(b.slots), ctx.Err())
 	}
 	defer func() { <-b.slots }()
-	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	ctx, cancel := context.WithTimeout(ctx, reserveBindTimeout)
 	defer cancel()
 	bound, err := b.bind(ctx, k.sale, k.user, b.region)
 	if err == nil && bound == "" {

@@ -60,7 +60,7 @@ func TestFlashSaleNoOversell(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d buyers in %s: %d granted, %d exhausted, %d failed, %d retries", st.Buyers, st.Elapsed, st.Granted, st.Exhausted, st.Failed, st.Retries)
+	t.Logf("%d buyers in %s: %d granted, %d exhausted, %d failed (first: %q), %d retries", st.Buyers, st.Elapsed, st.Granted, st.Exhausted, st.Failed, st.FirstError, st.Retries)
 	if st.Buyers != int64(buyers) {
 		t.Fatalf("only %d of %d buyers ran (time bound hit)", st.Buyers, buyers)
 	}
