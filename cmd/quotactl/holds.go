@@ -7,6 +7,8 @@ import (
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/region/regionrpc"
 	"github.com/spf13/cobra"
 )
 
@@ -26,21 +28,18 @@ type holdJSON struct {
 	Reason     string    `json:"reason,omitempty"`
 }
 
-var stateNames = map[quotav1.HoldState]string{
-	quotav1.HoldState_HOLD_STATE_HELD: "held", quotav1.HoldState_HOLD_STATE_SOLD: "sold",
-	quotav1.HoldState_HOLD_STATE_RELEASED: "released", quotav1.HoldState_HOLD_STATE_EXPIRED: "expired",
-}
-
+// toHoldJSON is a reservation as quotactl prints it; its state has the name every client
+// sees, read back through the region adapter's one table (regionrpc.HoldStateOf).
 func toHoldJSON(r *quotav1.Reservation) holdJSON {
 	return holdJSON{HoldID: r.GetHoldId(), Region: r.GetRegion(), Sale: r.GetSaleId(), SKU: r.GetSku(), User: r.GetUserId(),
-		Quantity: r.GetQuantity(), RequestKey: r.GetRequestKey(), State: stateNames[r.GetState()],
+		Quantity: r.GetQuantity(), RequestKey: r.GetRequestKey(), State: regionrpc.HoldStateOf(r.GetState()).String(),
 		ExpiresAt: r.GetExpiresAt().AsTime(), PaymentID: r.GetPaymentId()}
 }
 
 func printHold(e *env, h holdJSON) error {
 	return e.print(h, func(w io.Writer) {
 		fmt.Fprintf(w, "hold %s (%s): %d × %s of sale %s for %s, %s", h.HoldID, h.Region, h.Quantity, h.SKU, h.Sale, h.User, h.State)
-		if h.State == "held" {
+		if h.State == region.Held.String() {
 			fmt.Fprintf(w, " until %s", h.ExpiresAt.Format(time.RFC3339))
 		}
 		if h.PaymentID != "" {

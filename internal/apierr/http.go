@@ -2,10 +2,12 @@ package apierr
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -43,10 +45,59 @@ var codeHTTP = map[codes.Code]int{
 	codes.Unavailable: 503, codes.DataLoss: 500, codes.Unauthenticated: 401,
 }
 
-// HTTP turns an error (a domain error or a gRPC status error, as the region's gRPC server
-// returns it) into the HTTP edge's status and body, through the same table as ToStatus, so
-// the two APIs never disagree.
+// HTTP turns an error (a domain error, as the region returns it, or a gRPC status error, as
+// a peer does) into the HTTP edge's status and body, through the same table as ToStatus, so
+// the two APIs never disagree. A domain error is read from the table directly (httpOfDomain);
+// a status error from its details.
 func HTTP(err error) (int, ErrorBody) {
+	if !isStatus(err) {
+		return httpOfDomain(err)
+	}
+	return httpOfStatus(err)
+}
+
+// isStatus reports whether status.FromError(err) would find a status in err (nil counts),
+// without building one for an error that has none as FromError does.
+func isStatus(err error) bool {
+	var gs interface{ GRPCStatus() *status.Status }
+	return err == nil || errors.As(err, &gs) && gs.GRPCStatus() != nil
+}
+
+// httpOfDomain is HTTP of a domain error without building its gRPC status: the table's row
+// and the typed errors' fields, as build would attach them. A detail the status could not
+// carry (a string that is not UTF-8, which proto refuses) is left out as build leaves it out,
+// and with the reason's ErrorInfo gone the answer falls back to the gRPC code's.
+func httpOfDomain(err error) (int, ErrorBody) {
+	m, _ := match(err)
+	d := ErrorDetail{Code: m.reason, Message: err.Error()}
+	var nl *NotLeaderError
+	if errors.As(err, &nl) && nl.Leader != "" {
+		d.Leader = nl.Leader
+	}
+	var be *BoundError
+	if errors.As(err, &be) {
+		d.Region, d.Leader = be.Region, ""
+	}
+	if !utf8.ValidString(d.Leader) || !utf8.ValidString(d.Region) { // no ErrorInfo: no details at all
+		d = ErrorDetail{Code: m.code.String(), Message: d.Message}
+		if m.code == codes.Internal || m.code == codes.Unknown {
+			d.Code = "INTERNAL"
+		}
+		return codeHTTP[m.code], ErrorBody{Error: d}
+	}
+	var over *OverloadedError
+	var inv *InvalidError
+	switch {
+	case errors.As(err, &over):
+		d.RetryAfterMs = over.RetryAfter.Milliseconds()
+	case errors.As(err, &inv) && utf8.ValidString(inv.Field) && utf8.ValidString(inv.Reason):
+		d.Field = inv.Field
+	}
+	return httpOfReason(m.reason, m.http), ErrorBody{Error: d}
+}
+
+// httpOfStatus is HTTP of a status error, read from its details.
+func httpOfStatus(err error) (int, ErrorBody) {
 	st, _ := status.FromError(ToStatus(err))
 	d := ErrorDetail{Code: "INTERNAL", Message: st.Message()}
 	code, ok := codeHTTP[st.Code()]
@@ -100,9 +151,9 @@ type HTTPAnswer struct {
 // AnswerHTTP is HTTP(err) encoded as the edge writes it. The sold-out answers (SOLD_OUT and
 // REGION_EXHAUSTED) of domain errors are encoded once per message and shared, as ToStatus
 // shares their statuses: once a pool is empty nearly every call of a flash sale gets one of a
-// handful of them, and encoding one costs a gRPC status, its details' proto round trip and a
-// JSON marshal. Bounded like soldOutCache. Their messages name sales, SKUs and counts, never
-// a status error's "rpc error: ..." (those are encoded per call).
+// handful of them, and encoding one costs its message and a JSON marshal. Bounded like
+// soldOutCache. Their messages name sales, SKUs and counts, never a status error's
+// "rpc error: ..." (those are encoded per call).
 func AnswerHTTP(err error) *HTTPAnswer {
 	m, ok := match(err)
 	if !ok || (m.err != ErrSoldOut && m.err != ErrRegionExhausted) {
@@ -113,7 +164,7 @@ func AnswerHTTP(err error) *HTTPAnswer {
 		return a.(*HTTPAnswer)
 	}
 	a := encodeHTTP(err)
-	if _, isStatus := status.FromError(err); isStatus {
+	if isStatus(err) {
 		return a
 	}
 	if soldOutHTTP.n.Add(1) > soldOutCacheMax {

@@ -115,3 +115,39 @@ func TestSoldOutAnswerAllocs(t *testing.T) {
 		t.Errorf("a sold-out answer allocates %v times; want 0", n)
 	}
 }
+
+// TestHTTPOfDomainIsHTTPOfStatus: a domain error read from the table directly answers what
+// its gRPC status answers (the status and every field of the body), for every kind of error
+// the edge answers and for the strings a status cannot carry (not UTF-8), so the HTTP edge
+// and the gRPC API never disagree.
+func TestHTTPOfDomainIsHTTPOfStatus(t *testing.T) {
+	cases := append(answerCases(),
+		Invalid("sku\xff", "bad"), Invalid("sku", "bad \xff byte"),
+		&BoundError{Sale: "s", Region: "e\xffu"}, &NotLeaderError{Role: "r", Leader: "\xff"},
+		fmt.Errorf("%w and %w", &OverloadedError{What: "q", RetryAfter: time.Second}, Invalid("f", "r")),
+		fmt.Errorf("%w and %w", Invalid("f", "r"), &BoundError{Sale: "s", Region: "eu"}),
+		fmt.Errorf("%w, %w", &NotLeaderError{Role: "r", Leader: "h:1"}, &BoundError{Sale: "s", Region: "eu"}),
+		fmt.Errorf("wrapped: %w", &OverloadedError{What: "q", RetryAfter: -time.Second}),
+		errors.New("message \xff not UTF-8"), fmt.Errorf("deadline: %w", context.DeadlineExceeded),
+	)
+	for _, err := range cases {
+		code, body := HTTP(err)
+		wantCode, want := httpOfStatus(err)
+		if code != wantCode || body != want {
+			t.Errorf("%q: %d %+v; its status answers %d %+v", err, code, body, wantCode, want)
+		}
+		if _, st := status.FromError(err); isStatus(err) != st {
+			t.Errorf("%q: isStatus %v, status.FromError %v", err, !st, st)
+		}
+	}
+}
+
+// TestHTTPOfDomainBuildsNoStatus pins the cost of a domain error's answer: read from the
+// table (8 allocations for a bad field: its message and the typed errors looked for), not
+// built as a gRPC status with details and read back (39 that way).
+func TestHTTPOfDomainBuildsNoStatus(t *testing.T) {
+	err := Invalid("quantity", "must be positive")
+	if n := testing.AllocsPerRun(100, func() { HTTP(err) }); n > 10 {
+		t.Errorf("the answer to a bad field allocates %v times; want at most 10", n)
+	}
+}

@@ -1,8 +1,9 @@
 // Package regionhttp is a region's HTTP/JSON edge for storefronts (docs/storefront.md,
-// docs/openapi.yaml): every route calls the region's gRPC server in process, so the two APIs
-// run the same code, answer the same outcomes and are authorized by the same role table
-// (trust.Methods); errors are one JSON shape with the status of the one error table
-// (apierr.HTTP).
+// docs/openapi.yaml): every route calls the region's own API (region.Region and its front
+// door, region.Door), the same calls the gRPC adapter (regionrpc) makes, so the two APIs run
+// the same code, answer the same outcomes and are authorized by the same role table
+// (trust.Methods); JSON goes to the region's types and back, never through proto. Errors are
+// the region's, in one JSON shape with the status of the one error table (apierr.HTTP).
 package regionhttp
 
 import (
@@ -18,7 +19,7 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/trust"
-	"github.com/quotaworks/quota/region/regionrpc"
+	"github.com/quotaworks/quota/region"
 )
 
 // MaxBody is the most bytes a request body may have.
@@ -46,12 +47,17 @@ type Options struct {
 	Metrics http.Handler
 }
 
-// Handler serves the storefront API of one region from its gRPC server s.
-func Handler(s *regionrpc.Server, opts Options) http.Handler {
+// Handler serves the storefront API of region r through its front door d (waiting rooms and
+// tickets); nil d: a region without one, whose door routes answer CONFLICT
+// (region.ErrNoDoor) and whose reservations go to r directly.
+func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{s: s, opts: opts, views: newViewCache()}
+	h := &handler{r: r, d: d, reserveAt: r.Reserve, opts: opts, views: newViewCache()}
+	if d != nil {
+		h.reserveAt = d.Reserve
+	}
 	mux := http.NewServeMux()
 	route := func(pattern, method string, fn func(http.ResponseWriter, *http.Request) error) {
 		mux.Handle(pattern, h.wrap(method, fn))
@@ -79,9 +85,20 @@ func Handler(s *regionrpc.Server, opts Options) http.Handler {
 }
 
 type handler struct {
-	s     *regionrpc.Server
-	opts  Options
-	views *viewCache
+	r *region.Region
+	d *region.Door
+	// reserveAt is d.Reserve, or r.Reserve without a door (as regionrpc.Server.Reserve).
+	reserveAt func(context.Context, region.ReserveRequest) (region.ReserveResult, error)
+	opts      Options
+	views     *viewCache
+}
+
+// door is the region's front door, or region.ErrNoDoor without one.
+func (h *handler) door() (*region.Door, error) {
+	if h.d == nil {
+		return nil, region.ErrNoDoor
+	}
+	return h.d, nil
 }
 
 type callerKey struct{}

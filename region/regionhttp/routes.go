@@ -12,7 +12,8 @@ import (
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/rpcserve"
-	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // saleJSON is GET /v1/sales/{sale}.
@@ -65,11 +66,15 @@ func (h *handler) describe(w http.ResponseWriter, r *http.Request) error {
 	v, ok := h.views.views[sale]
 	h.views.mu.Unlock()
 	if !ok || now.Sub(v.at) >= viewTTL {
-		resp, err := h.s.DescribeSale(r.Context(), &quotav1.DescribeSaleRequest{SaleId: sale})
+		d, err := h.door()
 		if err != nil {
 			return err
 		}
-		body, err := json.Marshal(toSaleJSON(resp))
+		view, err := d.Describe(r.Context(), sale)
+		if err != nil {
+			return err
+		}
+		body, err := json.Marshal(toSaleJSON(view))
 		if err != nil {
 			return err
 		}
@@ -94,12 +99,15 @@ func (h *handler) describe(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func toSaleJSON(s *quotav1.DescribeSaleResponse) saleJSON {
-	out := saleJSON{Sale: s.GetSaleId(), Region: s.GetRegion(), PerUserLimit: s.GetPerUserLimit(), HoldTTLMs: s.GetHoldTtlMs(),
-		OpensAt: s.GetOpensAt().AsTime(), ServerTime: s.GetServerTime().AsTime(), Paused: s.GetPaused(),
-		AdmitRate: s.GetAdmitRate(), TicketTTLMs: s.GetTicketTtlMs(), SKUs: []skuJSON{}}
-	for _, k := range s.GetSkus() {
-		out.SKUs = append(out.SKUs, skuJSON{SKU: k.GetSku(), SoldOut: k.GetSoldOut(), Paused: k.GetPaused(), Available: k.GetAvailable()})
+// toSaleJSON is a sale's view as the edge answers it; times are in UTC, as every time the
+// edge answers.
+func toSaleJSON(v region.SaleView) saleJSON {
+	t := v.Terms
+	out := saleJSON{Sale: t.Sale, Region: v.Region, PerUserLimit: int64(t.PerUserLimit), HoldTTLMs: t.HoldTTL.Milliseconds(),
+		OpensAt: t.OpensAt.UTC(), ServerTime: v.ServerTime.UTC(), Paused: v.Paused,
+		AdmitRate: t.Admission.Rate, TicketTTLMs: t.Admission.TicketTTL.Milliseconds(), SKUs: make([]skuJSON, 0, len(v.SKUs))}
+	for _, k := range v.SKUs {
+		out.SKUs = append(out.SKUs, skuJSON{SKU: k.SKU, SoldOut: k.SoldOut, Paused: k.Paused, Available: int64(k.Available)})
 	}
 	return out
 }
@@ -119,18 +127,14 @@ type admissionJSON struct {
 	Reason          string     `json:"reason,omitempty"`
 }
 
-var stateNames = map[quotav1.AdmissionState]string{
-	quotav1.AdmissionState_ADMISSION_STATE_QUEUED: "queued", quotav1.AdmissionState_ADMISSION_STATE_ADMITTED: "admitted",
-	quotav1.AdmissionState_ADMISSION_STATE_USED: "used", quotav1.AdmissionState_ADMISSION_STATE_EXPIRED: "expired",
-	quotav1.AdmissionState_ADMISSION_STATE_CLOSED: "closed",
-}
-
-func toAdmissionJSON(a *quotav1.Admission) admissionJSON {
-	out := admissionJSON{Admission: a.GetAdmissionId(), Sale: a.GetSaleId(), State: stateNames[a.GetState()], Position: a.GetPosition(),
-		EstimatedWaitMs: a.GetEstimatedWaitMs(), RetryAfterMs: a.GetRetryAfterMs(), Ticket: a.GetTicket(), Region: a.GetRegion(),
-		SKU: a.GetSku(), Reason: a.GetReason()}
-	if a.GetExpiresAt() != nil {
-		t := a.GetExpiresAt().AsTime()
+// toAdmissionJSON is an admission as the buyer is told it (region.Admission.Shown); an
+// admission with no expiry (queued) has no expires_at rather than the year 1.
+func toAdmissionJSON(a region.Admission) admissionJSON {
+	out := admissionJSON{Admission: a.ID, Sale: a.Sale, State: string(a.Shown()), Position: int64(a.Position),
+		EstimatedWaitMs: a.EstimatedWait.Milliseconds(), RetryAfterMs: a.RetryAfter().Milliseconds(), Ticket: a.Ticket, Region: a.Region,
+		SKU: a.SKU, Reason: a.Reason}
+	if !a.ExpiresAt.IsZero() {
+		t := a.ExpiresAt.UTC()
 		out.ExpiresAt = &t
 	}
 	return out
@@ -138,18 +142,18 @@ func toAdmissionJSON(a *quotav1.Admission) admissionJSON {
 
 // writeAdmission answers an admission: 201 once admitted (a ticket), 202 while queued, with
 // Retry-After saying when to poll; 200 for the rest.
-func writeAdmission(w http.ResponseWriter, a *quotav1.Admission, created bool) {
+func writeAdmission(w http.ResponseWriter, a region.Admission, created bool) {
+	out := toAdmissionJSON(a)
 	code := http.StatusOK
-	switch a.GetState() {
-	case quotav1.AdmissionState_ADMISSION_STATE_QUEUED:
+	switch a.Shown() {
+	case admission.Queued:
 		code = http.StatusAccepted
-		w.Header().Set("Retry-After", strconv.FormatInt((a.GetRetryAfterMs()+999)/1000, 10))
-	case quotav1.AdmissionState_ADMISSION_STATE_ADMITTED:
+		w.Header().Set("Retry-After", strconv.FormatInt((out.RetryAfterMs+999)/1000, 10))
+	case admission.Admitted:
 		if created {
 			code = http.StatusCreated
 		}
 	}
-	out := toAdmissionJSON(a)
 	b := marshalAdmission(&out)
 	rpcserve.WriteEncoded(w, code, b, strconv.Itoa(len(b)))
 }
@@ -161,20 +165,28 @@ func (h *handler) enter(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	resp, err := h.s.Enter(r.Context(), &quotav1.EnterRequest{SaleId: r.PathValue("sale"), UserId: body.User, ClientAddress: clientAddress(r)})
+	d, err := h.door()
 	if err != nil {
 		return err
 	}
-	writeAdmission(w, resp.GetAdmission(), true)
+	a, err := d.Enter(r.Context(), r.PathValue("sale"), body.User, clientAddress(r))
+	if err != nil {
+		return err
+	}
+	writeAdmission(w, a, true)
 	return nil
 }
 
 func (h *handler) getAdmission(w http.ResponseWriter, r *http.Request) error {
-	resp, err := h.s.GetAdmission(r.Context(), &quotav1.GetAdmissionRequest{SaleId: r.PathValue("sale"), AdmissionId: r.PathValue("admission")})
+	d, err := h.door()
 	if err != nil {
 		return err
 	}
-	writeAdmission(w, resp.GetAdmission(), false)
+	a, err := d.GetAdmission(r.Context(), r.PathValue("sale"), r.PathValue("admission"))
+	if err != nil {
+		return err
+	}
+	writeAdmission(w, a, false)
 	return nil
 }
 
@@ -186,11 +198,15 @@ func (h *handler) joinWaitlist(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	resp, err := h.s.JoinWaitlist(r.Context(), &quotav1.JoinWaitlistRequest{SaleId: r.PathValue("sale"), UserId: body.User, Sku: body.SKU})
+	d, err := h.door()
 	if err != nil {
 		return err
 	}
-	writeAdmission(w, resp.GetAdmission(), true)
+	a, err := d.JoinWaitlist(r.Context(), r.PathValue("sale"), body.User, body.SKU)
+	if err != nil {
+		return err
+	}
+	writeAdmission(w, a, true)
 	return nil
 }
 
@@ -210,15 +226,12 @@ type holdJSON struct {
 	Replayed   bool      `json:"replayed,omitempty"`
 }
 
-var holdStateNames = map[quotav1.HoldState]string{
-	quotav1.HoldState_HOLD_STATE_HELD: "held", quotav1.HoldState_HOLD_STATE_SOLD: "sold",
-	quotav1.HoldState_HOLD_STATE_RELEASED: "released", quotav1.HoldState_HOLD_STATE_EXPIRED: "expired",
-}
-
-func toHoldJSON(h *quotav1.Reservation) holdJSON {
-	return holdJSON{Hold: h.GetHoldId(), Sale: h.GetSaleId(), SKU: h.GetSku(), User: h.GetUserId(), Quantity: h.GetQuantity(),
-		RequestKey: h.GetRequestKey(), State: holdStateNames[h.GetState()], ExpiresAt: h.GetExpiresAt().AsTime(),
-		PaymentID: h.GetPaymentId(), Region: h.GetRegion(), Admission: h.GetAdmissionId()}
+// toHoldJSON is a hold as the edge answers it: its state by the name every client sees
+// (region.HoldState.String), its expiry in UTC.
+func toHoldJSON(h region.Hold) holdJSON {
+	return holdJSON{Hold: h.ID, Sale: h.Sale, SKU: h.SKU, User: h.User, Quantity: int64(h.Quantity),
+		RequestKey: h.RequestKey, State: h.State.String(), ExpiresAt: h.ExpiresAt.UTC(),
+		PaymentID: h.PaymentID, Region: h.Region, Admission: h.Admission}
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
@@ -238,13 +251,13 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 		}
 		user = tok.Ticket.User
 	}
-	resp, err := h.s.ReserveToken(r.Context(), &quotav1.ReserveRequest{SaleId: r.PathValue("sale"), Sku: body.SKU, UserId: user,
-		Quantity: body.Quantity, RequestKey: body.RequestKey, Ticket: body.Ticket}, tok)
+	res, err := h.reserveAt(r.Context(), region.ReserveRequest{Sale: r.PathValue("sale"), SKU: body.SKU, User: user,
+		Quantity: transfer.Units(body.Quantity), RequestKey: body.RequestKey, Ticket: body.Ticket, Token: tok})
 	if err != nil {
 		return err
 	}
-	out := toHoldJSON(resp.GetReservation())
-	out.Replayed = resp.GetReplayed()
+	out := toHoldJSON(res.Hold)
+	out.Replayed = res.Replayed
 	code := http.StatusCreated
 	if out.Replayed {
 		code = http.StatusOK
@@ -254,11 +267,11 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *handler) getHold(w http.ResponseWriter, r *http.Request) error {
-	resp, err := h.s.GetReservation(r.Context(), &quotav1.GetReservationRequest{HoldId: r.PathValue("hold")})
+	hold, err := h.r.GetReservation(r.Context(), r.PathValue("hold"))
 	if err != nil {
 		return err
 	}
-	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
+	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(hold))
 	return nil
 }
 
@@ -277,12 +290,12 @@ func (h *handler) confirm(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	resp, err := h.s.Confirm(r.Context(), &quotav1.ConfirmRequest{HoldId: r.PathValue("hold"), PaymentId: body.PaymentID})
+	res, err := h.r.Confirm(r.Context(), r.PathValue("hold"), body.PaymentID)
 	if err != nil {
 		return err
 	}
-	out := confirmJSON{Outcome: "refund", Reason: resp.GetReason(), Reservation: toHoldJSON(resp.GetReservation())}
-	if resp.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD {
+	out := confirmJSON{Outcome: "refund", Reason: res.Reason, Reservation: toHoldJSON(res.Hold)}
+	if res.Sold {
 		out.Outcome = "sold"
 	}
 	rpcserve.WriteJSON(w, http.StatusOK, out)
@@ -296,10 +309,10 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	resp, err := h.s.Release(r.Context(), &quotav1.ReleaseRequest{HoldId: r.PathValue("hold")})
+	hold, err := h.r.Release(r.Context(), r.PathValue("hold"))
 	if err != nil {
 		return err
 	}
-	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(resp.GetReservation()))
+	rpcserve.WriteJSON(w, http.StatusOK, toHoldJSON(hold))
 	return nil
 }

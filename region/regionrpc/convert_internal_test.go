@@ -89,36 +89,46 @@ func TestHoldStatesMapOneToOne(t *testing.T) {
 		if got := toProto(region.Hold{State: region.HoldState(s)}).State; got != pb {
 			t.Errorf("toProto of a %q hold: %s, want %s", s, got, pb)
 		}
+		if want := "HOLD_STATE_" + strings.ToUpper(region.HoldState(s).String()); pb.String() != want {
+			t.Errorf("hold state %q maps to %s, want %s: the enum names the state clients see", s, pb, want)
+		}
+		if back := HoldStateOf(pb); back != region.HoldState(s) {
+			t.Errorf("HoldStateOf(%s) = %q, want %q", pb, back, s)
+		}
 	}
 	for v := range quotav1.HoldState_name {
 		if pb := quotav1.HoldState(v); pb != quotav1.HoldState_HOLD_STATE_UNSPECIFIED && seen[pb] == "" {
 			t.Errorf("proto state %s is no region hold state's", pb)
 		}
 	}
+	if s := HoldStateOf(quotav1.HoldState_HOLD_STATE_UNSPECIFIED); s != "" {
+		t.Errorf("HoldStateOf(UNSPECIFIED) = %q, want none", s)
+	}
 }
 
-// TestAdmissionStatesMap: every admission state a buyer can be told has a proto state
-// (binding reads as queued, a buyer not yet told their ticket); elsewhere is never an
-// admission but the error BOUND_ELSEWHERE (region.Door.answer); every proto state but
-// UNSPECIFIED is some state's.
+// TestAdmissionStatesMap: every admission state a buyer can be told (region.Admission.Shown)
+// has a proto state, with the name the state has (binding reads as queued, a buyer not yet
+// told their ticket); elsewhere is never an admission but the error BOUND_ELSEWHERE
+// (region.Door.answer); every proto state but UNSPECIFIED is some state's.
 func TestAdmissionStatesMap(t *testing.T) {
 	seen := map[quotav1.AdmissionState]bool{}
 	for _, s := range declared(t, "../../admission", "EntryState") {
 		st := admission.EntryState(s)
-		pb, ok := admissionStates[st]
 		if st == admission.Elsewhere {
-			if ok {
+			if pb, ok := admissionStates[st]; ok {
 				t.Errorf("elsewhere maps to %s; it is answered as BOUND_ELSEWHERE", pb)
 			}
 			continue
 		}
-		if !ok || pb == quotav1.AdmissionState_ADMISSION_STATE_UNSPECIFIED {
-			t.Errorf("admission state %q has no proto state", s)
+		shown := region.Admission{Entry: admission.Entry{State: st}}.Shown()
+		pb := AdmissionToProto(region.Admission{Entry: admission.Entry{State: st}}).State
+		if want := "ADMISSION_STATE_" + strings.ToUpper(string(shown)); pb.String() != want {
+			t.Errorf("admission state %q (shown %q) answers %s over gRPC, want %s", s, shown, pb, want)
 		}
 		seen[pb] = true
 	}
-	if admissionStates[admission.Binding] != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
-		t.Errorf("binding maps to %s, want QUEUED", admissionStates[admission.Binding])
+	if got := AdmissionToProto(region.Admission{Entry: admission.Entry{State: admission.Binding}}).State; got != quotav1.AdmissionState_ADMISSION_STATE_QUEUED {
+		t.Errorf("binding answers %s, want QUEUED", got)
 	}
 	for v := range quotav1.AdmissionState_name {
 		if pb := quotav1.AdmissionState(v); pb != quotav1.AdmissionState_ADMISSION_STATE_UNSPECIFIED && !seen[pb] {

@@ -5,7 +5,6 @@ package regionrpc
 import (
 	"context"
 
-	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
@@ -23,9 +22,23 @@ type Server struct {
 	D *region.Door
 }
 
+// holdStates maps each hold state to the proto's; the names clients see are the states' own
+// (region.HoldState.String), so this table only pairs them with the enum.
 var holdStates = map[region.HoldState]quotav1.HoldState{
 	region.Held: quotav1.HoldState_HOLD_STATE_HELD, region.Sold: quotav1.HoldState_HOLD_STATE_SOLD,
 	region.Released: quotav1.HoldState_HOLD_STATE_RELEASED, region.Expired: quotav1.HoldState_HOLD_STATE_EXPIRED,
+}
+
+// HoldStateOf is the region's hold state a proto state stands for, read back from the one
+// table that maps them; "" for UNSPECIFIED or a value it does not know. A client of the gRPC
+// API (quotactl) names a state by it, as the HTTP edge does.
+func HoldStateOf(pb quotav1.HoldState) region.HoldState {
+	for s, p := range holdStates {
+		if p == pb {
+			return s
+		}
+	}
+	return ""
 }
 
 func toProto(h region.Hold) *quotav1.Reservation {
@@ -36,22 +49,16 @@ func toProto(h region.Hold) *quotav1.Reservation {
 	}
 }
 
-// Reserve implements RegionService.
+// Reserve implements RegionService: at the front door when the region has one (a ticket is
+// verified there), else at the region.
 func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
-	return s.ReserveToken(ctx, req, nil)
-}
-
-// ReserveToken is Reserve for a caller that has read the request's ticket already (the HTTP
-// edge, which learns whose ticket it is): tok is admission.ParseToken(req.Ticket), and the
-// region verifies it instead of reading the ticket again. Nil: Reserve.
-func (s *Server) ReserveToken(ctx context.Context, req *quotav1.ReserveRequest, tok *admission.Token) (*quotav1.ReserveResponse, error) {
 	reserve := s.R.Reserve
 	if s.D != nil {
 		reserve = s.D.Reserve
 	}
 	res, err := reserve(ctx, region.ReserveRequest{
 		Sale: req.GetSaleId(), SKU: req.GetSku(), User: req.GetUserId(),
-		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(), Ticket: req.GetTicket(), Token: tok,
+		Quantity: transfer.Units(req.GetQuantity()), RequestKey: req.GetRequestKey(), Ticket: req.GetTicket(),
 	})
 	if err != nil {
 		return nil, err

@@ -2,38 +2,25 @@ package regionrpc
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/quotaworks/quota/admission"
-	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/region"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
+// admissionStates maps the states a buyer is told (region.Admission.Shown) to the proto's.
 var admissionStates = map[admission.EntryState]quotav1.AdmissionState{
-	admission.Queued: quotav1.AdmissionState_ADMISSION_STATE_QUEUED, admission.Binding: quotav1.AdmissionState_ADMISSION_STATE_QUEUED,
+	admission.Queued:   quotav1.AdmissionState_ADMISSION_STATE_QUEUED,
 	admission.Admitted: quotav1.AdmissionState_ADMISSION_STATE_ADMITTED, admission.Used: quotav1.AdmissionState_ADMISSION_STATE_USED,
 	admission.Expired: quotav1.AdmissionState_ADMISSION_STATE_EXPIRED, admission.Closed: quotav1.AdmissionState_ADMISSION_STATE_CLOSED,
 }
 
-// retryAfter is when a queued buyer should poll again: a tenth of the estimated wait, from
-// a quarter of a second to five seconds, so polls stay few and a buyer near the front hears
-// of their ticket soon.
-func retryAfter(a region.Admission) int64 {
-	if a.State != admission.Queued && a.State != admission.Binding {
-		return 0
-	}
-	if a.SKU != "" {
-		return 2000 // on a waitlist: no estimate (units come back when they do); a poll every 2 s
-	}
-	return min(max(a.EstimatedWait.Milliseconds()/10, 250), 5000)
-}
-
-// AdmissionToProto is an admission as both APIs answer it.
+// AdmissionToProto is an admission as the gRPC API answers it (the HTTP edge answers the same
+// region.Admission as JSON).
 func AdmissionToProto(a region.Admission) *quotav1.Admission {
-	out := &quotav1.Admission{AdmissionId: a.ID, SaleId: a.Sale, UserId: a.User, State: admissionStates[a.State],
-		Position: int64(a.Position), EstimatedWaitMs: a.EstimatedWait.Milliseconds(), RetryAfterMs: retryAfter(a),
+	out := &quotav1.Admission{AdmissionId: a.ID, SaleId: a.Sale, UserId: a.User, State: admissionStates[a.Shown()],
+		Position: int64(a.Position), EstimatedWaitMs: a.EstimatedWait.Milliseconds(), RetryAfterMs: a.RetryAfter().Milliseconds(),
 		Ticket: a.Ticket, Region: a.Region, Reason: a.Reason, Sku: a.SKU}
 	if !a.ExpiresAt.IsZero() {
 		out.ExpiresAt = timestamppb.New(a.ExpiresAt)
@@ -43,7 +30,7 @@ func AdmissionToProto(a region.Admission) *quotav1.Admission {
 
 func (s *Server) door() (*region.Door, error) {
 	if s.D == nil {
-		return nil, fmt.Errorf("this region serves no waiting rooms: %w", apierr.ErrConflict)
+		return nil, region.ErrNoDoor
 	}
 	return s.D, nil
 }

@@ -285,7 +285,7 @@ func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
 	if cfg.HTTPListen == "" {
 		return nil
 	}
-	edge := regionhttp.Handler(rs, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
+	edge := regionhttp.Handler(n.R, n.Door, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
 		Metrics: metrics.Handler(n.metrics.reg, cfg.Logger)})
 	hs, err := rpcserve.ListenHTTP(cfg.HTTPListen, n.metrics.http.Wrap(edge), n.metrics.httpOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger}))
 	if err != nil {
