@@ -57,7 +57,7 @@ etcdctl:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz and metrics-check
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check and the Kubernetes manifests' checks (deploy/kubernetes, a module of its own)
 test: pg redis chromium etcdctl
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
@@ -78,7 +78,8 @@ test: pg redis chromium etcdctl
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
-	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
+	step k8s-manifests bash -c 'cd deploy/kubernetes && $(GO) test -count=1 ./...'; \
+	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}, k8s-manifests: $${res[k8s-manifests]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
