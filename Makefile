@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis chromium etcdctl build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
+.PHONY: pg redis chromium etcdctl podman image build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -48,6 +48,22 @@ proto-check:
 ## vet: gofmt check (excluding *.pb.go) + go vet
 vet:
 	scripts/vet.sh
+
+## podman: install Debian's podman, buildah and runc when missing (make image, the image step of make test; scripts/podman-setup.sh)
+podman:
+	scripts/podman-setup.sh
+
+## image: build the OCI image quota:<git describe> (static quotad and quotactl on scratch, deploy/image/Containerfile) with podman and deploy/image/containers.conf
+IMAGE_TAG ?= quota:$(shell git describe --always --dirty 2>/dev/null || echo unknown)
+image:
+	@ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	echo "CGO_ENABLED=0 go build -trimpath -ldflags=-s -w -o $$ctx/ ./cmd/quotad ./cmd/quotactl"; \
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o "$$ctx/" ./cmd/quotad ./cmd/quotactl; \
+	cp deploy/image/Containerfile "$$ctx/"; \
+	echo "podman build -t $(IMAGE_TAG)"; \
+	CONTAINERS_CONF=$(CURDIR)/deploy/image/containers.conf timeout 300 podman build -q \
+		--build-arg VERSION=$(IMAGE_TAG:quota:%=%) -t $(IMAGE_TAG) -f "$$ctx/Containerfile" "$$ctx"; \
+	CONTAINERS_CONF=$(CURDIR)/deploy/image/containers.conf podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' $(IMAGE_TAG)
 
 ## etcdctl: install Debian's etcd-client when missing (the etcd lock-down test's attacker, deploy/local's probes)
 etcdctl:
