@@ -73,12 +73,16 @@ etcdctl:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz and metrics-check
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check, the image (make image run as quotad dev under podman) and the systemd units (systemd-analyze verify and security)
 test: pg redis chromium etcdctl
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; \
 		echo "==> $$name: $${res[$$name]} in $$(( SECONDS - t0 )) s"; }; \
+	image_step() { scripts/podman-setup.sh && $(MAKE) --no-print-directory image IMAGE_TAG=$(IMAGE_TAG) && \
+		QUOTA_IMAGE=$(IMAGE_TAG) $(GO) test -count=1 -timeout 5m -run '^TestImage$$' ./deploy/image/; }; \
+	systemd_step() { command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; } && \
+		$(GO) test -count=1 -v -timeout 5m ./deploy/systemd/ | grep -v '^=== RUN'; }; \
 	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
 	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
@@ -94,7 +98,9 @@ test: pg redis chromium etcdctl
 	step vet scripts/vet.sh; \
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
-	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}"; \
+	step image image_step; \
+	step systemd systemd_step; \
+	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}, image: $${res[image]}, systemd: $${res[systemd]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
