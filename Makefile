@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis chromium etcdctl build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
+.PHONY: pg redis chromium etcdctl podman image build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -49,6 +49,22 @@ proto-check:
 vet:
 	scripts/vet.sh
 
+## podman: install Debian's podman, buildah and runc when missing (make image, the image step of make test; scripts/podman-setup.sh)
+podman:
+	scripts/podman-setup.sh
+
+## image: build the OCI image quota:<git describe> (static quotad and quotactl on scratch, deploy/image/Containerfile) with podman and deploy/image/containers.conf
+IMAGE_TAG ?= quota:$(shell git describe --always --dirty 2>/dev/null || echo unknown)
+image:
+	@ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	echo "CGO_ENABLED=0 go build -trimpath -ldflags=-s -w -o $$ctx/ ./cmd/quotad ./cmd/quotactl"; \
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o "$$ctx/" ./cmd/quotad ./cmd/quotactl; \
+	cp deploy/image/Containerfile "$$ctx/"; \
+	echo "podman build -t $(IMAGE_TAG)"; \
+	CONTAINERS_CONF=$(CURDIR)/deploy/image/containers.conf timeout 300 podman build -q \
+		--build-arg VERSION=$(IMAGE_TAG:quota:%=%) -t $(IMAGE_TAG) -f "$$ctx/Containerfile" "$$ctx"; \
+	CONTAINERS_CONF=$(CURDIR)/deploy/image/containers.conf podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' $(IMAGE_TAG)
+
 ## etcdctl: install Debian's etcd-client when missing (the etcd lock-down test's attacker, deploy/local's probes)
 etcdctl:
 	scripts/etcdctl-setup.sh
@@ -57,12 +73,16 @@ etcdctl:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check and the Kubernetes manifests' checks (deploy/kubernetes, a module of its own)
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check, the Kubernetes manifests' checks (deploy/kubernetes, a module of its own), the image (make image run as quotad dev under podman) and the systemd units (systemd-analyze verify and security)
 test: pg redis chromium etcdctl
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; \
 		echo "==> $$name: $${res[$$name]} in $$(( SECONDS - t0 )) s"; }; \
+	image_step() { scripts/podman-setup.sh && $(MAKE) --no-print-directory image IMAGE_TAG=$(IMAGE_TAG) && \
+		QUOTA_IMAGE=$(IMAGE_TAG) $(GO) test -count=1 -timeout 5m -run '^TestImage$$' ./deploy/image/; }; \
+	systemd_step() { command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; } && \
+		$(GO) test -count=1 -v -timeout 5m ./deploy/systemd/ | grep -v '^=== RUN'; }; \
 	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
 	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
@@ -79,7 +99,9 @@ test: pg redis chromium etcdctl
 	step fuzz $(MAKE) --no-print-directory fuzz FUZZTIME=50000x; \
 	step metrics-check scripts/promtool.sh; \
 	step k8s-manifests bash -c 'cd deploy/kubernetes && $(GO) test -count=1 ./...'; \
-	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}, k8s-manifests: $${res[k8s-manifests]}"; \
+	step image image_step; \
+	step systemd systemd_step; \
+	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}, k8s-manifests: $${res[k8s-manifests]}, image: $${res[image]}, systemd: $${res[systemd]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
 	else echo "make test: FAIL ($$summary)"; exit 1; fi
 
