@@ -410,21 +410,6 @@ func fieldOf(err error) string {
 // nanoseconds, wraps around to exactly 60 s: 2^58 ms is 15,625 × 2^64 ns.
 const wrapsTo60s = 1<<58 + 60_000
 
-// TestMillis: every count a duration holds converts exactly; one it does not is refused
-// naming the field, never wrapped around into another duration.
-func TestMillis(t *testing.T) {
-	for _, ms := range []int64{0, 1, -1, 60_000, maxMillis, -maxMillis} {
-		if d, err := millis("hold_ttl", ms); err != nil || d.Milliseconds() != ms {
-			t.Errorf("millis(%d) = %s, %v", ms, d, err)
-		}
-	}
-	for _, ms := range []int64{maxMillis + 1, -maxMillis - 1, wrapsTo60s, math.MaxInt64, math.MinInt64} {
-		if d, err := millis("hold_ttl", ms); fieldOf(err) != "hold_ttl" {
-			t.Errorf("millis(%d) = %s, %v; want INVALID_ARGUMENT on hold_ttl", ms, d, err)
-		}
-	}
-}
-
 // TestRequestsRefuseWhatTheyCannotCarry: a CreateSale or Rebalance request whose times no
 // duration holds, or whose opens_at is no valid timestamp, is refused naming the field
 // (without the check, hold_ttl_ms 2^58+60,000 became a 60 s hold).

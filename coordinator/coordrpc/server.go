@@ -58,10 +58,10 @@ func saleSpecFromProto(req *quotav1.CreateSaleRequest) (coordinator.SaleSpec, er
 		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), MaxLive: req.GetMaxLiveTickets()},
 		Rebalance: coordinator.RebalanceMode(req.GetRebalance())}
 	var err error
-	if spec.HoldTTL, err = millis("hold_ttl", req.GetHoldTtlMs()); err != nil {
+	if spec.HoldTTL, err = apierr.Millis("hold_ttl", req.GetHoldTtlMs()); err != nil {
 		return spec, err
 	}
-	if spec.Admission.TicketTTL, err = millis("ticket_ttl", req.GetTicketTtlMs()); err != nil {
+	if spec.Admission.TicketTTL, err = apierr.Millis("ticket_ttl", req.GetTicketTtlMs()); err != nil {
 		return spec, err
 	}
 	if req.GetOpensAt() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/quotaworks/quota/coordinator"
+	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -72,10 +73,10 @@ func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (
 func policyFromProto(req *quotav1.RebalanceRequest) (transfer.Policy, error) {
 	p := transfer.Policy{MinUnits: transfer.Units(req.GetMinUnits())}
 	var err error
-	if p.Window, err = millis("policy", req.GetWindowMs()); err != nil {
+	if p.Window, err = apierr.Millis("policy", req.GetWindowMs()); err != nil {
 		return p, err
 	}
-	p.Horizon, err = millis("policy", req.GetHorizonMs())
+	p.Horizon, err = apierr.Millis("policy", req.GetHorizonMs())
 	return p, err
 }
 

@@ -136,10 +136,10 @@ func termsFromProto(t *quotav1.SaleTerms) (region.SaleTerms, error) {
 	out := region.SaleTerms{Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
 		OpensAt: t.GetOpensAt().AsTime(), Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), MaxLive: t.GetMaxLiveTickets()}}
 	var err error
-	if out.HoldTTL, err = millis("hold_ttl", t.GetHoldTtlMs()); err != nil {
+	if out.HoldTTL, err = apierr.Millis("hold_ttl", t.GetHoldTtlMs()); err != nil {
 		return out, err
 	}
-	out.Admission.TicketTTL, err = millis("ticket_ttl", t.GetTicketTtlMs())
+	out.Admission.TicketTTL, err = apierr.Millis("ticket_ttl", t.GetTicketTtlMs())
 	return out, err
 }
 
