@@ -12,8 +12,8 @@
 //     not in memory needs, made before the writer and again whenever its reserveAnswer asks;
 //     reserveInWriter), the replay of a stored key (replayStored, storedKey, replayOf), then
 //     reserveOp.apply and batch.take.
-//   - hold.go: Confirm, Release and GetReservation (checkHoldID, submitForHold, readHold),
-//     confirmOp, releaseOp and the sweeper's expireOp, and batch.closeHold.
+//   - hold.go: Confirm, Release, GetReservation and BuyerHolds (checkHoldID, submitForHold,
+//     readHold), confirmOp, releaseOp and the sweeper's expireOp, and batch.closeHold.
 //   - participant.go: the coordinator's requests: PutSale, Credit, Refuse, Debit, RefuseDebit,
 //     Restore, Settle and Status, with their validators (CheckTerms, CheckCredit, CheckDebit,
 //     CheckTransferRef), checkGeneration, and their ops (putSaleOp, creditOp, refuseOp,

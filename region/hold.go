@@ -223,3 +223,48 @@ func (o *expireOp) apply(_ context.Context, b *batch) (int, error, error) {
 	}
 	return n, nil, nil
 }
+
+// Bounds of BuyerHolds' limit: DefaultBuyerHolds when the caller gives none, at most
+// MaxBuyerHolds.
+const (
+	DefaultBuyerHolds = 100
+	MaxBuyerHolds     = 1000
+)
+
+// BuyerHolds reads the buyer's holds of a sale at this region as committed, open and closed
+// (archived ones included), newest first, at most limit of them (0: DefaultBuyerHolds);
+// truncated says the buyer has more. It reads through the indexes of the holds' idempotency
+// keys, (sale_id, user_id, request_key), and changes nothing.
+func (r *Region) BuyerHolds(ctx context.Context, sale, user string, limit int) (holds []Hold, truncated bool, err error) {
+	if err := checkIDs("sale_id", sale, "user_id", user); err != nil {
+		return nil, false, err
+	}
+	if limit == 0 {
+		limit = DefaultBuyerHolds
+	}
+	if limit < 1 || limit > MaxBuyerHolds {
+		return nil, false, apierr.Invalid("limit", "must be 1..%d, got %d", MaxBuyerHolds, limit)
+	}
+	rows, err := r.pool.Query(ctx, `SELECT * FROM (
+		SELECT `+holdColumns+` FROM holds WHERE sale_id = $1 AND user_id = $2
+		UNION ALL SELECT `+holdColumns+` FROM holds_closed WHERE sale_id = $1 AND user_id = $2) h
+		ORDER BY created_at DESC, hold_id DESC LIMIT $3`, sale, user, limit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("read holds of buyer %s in sale %s: %w", user, sale, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		h, err := scanHold(rows, r.cfg.Name)
+		if err != nil {
+			return nil, false, fmt.Errorf("read holds of buyer %s in sale %s: %w", user, sale, err)
+		}
+		holds = append(holds, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("read holds of buyer %s in sale %s: %w", user, sale, err)
+	}
+	if len(holds) > limit {
+		return holds[:limit], true, nil
+	}
+	return holds, false, nil
+}

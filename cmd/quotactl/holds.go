@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"text/tabwriter"
 	"time"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
@@ -156,5 +157,51 @@ func holdCmd() *cobra.Command {
 		}),
 	}
 	holdFlags(cmd)
+	return cmd
+}
+
+func holdsCmd() *cobra.Command {
+	return group("holds", "List a buyer's holds", holdsListCmd())
+}
+
+func holdsListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use: "list",
+		Example: `  quotactl holds list --region us --sale launch --user alice
+  quotactl holds list --region us --sale launch --user alice --limit 10 -o json`,
+		Short: "List one buyer's holds of a sale at a region, open and closed, newest first (ListBuyerHolds)",
+		Args:  cobra.NoArgs,
+		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
+			resp, err := rc.ListBuyerHolds(e.ctx, &quotav1.ListBuyerHoldsRequest{SaleId: e.v.GetString("sale"),
+				UserId: e.v.GetString("user"), Limit: e.v.GetInt32("limit")})
+			if err != nil {
+				return fmt.Errorf("list holds: %w", err)
+			}
+			out := struct {
+				Holds     []holdJSON `json:"holds"`
+				Truncated bool       `json:"truncated"`
+			}{Holds: []holdJSON{}, Truncated: resp.GetTruncated()}
+			for _, r := range resp.GetReservations() {
+				out.Holds = append(out.Holds, toHoldJSON(r))
+			}
+			return e.print(out, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "HOLD\tSKU\tQUANTITY\tSTATE\tEXPIRES\tPAYMENT\tREQUEST KEY")
+				for _, h := range out.Holds {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", h.HoldID, h.SKU, h.Quantity, h.State,
+						h.ExpiresAt.Format(time.RFC3339), h.PaymentID, h.RequestKey)
+				}
+				tw.Flush()
+				if out.Truncated {
+					fmt.Fprintf(w, "(more holds than --limit %d: the newest are listed)\n", e.v.GetInt32("limit"))
+				}
+			})
+		}),
+	}
+	f := cmd.Flags()
+	f.String("region", "", "region to ask (required): a buyer's holds are at the region they reserved at")
+	f.String("sale", "", "sale id (required)")
+	f.String("user", "", "user id (required)")
+	f.Int32("limit", region.DefaultBuyerHolds, fmt.Sprintf("how many holds at most, newest first (1..%d)", region.MaxBuyerHolds))
 	return cmd
 }

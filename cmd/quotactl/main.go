@@ -72,7 +72,7 @@ or --config.`,
 	pf.Duration("timeout", 30*time.Second, "deadline of all of the command's calls together")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	addSecurityFlags(root)
-	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
+	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), holdsCmd(), auditCmd(), regionsCmd(), loadCmd(),
 		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), consoleCmd())
 	return root
 }

@@ -106,14 +106,14 @@ func contains(s string, subs ...string) bool {
 func TestMatrix(t *testing.T) {
 	want := map[trust.Role][]string{
 		trust.Storefront: {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions",
-			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist"},
+			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist", "RegionService/ListBuyerHolds"},
 		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
 			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",
 			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
-			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
+			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
 		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
-			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale"},
+			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
 	}
 	for role, allowed := range want {
 		set := map[string]bool{}

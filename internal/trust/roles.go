@@ -27,6 +27,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.RegionService/Enter":          {Storefront},
 	"/quota.v1.RegionService/GetAdmission":   {Storefront},
 	"/quota.v1.RegionService/JoinWaitlist":   {Storefront},
+	"/quota.v1.RegionService/ListBuyerHolds": {Storefront, Operator, Auditor},
 
 	// ParticipantService: the sale's terms and pauses and the transfer steps, for the
 	// coordinator alone.

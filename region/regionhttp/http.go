@@ -69,6 +69,7 @@ func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 	route("GET /v1/sales/{sale}/admissions/{admission}", svc+"GetAdmission", h.getAdmission)
 	route("POST /v1/sales/{sale}/reservations", svc+"Reserve", h.reserve)
 	route("POST /v1/sales/{sale}/waitlist", svc+"JoinWaitlist", h.joinWaitlist)
+	route("GET /v1/sales/{sale}/buyers/{user}/holds", svc+"ListBuyerHolds", h.buyerHolds)
 	route("GET /v1/holds/{hold}", svc+"GetReservation", h.getHold)
 	route("POST /v1/holds/{hold}/confirm", svc+"Confirm", h.confirm)
 	route("POST /v1/holds/{hold}/release", svc+"Release", h.release)

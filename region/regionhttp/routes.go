@@ -275,6 +275,37 @@ func (h *handler) getHold(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// buyerHoldsJSON is GET /v1/sales/{sale}/buyers/{user}/holds: the buyer's holds at this
+// region, newest first; truncated when there are more than limit.
+type buyerHoldsJSON struct {
+	Holds     []holdJSON `json:"holds"`
+	Truncated bool       `json:"truncated"`
+}
+
+func (h *handler) buyerHolds(w http.ResponseWriter, r *http.Request) error {
+	limit := 0
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return apierr.Invalid("limit", "%q is not a whole number", v)
+		}
+		if n < 1 || n > region.MaxBuyerHolds { // an explicit 0 is out of range, not the default
+			return apierr.Invalid("limit", "must be 1..%d, got %d", region.MaxBuyerHolds, n)
+		}
+		limit = n
+	}
+	holds, truncated, err := h.r.BuyerHolds(r.Context(), r.PathValue("sale"), r.PathValue("user"), limit)
+	if err != nil {
+		return err
+	}
+	out := buyerHoldsJSON{Holds: make([]holdJSON, len(holds)), Truncated: truncated}
+	for i, hold := range holds {
+		out.Holds[i] = toHoldJSON(hold)
+	}
+	rpcserve.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
 // confirmJSON is the answer to a confirm: sold, or refund the payment (the hold had
 // expired or been released), with the hold as it is now.
 type confirmJSON struct {

@@ -88,6 +88,19 @@ func (s *Server) Release(ctx context.Context, req *quotav1.ReleaseRequest) (*quo
 	return &quotav1.ReleaseResponse{Reservation: toProto(h)}, nil
 }
 
+// ListBuyerHolds implements RegionService.
+func (s *Server) ListBuyerHolds(ctx context.Context, req *quotav1.ListBuyerHoldsRequest) (*quotav1.ListBuyerHoldsResponse, error) {
+	holds, truncated, err := s.R.BuyerHolds(ctx, req.GetSaleId(), req.GetUserId(), int(req.GetLimit()))
+	if err != nil {
+		return nil, err
+	}
+	out := &quotav1.ListBuyerHoldsResponse{Reservations: make([]*quotav1.Reservation, len(holds)), Truncated: truncated}
+	for i, h := range holds {
+		out.Reservations[i] = toProto(h)
+	}
+	return out, nil
+}
+
 // GetReservation implements RegionService.
 func (s *Server) GetReservation(ctx context.Context, req *quotav1.GetReservationRequest) (*quotav1.GetReservationResponse, error) {
 	h, err := s.R.GetReservation(ctx, req.GetHoldId())

@@ -686,6 +686,22 @@ func TestOpenAPIEdge(t *testing.T) {
 		t.Errorf("confirm of a released hold: %v", conf.body)
 	}
 
+	// A buyer's holds at the region: alice's sold one; bob's released one; none for carol yet.
+	buyerHolds := func(c *http.Client, user, query string, status int, code string) answer {
+		return get(c, us+"/v1/sales/drop/buyers/"+user+"/holds"+query, status, code)
+	}
+	if l := buyerHolds(shop, "alice", "", 200, ""); !holdsAre(l, hold+"=sold") {
+		t.Errorf("alice's holds: %v", l.body)
+	}
+	if l := buyerHolds(op, "bob", "?limit=1", 200, ""); !holdsAre(l, bres.str("hold_id")+"=released") {
+		t.Errorf("bob's holds: %v", l.body)
+	}
+	if l := buyerHolds(shop, "carol", "", 200, ""); !holdsAre(l) {
+		t.Errorf("carol's holds: %v", l.body)
+	}
+	s.do(exchange{c: shop, method: "GET", url: us + "/v1/sales/drop/buyers/bob/holds?limit=0", status: 400, code: "INVALID_ARGUMENT", invalid: true})
+	buyerHolds(coordC, "bob", "", 403, "PERMISSION_DENIED")
+
 	// This region's pool runs short: 3 left, carol takes 2, dave asks 2.
 	for _, buyer := range []struct{ user, code string }{{"carol", ""}, {"dave", "REGION_EXHAUSTED"}} {
 		adm := s.admit(shop, us, "drop", buyer.user)
@@ -724,4 +740,20 @@ func TestOpenAPIEdge(t *testing.T) {
 			t.Logf("%-45s %v", k, sts)
 		}
 	}
+}
+
+// holdsAre reports whether a list of a buyer's holds is exactly want, each "hold_id=state",
+// in order, and not truncated.
+func holdsAre(a answer, want ...string) bool {
+	hs, _ := a.body["holds"].([]any)
+	if len(hs) != len(want) || a.body["truncated"] != false {
+		return false
+	}
+	for i, h := range hs {
+		m, _ := h.(map[string]any)
+		if fmt.Sprintf("%v=%v", m["hold_id"], m["state"]) != want[i] {
+			return false
+		}
+	}
+	return true
 }

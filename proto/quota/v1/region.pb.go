@@ -1603,6 +1603,120 @@ func (x *JoinWaitlistResponse) GetAdmission() *Admission {
 	return nil
 }
 
+type ListBuyerHoldsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	UserId string                 `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	// limit is how many holds at most, newest first: 1..1000; 0 means 100.
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuyerHoldsRequest) Reset() {
+	*x = ListBuyerHoldsRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuyerHoldsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuyerHoldsRequest) ProtoMessage() {}
+
+func (x *ListBuyerHoldsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuyerHoldsRequest.ProtoReflect.Descriptor instead.
+func (*ListBuyerHoldsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListBuyerHoldsRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *ListBuyerHoldsRequest) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *ListBuyerHoldsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListBuyerHoldsResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Reservations []*Reservation         `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// truncated is true when the buyer has more holds here than limit.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBuyerHoldsResponse) Reset() {
+	*x = ListBuyerHoldsResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBuyerHoldsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBuyerHoldsResponse) ProtoMessage() {}
+
+func (x *ListBuyerHoldsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBuyerHoldsResponse.ProtoReflect.Descriptor instead.
+func (*ListBuyerHoldsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListBuyerHoldsResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *ListBuyerHoldsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_quota_v1_region_proto protoreflect.FileDescriptor
 
 const file_quota_v1_region_proto_rawDesc = "" +
@@ -1718,7 +1832,14 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x10\n" +
 	"\x03sku\x18\x03 \x01(\tR\x03sku\"I\n" +
 	"\x14JoinWaitlistResponse\x121\n" +
-	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission*\x82\x01\n" +
+	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"_\n" +
+	"\x15ListBuyerHoldsRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"q\n" +
+	"\x16ListBuyerHoldsResponse\x129\n" +
+	"\freservations\x18\x01 \x03(\v2\x15.quota.v1.ReservationR\freservations\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x82\x01\n" +
 	"\tHoldState\x12\x1a\n" +
 	"\x16HOLD_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fHOLD_STATE_HELD\x10\x01\x12\x13\n" +
@@ -1735,7 +1856,7 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x18ADMISSION_STATE_ADMITTED\x10\x02\x12\x18\n" +
 	"\x14ADMISSION_STATE_USED\x10\x03\x12\x1b\n" +
 	"\x17ADMISSION_STATE_EXPIRED\x10\x04\x12\x1a\n" +
-	"\x16ADMISSION_STATE_CLOSED\x10\x052\x8e\x05\n" +
+	"\x16ADMISSION_STATE_CLOSED\x10\x052\xe3\x05\n" +
 	"\rRegionService\x12>\n" +
 	"\aReserve\x12\x18.quota.v1.ReserveRequest\x1a\x19.quota.v1.ReserveResponse\x12>\n" +
 	"\aConfirm\x12\x18.quota.v1.ConfirmRequest\x1a\x19.quota.v1.ConfirmResponse\x12>\n" +
@@ -1745,7 +1866,8 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\fDescribeSale\x12\x1d.quota.v1.DescribeSaleRequest\x1a\x1e.quota.v1.DescribeSaleResponse\x128\n" +
 	"\x05Enter\x12\x16.quota.v1.EnterRequest\x1a\x17.quota.v1.EnterResponse\x12M\n" +
 	"\fGetAdmission\x12\x1d.quota.v1.GetAdmissionRequest\x1a\x1e.quota.v1.GetAdmissionResponse\x12M\n" +
-	"\fJoinWaitlist\x12\x1d.quota.v1.JoinWaitlistRequest\x1a\x1e.quota.v1.JoinWaitlistResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\fJoinWaitlist\x12\x1d.quota.v1.JoinWaitlistRequest\x1a\x1e.quota.v1.JoinWaitlistResponse\x12S\n" +
+	"\x0eListBuyerHolds\x12\x1f.quota.v1.ListBuyerHoldsRequest\x1a .quota.v1.ListBuyerHoldsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_region_proto_rawDescOnce sync.Once
@@ -1760,7 +1882,7 @@ func file_quota_v1_region_proto_rawDescGZIP() []byte {
 }
 
 var file_quota_v1_region_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_quota_v1_region_proto_goTypes = []any{
 	(HoldState)(0),                 // 0: quota.v1.HoldState
 	(ConfirmOutcome)(0),            // 1: quota.v1.ConfirmOutcome
@@ -1787,48 +1909,53 @@ var file_quota_v1_region_proto_goTypes = []any{
 	(*GetAdmissionResponse)(nil),   // 22: quota.v1.GetAdmissionResponse
 	(*JoinWaitlistRequest)(nil),    // 23: quota.v1.JoinWaitlistRequest
 	(*JoinWaitlistResponse)(nil),   // 24: quota.v1.JoinWaitlistResponse
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*ListBuyerHoldsRequest)(nil),  // 25: quota.v1.ListBuyerHoldsRequest
+	(*ListBuyerHoldsResponse)(nil), // 26: quota.v1.ListBuyerHoldsResponse
+	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
 }
 var file_quota_v1_region_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.Reservation.state:type_name -> quota.v1.HoldState
-	25, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 2: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
 	1,  // 3: quota.v1.ConfirmResponse.outcome:type_name -> quota.v1.ConfirmOutcome
 	3,  // 4: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
 	3,  // 5: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
 	3,  // 6: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
 	13, // 7: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
-	25, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
-	25, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
+	27, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
+	27, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
 	16, // 10: quota.v1.DescribeSaleResponse.skus:type_name -> quota.v1.SkuView
 	2,  // 11: quota.v1.Admission.state:type_name -> quota.v1.AdmissionState
-	25, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
 	18, // 13: quota.v1.EnterResponse.admission:type_name -> quota.v1.Admission
 	18, // 14: quota.v1.GetAdmissionResponse.admission:type_name -> quota.v1.Admission
 	18, // 15: quota.v1.JoinWaitlistResponse.admission:type_name -> quota.v1.Admission
-	4,  // 16: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
-	6,  // 17: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
-	8,  // 18: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
-	10, // 19: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
-	12, // 20: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
-	15, // 21: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
-	19, // 22: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
-	21, // 23: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
-	23, // 24: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
-	5,  // 25: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
-	7,  // 26: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
-	9,  // 27: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
-	11, // 28: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
-	14, // 29: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
-	17, // 30: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
-	20, // 31: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
-	22, // 32: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
-	24, // 33: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 16: quota.v1.ListBuyerHoldsResponse.reservations:type_name -> quota.v1.Reservation
+	4,  // 17: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
+	6,  // 18: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
+	8,  // 19: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
+	10, // 20: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
+	12, // 21: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
+	15, // 22: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
+	19, // 23: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
+	21, // 24: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
+	23, // 25: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
+	25, // 26: quota.v1.RegionService.ListBuyerHolds:input_type -> quota.v1.ListBuyerHoldsRequest
+	5,  // 27: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
+	7,  // 28: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
+	9,  // 29: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
+	11, // 30: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
+	14, // 31: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
+	17, // 32: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
+	20, // 33: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
+	22, // 34: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
+	24, // 35: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
+	26, // 36: quota.v1.RegionService.ListBuyerHolds:output_type -> quota.v1.ListBuyerHoldsResponse
+	27, // [27:37] is the sub-list for method output_type
+	17, // [17:27] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_region_proto_init() }
@@ -1842,7 +1969,7 @@ func file_quota_v1_region_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_region_proto_rawDesc), len(file_quota_v1_region_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

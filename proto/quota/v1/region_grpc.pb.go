@@ -28,6 +28,7 @@ const (
 	RegionService_Enter_FullMethodName          = "/quota.v1.RegionService/Enter"
 	RegionService_GetAdmission_FullMethodName   = "/quota.v1.RegionService/GetAdmission"
 	RegionService_JoinWaitlist_FullMethodName   = "/quota.v1.RegionService/JoinWaitlist"
+	RegionService_ListBuyerHolds_FullMethodName = "/quota.v1.RegionService/ListBuyerHolds"
 )
 
 // RegionServiceClient is the client API for RegionService service.
@@ -57,6 +58,9 @@ type RegionServiceClient interface {
 	// JoinWaitlist puts a buyer on a sold-out SKU's waitlist: units that come back are
 	// offered to it in order, each offer an admission with a ticket.
 	JoinWaitlist(ctx context.Context, in *JoinWaitlistRequest, opts ...grpc.CallOption) (*JoinWaitlistResponse, error)
+	// ListBuyerHolds reads one buyer's holds of a sale at this region, open and closed, newest
+	// first: what a storefront that lost its session shows the buyer.
+	ListBuyerHolds(ctx context.Context, in *ListBuyerHoldsRequest, opts ...grpc.CallOption) (*ListBuyerHoldsResponse, error)
 }
 
 type regionServiceClient struct {
@@ -157,6 +161,16 @@ func (c *regionServiceClient) JoinWaitlist(ctx context.Context, in *JoinWaitlist
 	return out, nil
 }
 
+func (c *regionServiceClient) ListBuyerHolds(ctx context.Context, in *ListBuyerHoldsRequest, opts ...grpc.CallOption) (*ListBuyerHoldsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBuyerHoldsResponse)
+	err := c.cc.Invoke(ctx, RegionService_ListBuyerHolds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionServiceServer is the server API for RegionService service.
 // All implementations must embed UnimplementedRegionServiceServer
 // for forward compatibility.
@@ -184,6 +198,9 @@ type RegionServiceServer interface {
 	// JoinWaitlist puts a buyer on a sold-out SKU's waitlist: units that come back are
 	// offered to it in order, each offer an admission with a ticket.
 	JoinWaitlist(context.Context, *JoinWaitlistRequest) (*JoinWaitlistResponse, error)
+	// ListBuyerHolds reads one buyer's holds of a sale at this region, open and closed, newest
+	// first: what a storefront that lost its session shows the buyer.
+	ListBuyerHolds(context.Context, *ListBuyerHoldsRequest) (*ListBuyerHoldsResponse, error)
 	mustEmbedUnimplementedRegionServiceServer()
 }
 
@@ -220,6 +237,9 @@ func (UnimplementedRegionServiceServer) GetAdmission(context.Context, *GetAdmiss
 }
 func (UnimplementedRegionServiceServer) JoinWaitlist(context.Context, *JoinWaitlistRequest) (*JoinWaitlistResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method JoinWaitlist not implemented")
+}
+func (UnimplementedRegionServiceServer) ListBuyerHolds(context.Context, *ListBuyerHoldsRequest) (*ListBuyerHoldsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBuyerHolds not implemented")
 }
 func (UnimplementedRegionServiceServer) mustEmbedUnimplementedRegionServiceServer() {}
 func (UnimplementedRegionServiceServer) testEmbeddedByValue()                       {}
@@ -404,6 +424,24 @@ func _RegionService_JoinWaitlist_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionService_ListBuyerHolds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBuyerHoldsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).ListBuyerHolds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_ListBuyerHolds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).ListBuyerHolds(ctx, req.(*ListBuyerHoldsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionService_ServiceDesc is the grpc.ServiceDesc for RegionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -446,6 +484,10 @@ var RegionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "JoinWaitlist",
 			Handler:    _RegionService_JoinWaitlist_Handler,
+		},
+		{
+			MethodName: "ListBuyerHolds",
+			Handler:    _RegionService_ListBuyerHolds_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
