@@ -36,6 +36,16 @@ func run(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// mustRun is run that fails the test on an error, printing the output.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", args, describe(err), out)
+	}
+	return out
+}
+
 // certs are the package's cluster certificates, made once: the CLI's tests run in the
 // secure default, and run passes --certs-dir unless a test names its own.
 var certs *trust.Material

@@ -12,14 +12,7 @@ import (
 func TestHoldsList(t *testing.T) {
 	d := startDev(t, "us")
 	coord := "--coordinator=" + d.Coordinator.Addr()
-	must := func(args ...string) string {
-		t.Helper()
-		out, err := run(t, append([]string{coord}, args...)...)
-		if err != nil {
-			t.Fatalf("%v: %v\n%s", args, describe(err), out)
-		}
-		return out
-	}
+	must := func(args ...string) string { t.Helper(); return mustRun(t, append([]string{coord}, args...)...) }
 	must("sale", "create", "--sale", "s", "--sku", "phone=10", "--sku", "case=10", "--allocate", "us=1")
 	var first, second holdJSON
 	for _, r := range []struct {

@@ -14,14 +14,7 @@ import (
 func TestSalePauseAndResume(t *testing.T) {
 	d := startDev(t, "us", "eu")
 	coord := "--coordinator=" + d.Coordinator.Addr()
-	must := func(args ...string) string {
-		t.Helper()
-		out, err := run(t, append([]string{coord}, args...)...)
-		if err != nil {
-			t.Fatalf("%v: %v\n%s", args, describe(err), out)
-		}
-		return out
-	}
+	must := func(args ...string) string { t.Helper(); return mustRun(t, append([]string{coord}, args...)...) }
 	must("sale", "create", "--sale", "s", "--sku", "phone=100", "--sku", "case=10", "--allocate", "us=1,eu=1")
 	var held holdJSON
 	if err := json.Unmarshal([]byte(must("reserve", "--region", "us", "--sale", "s", "--sku", "phone", "--user", "u1", "--request-key", "k1", "-o", "json")), &held); err != nil {
