@@ -218,6 +218,13 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 // Reserve makes a reservation (Region.Reserve) and, when a ticket made it, ends the
 // ticket's admission: its live place is freed for the next buyer.
 func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if req.token() != nil {
+		// The rooms of this term first: the admission a ticket's hold uses is then ended in
+		// the room (a load reading the holds before this one commits would miss it).
+		if _, err := d.ensureLoaded(ctx); err != nil {
+			return ReserveResult{}, err
+		}
+	}
 	var offer *saleWaitlist
 	if tok := req.token(); tok != nil && tok.Ticket.SKU != "" { // the region verifies it
 		// An offer no longer out (claimed: this may be a retry) takes no set-aside units: the
