@@ -59,8 +59,9 @@ type Entry struct {
 	ID    string
 	User  string
 	State EntryState
-	// Position is the 1-based rank among queued entries; 0 when not Queued, and 0 in a
-	// room's pre-queue before the sale opens (the order is drawn at opening).
+	// Position is the 1-based rank among queued entries, and in a room behind those being
+	// bound too (Binding: they are at the front); 0 when not Queued, and 0 in a room's
+	// pre-queue before the sale opens (the order is drawn at opening).
 	Position int
 	// EstimatedWait is a rough time until admission while Queued (see Room.Get); before
 	// opening, the time until the sale opens. Always 0 in a waitlist.
@@ -135,14 +136,19 @@ type Room struct {
 	entries map[string]*lineEntry
 	byUser  map[string]*lineEntry
 	pre     []*lineEntry // arrivals before opening, in arrival order
-	line    entryLine
-	tokens  float64
-	filled  time.Time // when tokens were last refilled
-	tickets entryExpiries
-	finals  entryDeque // final entries in the order they ended
-	binding int
-	live    int
-	ended   map[EntryState]int
+	post    []*lineEntry // arrivals after opens_at settled before the draw, in order
+	// arriving are the users whose arrival is kept (Arrive) and not yet settled, pendingPre
+	// how many of them join the pre-queue: no draw while there is one.
+	arriving   map[string]bool
+	pendingPre int
+	line       entryLine
+	tokens     float64
+	filled     time.Time // when tokens were last refilled
+	tickets    entryExpiries
+	finals     entryDeque // final entries in the order they ended
+	binding    int
+	live       int
+	ended      map[EntryState]int
 }
 
 // lineEntry is a room's or waitlist's record of one entry.
@@ -153,7 +159,8 @@ type lineEntry struct {
 	expires  time.Time
 	region   string
 	reason   string
-	units    int // a waitlist offer's units
+	units    int  // a waitlist offer's units
+	pre      bool // arrived in a room's pre-queue
 	finalAt  time.Time
 	heapIdx  int // index in an entryExpiries while Admitted
 }
@@ -178,6 +185,7 @@ func NewRoom(cfg RoomConfig) (*Room, error) {
 		flowRate: min(cfg.Rate, float64(cfg.MaxLive)/cfg.TicketTTL.Seconds()),
 		entries:  make(map[string]*lineEntry),
 		byUser:   make(map[string]*lineEntry),
+		arriving: make(map[string]bool),
 		filled:   cfg.OpensAt,
 		ended:    make(map[EntryState]int),
 	}
@@ -212,45 +220,183 @@ func (c RoomConfig) validate() error {
 // ticket expired gets a new place at the back. Before OpensAt-PreQueue it answers an error
 // wrapping ErrNotOpen naming opens_at and server_time; after Close, a new user gets an
 // Entry Closed with the reason and no id (nothing is kept). Past MaxQueue it answers an
-// *apierr.OverloadedError.
+// *apierr.OverloadedError. Enter is Arrive and Settle at once, for a room nothing records.
 func (r *Room) Enter(user string, now time.Time) (Entry, error) {
+	e, a, err := r.Arrive(user, now)
+	if err != nil || a == nil {
+		return e, err
+	}
+	return r.Settle(a, true, now), nil
+}
+
+// Arrival is a place a Room keeps for a new arrival between Arrive and Settle, while the
+// caller records it durably: ID is the admission id it will have, and Pre says it joins the
+// pre-queue (drawn at opening) rather than the back of the line.
+type Arrival struct {
+	ID, User string
+	Pre      bool
+}
+
+// Arrive is Enter's first half. It answers the entry user has (Arrival nil), or the checks'
+// error, or keeps a place for a new entry: the caller records the Arrival and then calls
+// Settle once, with whether the record succeeded. A kept place counts against MaxQueue, and
+// while a pre-queue arrival is kept the room does not draw its pre-queue, so a draw is
+// always of every pre-queue arrival recorded before it. A second Arrive for a user whose
+// arrival is kept answers an error wrapping apierr.ErrAborted.
+func (r *Room) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 	if user == "" {
-		return Entry{}, apierr.Invalid("user", "empty")
+		return Entry{}, nil, apierr.Invalid("user", "empty")
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.observe(now)
 	r.expire(now)
 	if e, ok := r.byUser[user]; ok && e.state != Expired {
-		return r.view(e, now), nil
+		return r.view(e, now), nil, nil
 	}
 	if r.closed {
-		return Entry{User: user, State: Closed, Reason: r.reason}, nil
+		return Entry{User: user, State: Closed, Reason: r.reason}, nil, nil
+	}
+	if r.arriving[user] {
+		return Entry{}, nil, fmt.Errorf("%w: buyer %s is entering sale %s already", apierr.ErrAborted, user, r.cfg.Sale)
 	}
 	if !r.opened && now.Before(r.cfg.OpensAt.Add(-r.cfg.PreQueue)) {
-		return Entry{}, fmt.Errorf("%w: sale %s at %s takes arrivals from %s: opens_at %s, server_time %s",
+		return Entry{}, nil, fmt.Errorf("%w: sale %s at %s takes arrivals from %s: opens_at %s, server_time %s",
 			apierr.ErrNotOpen, r.cfg.Sale, r.cfg.Region, stamp(r.cfg.OpensAt.Add(-r.cfg.PreQueue)),
 			stamp(r.cfg.OpensAt), stamp(now))
 	}
 	if !now.Before(r.cfg.OpensAt) {
 		r.open()
 	}
-	if !makeSpace(len(r.entries), r.cfg.MaxQueue, &r.finals, 2*r.cfg.TicketTTL, now, r.drop) {
-		return Entry{}, overloaded(fmt.Sprintf("waiting room of sale %s at %s", r.cfg.Sale, r.cfg.Region),
+	if !makeSpace(len(r.entries)+len(r.arriving), r.cfg.MaxQueue, &r.finals, 2*r.cfg.TicketTTL, now, r.drop) {
+		return Entry{}, nil, overloaded(fmt.Sprintf("waiting room of sale %s at %s", r.cfg.Sale, r.cfg.Region),
 			&r.finals, 2*r.cfg.TicketTTL, now)
 	}
-	e := &lineEntry{id: r.cfg.NewID(), user: user, state: Queued}
-	if _, dup := r.entries[e.id]; dup || e.id == "" {
-		panic(fmt.Sprintf("admission: NewID made an empty or duplicate id %q", e.id))
+	a := &Arrival{ID: r.cfg.NewID(), User: user, Pre: !r.opened && now.Before(r.cfg.OpensAt)}
+	if _, dup := r.entries[a.ID]; dup || a.ID == "" {
+		panic(fmt.Sprintf("admission: NewID made an empty or duplicate id %q", a.ID))
 	}
+	r.arriving[user] = true
+	if a.Pre {
+		r.pendingPre++
+	}
+	return Entry{}, a, nil
+}
+
+// Settle is Enter's second half: with ok, a's entry takes the place kept for it (the
+// pre-queue, or the back of the line) and Settle answers it; without, the place is let go
+// and Settle answers a zero Entry. Settle a given Arrival once.
+func (r *Room) Settle(a *Arrival, ok bool, now time.Time) Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.arriving[a.User] {
+		panic(fmt.Sprintf("admission: arrival %s of %s settled twice", a.ID, a.User))
+	}
+	delete(r.arriving, a.User)
+	if a.Pre {
+		r.pendingPre--
+	}
+	r.observe(now)
+	if !ok {
+		r.openIfDue(now)
+		return Entry{}
+	}
+	e := &lineEntry{id: a.ID, user: a.User, state: Queued, pre: a.Pre}
 	r.entries[e.id] = e
-	r.byUser[user] = e
-	if r.opened {
-		r.line.pushBack(e)
-	} else {
+	r.byUser[e.user] = e
+	switch {
+	case r.closed:
+		e.reason = r.reason
+		r.finish(e, Closed)
+	case a.Pre:
 		r.pre = append(r.pre, e)
+	case r.opened:
+		r.line.pushBack(e)
+	default: // arrived after opens_at while the draw waited for a pre-queue arrival
+		r.post = append(r.post, e)
 	}
-	return r.view(e, now), nil
+	r.openIfDue(now)
+	return r.view(e, now)
+}
+
+// openIfDue makes the draw once now is opens_at or later (one held up by an arrival being
+// recorded happens when the arrival settles).
+func (r *Room) openIfDue(now time.Time) {
+	if !now.Before(r.cfg.OpensAt) {
+		r.open()
+	}
+}
+
+// Stored is an entry as its caller recorded it, for Restore: the durable part of a room's or
+// a waitlist's entry. Restore takes them in the order they were recorded (the order of
+// arrival at the region).
+type Stored struct {
+	ID, User string
+	// Pre says the entry arrived in the room's pre-queue.
+	Pre bool
+	// State is Queued, Admitted (ExpiresAt set; Units too for a waitlist offer), or a
+	// final state: Used, Expired, Elsewhere (with Region).
+	State     EntryState
+	ExpiresAt time.Time
+	Region    string
+	Units     int
+}
+
+// Restore fills a room that has no entry yet with stored ones, as of now: a leader taking
+// over a region's line. The pre-queue's draw is made again from every pre-queue entry (the
+// same draw: the same entries and seed), then the later arrivals follow in their order;
+// admitted entries count against MaxLive until they expire; final ones are kept as ended
+// now. A user with several entries keeps the last one.
+func (r *Room) Restore(entries []Stored, now time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.entries) > 0 || len(r.arriving) > 0 {
+		return fmt.Errorf("room of sale %s restored with entries: %w", r.cfg.Sale, apierr.ErrConflict)
+	}
+	r.observe(now)
+	for _, s := range entries {
+		e, err := restoredEntry(s, r.entries)
+		if err != nil {
+			return err
+		}
+		r.entries[e.id], r.byUser[e.user] = e, e
+		switch {
+		case e.pre:
+			r.pre = append(r.pre, e)
+		case e.state == Queued:
+			r.post = append(r.post, e)
+		}
+		switch e.state {
+		case Queued:
+		case Admitted:
+			r.live++
+			heap.Push(&r.tickets, e)
+		default:
+			e.state = Queued // finish moves it from a live state
+			r.finish(e, s.State)
+		}
+	}
+	if !now.Before(r.cfg.OpensAt) {
+		r.open()
+	}
+	r.expire(now)
+	return nil
+}
+
+// restoredEntry checks one stored entry and makes its lineEntry.
+func restoredEntry(s Stored, have map[string]*lineEntry) (*lineEntry, error) {
+	switch {
+	case s.ID == "" || have[s.ID] != nil:
+		return nil, apierr.Invalid("id", "%q is empty or repeated", s.ID)
+	case s.User == "":
+		return nil, apierr.Invalid("user", "empty in entry %s", s.ID)
+	case s.State == Admitted && s.ExpiresAt.IsZero():
+		return nil, apierr.Invalid("expires_at", "unset in admitted entry %s", s.ID)
+	case !slices.Contains([]EntryState{Queued, Admitted, Used, Expired, Elsewhere}, s.State):
+		return nil, apierr.Invalid("state", "%q cannot be restored (entry %s)", s.State, s.ID)
+	}
+	return &lineEntry{id: s.ID, user: s.User, state: s.State, pre: s.Pre, expires: s.ExpiresAt, region: s.Region,
+		units: s.Units}, nil
 }
 
 // stamp formats t as the API does: RFC 3339 in UTC with milliseconds.
@@ -422,7 +568,7 @@ func (r *Room) Close(reason string) {
 			r.finish(e, Closed)
 		}
 	}
-	r.pre, r.binding = nil, 0
+	r.pre, r.post, r.binding = nil, nil, 0
 	r.line.clear()
 }
 
@@ -436,7 +582,7 @@ func (r *Room) Stats(now time.Time) RoomStats {
 		r.open()
 	}
 	return RoomStats{
-		Queued: len(r.pre) + r.line.len(), Binding: r.binding, Live: r.live,
+		Queued: len(r.pre) + len(r.post) + r.line.len(), Binding: r.binding, Live: r.live,
 		Used: r.ended[Used], Expired: r.ended[Expired], Elsewhere: r.ended[Elsewhere], Closed: r.ended[Closed],
 		Entries: len(r.entries),
 	}
@@ -448,11 +594,14 @@ func (r *Room) observe(now time.Time) {
 	}
 }
 
-// open draws the pre-queue's order once: sorted by user (so the order depends only on who
-// arrived, not how their requests raced), then shuffled by a PCG seeded with Seed and the
-// FNV-1a hash of Sale, and placed at the front of the line.
+// open draws the pre-queue's order once, unless a pre-queue arrival is still being recorded
+// (Arrive): sorted by user (so the order depends only on who arrived, not how their requests
+// raced), then shuffled by a PCG seeded with Seed and the FNV-1a hash of Sale, and placed at
+// the front of the line, followed by the arrivals after opens_at that settled meanwhile. The
+// draw is of every pre-queue entry, whatever its state (a restored room's pre-queue holds
+// those admitted since), and only the queued ones join the line.
 func (r *Room) open() {
-	if r.opened {
+	if r.opened || r.pendingPre > 0 {
 		return
 	}
 	r.opened = true
@@ -461,10 +610,12 @@ func (r *Room) open() {
 	h.Write([]byte(r.cfg.Sale))
 	rng := mrand.New(mrand.NewPCG(r.cfg.Seed, h.Sum64()))
 	rng.Shuffle(len(r.pre), func(i, j int) { r.pre[i], r.pre[j] = r.pre[j], r.pre[i] })
-	for _, e := range r.pre {
-		r.line.pushBack(e)
+	for _, e := range append(r.pre, r.post...) {
+		if e.state == Queued {
+			r.line.pushBack(e)
+		}
 	}
-	r.pre = nil
+	r.pre, r.post = nil, nil
 }
 
 func sortByUser(es []*lineEntry) {
@@ -507,7 +658,9 @@ func (r *Room) view(e *lineEntry, now time.Time) Entry {
 	case e.state == Queued && !r.opened:
 		v.EstimatedWait = max(0, r.cfg.OpensAt.Sub(now))
 	case e.state == Queued:
-		v.Position = r.line.position(e)
+		// The entries being bound count ahead of every queued one: they left the line only in
+		// this process's memory, and a leader taking over finds them queued at its front.
+		v.Position = r.line.position(e) + r.binding
 		v.EstimatedWait = durationOf(float64(v.Position) / r.flowRate)
 	case e.state == Admitted && !now.Before(e.expires):
 		v.State = Expired
@@ -607,6 +760,9 @@ func (d *entryDeque) front() *lineEntry {
 	}
 	return d.buf[d.first]
 }
+
+// at returns the i-th entry from the front.
+func (d *entryDeque) at(i int) *lineEntry { return d.buf[(d.first+i)%len(d.buf)] }
 
 func (d *entryDeque) grow() {
 	if d.n < len(d.buf) {

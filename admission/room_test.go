@@ -398,7 +398,11 @@ func TestPositionDecreases(t *testing.T) {
 	}
 	prev := last
 	for now := opens; ; now = now.Add(100 * time.Millisecond) {
-		r.Due(now, 100)
+		for _, d := range r.Due(now, 100) {
+			if _, err := r.Admit(d.ID, now.Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		e, _ := r.Get(last.ID, now)
 		if e.State != Queued {
 			break
@@ -614,7 +618,7 @@ func (m *roomModel) check(t *testing.T, r *Room, now time.Time) {
 	m.open(t, r, now)
 	pos := map[string]int{}
 	for i, id := range m.line {
-		pos[id] = i + 1
+		pos[id] = i + 1 + m.binding // those being bound count ahead
 	}
 	for id, s := range m.state {
 		e, ok := r.Get(id, now)

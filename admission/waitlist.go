@@ -61,6 +61,7 @@ type Waitlist struct {
 	setAside int
 	returned int // units of offers ended since the last Expire, owed to its answer
 	finals   entryDeque
+	arriving map[string]bool // users whose Arrive is not settled yet
 }
 
 // NewWaitlist validates cfg, naming the bad field, and makes its waitlist.
@@ -86,36 +87,105 @@ func NewWaitlist(cfg WaitlistConfig) (*Waitlist, error) {
 	if cfg.NewID == nil {
 		cfg.NewID = randomEntryID
 	}
-	return &Waitlist{cfg: cfg, entries: make(map[string]*lineEntry), byUser: make(map[string]*lineEntry)}, nil
+	return &Waitlist{cfg: cfg, entries: make(map[string]*lineEntry), byUser: make(map[string]*lineEntry),
+		arriving: make(map[string]bool)}, nil
 }
 
 // Join puts user at the back of the line. A user already waiting, holding an offer, or whose
 // offer was claimed gets that entry back; one whose offer expired joins again at the back.
 // Past MaxEntries it answers an *apierr.OverloadedError. Join ends the offers past their
-// expiry (their units are owed to the next Expire).
+// expiry (their units are owed to the next Expire). Join is Arrive and Settle at once.
 func (w *Waitlist) Join(user string, now time.Time) (Entry, error) {
+	e, a, err := w.Arrive(user, now)
+	if err != nil || a == nil {
+		return e, err
+	}
+	return w.Settle(a, true, now), nil
+}
+
+// Arrive is Join's first half, as Room.Arrive is Enter's: it answers the entry user has
+// (Arrival nil) or keeps a place for a new one, counted against MaxEntries, to be settled
+// once the caller has recorded it.
+func (w *Waitlist) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 	if user == "" {
-		return Entry{}, apierr.Invalid("user", "empty")
+		return Entry{}, nil, apierr.Invalid("user", "empty")
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.observe(now)
 	w.expire(now)
 	if e, ok := w.byUser[user]; ok && e.state != Expired {
-		return w.view(e, now), nil
+		return w.view(e, now), nil, nil
 	}
-	if !makeSpace(len(w.entries), w.cfg.MaxEntries, &w.finals, 2*w.cfg.OfferTTL, now, w.drop) {
-		return Entry{}, overloaded(fmt.Sprintf("waitlist of sale %s sku %s at %s", w.cfg.Sale, w.cfg.SKU,
+	if w.arriving[user] {
+		return Entry{}, nil, fmt.Errorf("%w: buyer %s is joining the waitlist of sale %s sku %s already",
+			apierr.ErrAborted, user, w.cfg.Sale, w.cfg.SKU)
+	}
+	if !makeSpace(len(w.entries)+len(w.arriving), w.cfg.MaxEntries, &w.finals, 2*w.cfg.OfferTTL, now, w.drop) {
+		return Entry{}, nil, overloaded(fmt.Sprintf("waitlist of sale %s sku %s at %s", w.cfg.Sale, w.cfg.SKU,
 			w.cfg.Region), &w.finals, 2*w.cfg.OfferTTL, now)
 	}
-	e := &lineEntry{id: w.cfg.NewID(), user: user, state: Queued}
-	if _, dup := w.entries[e.id]; dup || e.id == "" {
-		panic(fmt.Sprintf("admission: NewID made an empty or duplicate id %q", e.id))
+	a := &Arrival{ID: w.cfg.NewID(), User: user}
+	if _, dup := w.entries[a.ID]; dup || a.ID == "" {
+		panic(fmt.Sprintf("admission: NewID made an empty or duplicate id %q", a.ID))
 	}
+	w.arriving[user] = true
+	return Entry{}, a, nil
+}
+
+// Settle is Join's second half: with ok, a's entry joins the back of the line and is
+// answered; without, the place is let go. Settle a given Arrival once.
+func (w *Waitlist) Settle(a *Arrival, ok bool, now time.Time) Entry {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.arriving[a.User] {
+		panic(fmt.Sprintf("admission: waitlist arrival %s of %s settled twice", a.ID, a.User))
+	}
+	delete(w.arriving, a.User)
+	if !ok {
+		return Entry{}
+	}
+	e := &lineEntry{id: a.ID, user: a.User, state: Queued}
 	w.entries[e.id] = e
-	w.byUser[user] = e
+	w.byUser[e.user] = e
 	w.line.pushBack(e)
-	return w.view(e, now), nil
+	return w.view(e, now)
+}
+
+// Restore fills a waitlist that has no entry yet with stored ones (Stored; Pre is
+// ignored), as of now: queued ones in their order, offers out until they expire, their
+// units set aside, and final ones kept as ended now. A user with several entries keeps the
+// last one.
+func (w *Waitlist) Restore(entries []Stored, now time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.entries) > 0 || len(w.arriving) > 0 {
+		return fmt.Errorf("waitlist of sale %s sku %s restored with entries: %w", w.cfg.Sale, w.cfg.SKU, apierr.ErrConflict)
+	}
+	w.observe(now)
+	for _, s := range entries {
+		e, err := restoredEntry(s, w.entries)
+		if err != nil {
+			return err
+		}
+		if e.state == Admitted && e.units <= 0 {
+			return apierr.Invalid("units", "%d in offer %s is not positive", e.units, e.id)
+		}
+		w.entries[e.id], w.byUser[e.user] = e, e
+		switch e.state {
+		case Queued:
+			w.line.pushBack(e)
+		case Admitted:
+			heap.Push(&w.offers, e)
+			w.setAside += e.units
+		default:
+			st := e.state
+			e.state = Admitted // finish moves it from an offer
+			w.finish(e, st)
+		}
+	}
+	w.expire(now)
+	return nil
 }
 
 // Get reads an entry as of now, changing nothing: an offer past its expiry reads Expired
@@ -128,6 +198,23 @@ func (w *Waitlist) Get(id string, now time.Time) (Entry, bool) {
 		return Entry{}, false
 	}
 	return w.view(e, now), true
+}
+
+// PlanOffers answers what Offer(units, perBuyer, now) would offer, changing nothing: a caller
+// that records offers before they are made plans them, records them, then offers. Only Offer
+// takes buyers off the front of the line, so with one caller offering the two agree.
+func (w *Waitlist) PlanOffers(units int, perBuyer int, now time.Time) []Offer {
+	perBuyer = max(perBuyer, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []Offer
+	for i := 0; units > 0 && i < w.line.len(); i++ {
+		e := w.line.q.at(i)
+		n := min(units, perBuyer)
+		units -= n
+		out = append(out, Offer{ID: e.id, User: e.user, Units: n, Expires: now.Add(w.cfg.OfferTTL)})
+	}
+	return out
 }
 
 // Offer gives units that came back to the heads of the line, up to perBuyer each (a

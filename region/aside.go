@@ -15,8 +15,9 @@ import (
 // The writer changes the book only with a batch's commit (batch.asideDelta, applied by
 // Region.applyCommitted), so a failed batch sets nothing aside; the front door sets how many
 // buyers wait per pool and gives back the units of offers that ended with no one left
-// waiting. The book is the leader's memory: a failover forgets it, and the units it held go
-// back to open buyers (docs/storefront.md).
+// waiting. The book is the leader's memory: a new leader sets aside again the units of the
+// offers it loads (lineload.go); units set aside and not yet offered go back to open buyers
+// (docs/storefront.md).
 type asideBook struct {
 	mu      sync.Mutex
 	aside   map[poolKey]transfer.Units
@@ -83,7 +84,8 @@ func (a *asideBook) setWaiting(pk poolKey, n int) {
 	}
 }
 
-// reset forgets everything set aside: a new leader's waitlists start empty.
+// reset forgets everything set aside at a takeover: the new leader sets aside again what its
+// loaded waitlists offered (Door.install).
 func (a *asideBook) reset() {
 	a.mu.Lock()
 	defer a.mu.Unlock()

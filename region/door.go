@@ -83,9 +83,15 @@ type Door struct {
 	rooms map[string]*saleRoom
 	// waitlists are the sold-out SKUs' waitlists (waitlist.go).
 	waitlists map[poolKey]*saleWaitlist
-	cancel    context.CancelFunc
-	done      chan struct{}
-	closeOne  sync.Once
+	// epoch is the term whose lines rooms and waitlists hold (0: none loaded); loadMu is
+	// held while a term's lines load (lineload.go).
+	epoch  int64
+	loadMu sync.Mutex
+	// line writes the entries before anyone hears of them (line.go).
+	line     *lineWriter
+	cancel   context.CancelFunc
+	done     chan struct{}
+	closeOne sync.Once
 }
 
 // NewDoor opens r's front door and starts its admitting goroutine.
@@ -97,16 +103,18 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, waitlists: map[poolKey]*saleWaitlist{}, cancel: cancel, done: make(chan struct{}),
 		users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
 		addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets),
-		binds: make(chan struct{}, cfg.BindsInFlight)}
+		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger)}
 	go d.run(ctx)
 	return d, nil
 }
 
-// Close stops admitting and waits for the bindings under way; idempotent.
+// Close stops admitting, waits for the bindings under way, then stops the line's writer;
+// idempotent.
 func (d *Door) Close() {
 	d.closeOne.Do(func() {
 		d.cancel()
 		<-d.done
+		d.line.close()
 	})
 }
 
@@ -140,10 +148,11 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	if err := d.limit(user, addr, now); err != nil {
 		return Admission{}, err
 	}
-	room, t, err := d.room(ctx, sale)
+	sr, t, err := d.room(ctx, sale)
 	if err != nil {
 		return Admission{}, err
 	}
+	room := sr.room
 	// Entering again answers the place the buyer has, even while the room admits no one: a
 	// storefront whose answer was lost gets the live ticket back.
 	if e, ok := room.Lookup(user, now); ok && e.State != admission.Expired {
@@ -155,11 +164,30 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	if err := d.closed(t); err != nil {
 		return Admission{}, err
 	}
-	e, err := room.Enter(user, now)
+	e, a, err := room.Arrive(user, now)
 	if err != nil {
 		return Admission{}, err
 	}
+	if a != nil { // a new place: taken once its row is committed
+		e, err = d.recordArrival(ctx, sr.epoch, sale, "", a, now, func(ok bool) admission.Entry {
+			return room.Settle(a, ok, d.r.cfg.Clock.Now())
+		})
+		if err != nil {
+			return Admission{}, err
+		}
+	}
 	return d.answer(sale, e)
+}
+
+// recordArrival writes a new entry's row (line.go) and answers the entry settle makes once
+// the row's batch is done (ok: committed).
+func (d *Door) recordArrival(ctx context.Context, epoch int64, sale, sku string, a *admission.Arrival, now time.Time,
+	settle func(ok bool) admission.Entry) (admission.Entry, error) {
+	var e admission.Entry
+	err := d.line.record(ctx, &lineReq{epoch: epoch, insert: true,
+		row:    lineRow{sale: sale, id: a.ID, user: a.User, sku: sku, pre: a.Pre, at: now},
+		settle: func(err error) { e = settle(err == nil) }})
+	return e, err
 }
 
 // GetAdmission polls an admission: memory only, no SQL.
@@ -167,10 +195,11 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
 	}
-	room, t, err := d.room(ctx, sale)
+	sr, t, err := d.room(ctx, sale)
 	if err != nil {
 		return Admission{}, err
 	}
+	room := sr.room
 	if e, ok := room.Get(id, d.r.cfg.Clock.Now()); ok && !e.State.Final() {
 		if err := d.closed(t); err != nil && e.State != admission.Admitted {
 			return Admission{}, err
@@ -189,6 +218,13 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 // Reserve makes a reservation (Region.Reserve) and, when a ticket made it, ends the
 // ticket's admission: its live place is freed for the next buyer.
 func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if req.token() != nil {
+		// The rooms of this term first: the admission a ticket's hold uses is then ended in
+		// the room (a load reading the holds before this one commits would miss it).
+		if _, err := d.ensureLoaded(ctx); err != nil {
+			return ReserveResult{}, err
+		}
+	}
 	var offer *saleWaitlist
 	if tok := req.token(); tok != nil && tok.Ticket.SKU != "" { // the region verifies it
 		// An offer no longer out (claimed: this may be a retry) takes no set-aside units: the
@@ -329,10 +365,12 @@ func (d *Door) limit(user, addr string, now time.Time) error {
 	return nil
 }
 
-// room returns sale's waiting room at this region, made on first use from the sale's terms.
-// Only the leader has rooms: a standby answers NOT_LEADER.
-func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerms, error) {
-	if _, err := d.r.writer(); err != nil {
+// room returns sale's waiting room at this region, made on first use from the sale's terms,
+// once the lines of this term are loaded. Only the leader has rooms: a standby answers
+// NOT_LEADER.
+func (d *Door) room(ctx context.Context, sale string) (*saleRoom, SaleTerms, error) {
+	epoch, err := d.ensureLoaded(ctx)
+	if err != nil {
 		return nil, SaleTerms{}, err
 	}
 	t, err := d.r.terms(ctx, sale)
@@ -344,20 +382,43 @@ func (d *Door) room(ctx context.Context, sale string) (*admission.Room, SaleTerm
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.epoch != epoch { // the term ended meanwhile
+		return nil, t, d.r.notLeader()
+	}
 	if sr := d.rooms[sale]; sr != nil {
-		return sr.room, t, nil
+		return sr, t, nil
 	}
 	if len(d.rooms) >= MaxRooms {
 		return nil, t, &apierr.OverloadedError{What: fmt.Sprintf("waiting rooms (%d sales)", MaxRooms), RetryAfter: time.Minute}
 	}
-	room, err := admission.NewRoom(admission.RoomConfig{Sale: sale, Region: d.r.cfg.Name, OpensAt: t.OpensAt,
-		Rate: float64(t.Admission.Rate), MaxLive: int(t.Admission.MaxLive), TicketTTL: t.Admission.TicketTTL,
-		MaxQueue: d.cfg.MaxQueue, Seed: LotterySeed(sale)})
+	sr, err := d.makeRoom(t, epoch)
 	if err != nil {
-		return nil, t, fmt.Errorf("sale %s: waiting room: %w", sale, err)
+		return nil, t, err
 	}
-	d.rooms[sale] = &saleRoom{room: room, sale: sale, ticketTTL: t.Admission.TicketTTL, terms: t}
-	return room, t, nil
+	d.rooms[sale] = sr
+	return sr, t, nil
+}
+
+// newRoom makes sale's room for term epoch from its terms, nil when it has no waiting room.
+func (d *Door) newRoom(ctx context.Context, sale string, epoch int64) (*saleRoom, error) {
+	t, err := d.r.terms(ctx, sale)
+	if err != nil {
+		return nil, fmt.Errorf("sale %s: %w", sale, err)
+	}
+	if !t.Admission.Waiting() {
+		return nil, nil
+	}
+	return d.makeRoom(t, epoch)
+}
+
+func (d *Door) makeRoom(t SaleTerms, epoch int64) (*saleRoom, error) {
+	room, err := admission.NewRoom(admission.RoomConfig{Sale: t.Sale, Region: d.r.cfg.Name, OpensAt: t.OpensAt,
+		Rate: float64(t.Admission.Rate), MaxLive: int(t.Admission.MaxLive), TicketTTL: t.Admission.TicketTTL,
+		MaxQueue: d.cfg.MaxQueue, Seed: LotterySeed(t.Sale)})
+	if err != nil {
+		return nil, fmt.Errorf("sale %s: waiting room: %w", t.Sale, err)
+	}
+	return &saleRoom{room: room, sale: t.Sale, ticketTTL: t.Admission.TicketTTL, terms: t, epoch: epoch}, nil
 }
 
 // MaxRooms bounds the waiting rooms a region leader keeps, one per sale with a waiting room
@@ -370,6 +431,7 @@ type saleRoom struct {
 	sale      string
 	ticketTTL time.Duration
 	terms     SaleTerms
+	epoch     int64 // the term it belongs to: its rows are written under it
 }
 
 // LotterySeed is the published seed of a sale's pre-queue shuffle: the FNV-1a hash of its id,
@@ -380,29 +442,40 @@ func LotterySeed(sale string) uint64 {
 	return h.Sum64()
 }
 
-// run admits the buyers due in every room, every Tick, until Close. When this process no
-// longer leads, its rooms are dropped: the next leader starts its own (docs/storefront.md
-// says what a failover keeps).
+// run admits the buyers due in every room, every Tick, until Close. At the start of each
+// term it loads the lines (ensureLoaded) and from then on prunes their ended entries; when
+// this process no longer leads, its rooms are dropped: the next leader loads them from the
+// database (docs/storefront.md says what a failover keeps).
 func (d *Door) run(ctx context.Context) {
 	defer close(d.done)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	tick := time.NewTicker(d.cfg.Tick)
 	defer tick.Stop()
+	var pruned time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		if !d.r.Leading() {
+		epoch, err := d.ensureLoaded(ctx)
+		if err != nil {
+			if d.r.Leading() && ctx.Err() == nil {
+				d.cfg.Logger.Warn("the waiting rooms cannot be loaded; trying again", "region", d.r.cfg.Name, "err", err)
+			}
 			d.mu.Lock()
-			clear(d.rooms)
-			clear(d.waitlists)
+			if d.epoch != 0 && !d.r.Leading() {
+				d.rooms, d.waitlists, d.epoch = map[string]*saleRoom{}, map[poolKey]*saleWaitlist{}, 0
+			}
 			d.mu.Unlock()
 			continue
 		}
-		d.offerReturned(d.r.cfg.Clock.Now())
+		if time.Since(pruned) >= pruneEvery {
+			pruned = time.Now()
+			d.pruneNow(ctx, epoch)
+		}
+		d.offerReturned(ctx, d.r.cfg.Clock.Now())
 		d.mu.Lock()
 		rooms := make([]*saleRoom, 0, len(d.rooms))
 		for _, sr := range d.rooms {
@@ -412,6 +485,15 @@ func (d *Door) run(ctx context.Context) {
 		for _, sr := range rooms {
 			d.admitDue(ctx, sr, &wg)
 		}
+	}
+}
+
+// pruneNow deletes the line's ended entries (prune), bounded in time.
+func (d *Door) pruneNow(ctx context.Context, epoch int64) {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if n, err := d.prune(pctx, epoch, d.r.cfg.Clock.Now()); err != nil {
+		d.cfg.Logger.Warn("pruning the waiting rooms' ended entries failed", "region", d.r.cfg.Name, "deleted", n, "err", err)
 	}
 }
 
@@ -443,8 +525,11 @@ func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
 // bindTimeout bounds one binding write.
 const bindTimeout = 2 * time.Second
 
+// bind binds e's buyer (Bind), records the outcome (line.go) and only then admits the buyer
+// or ends the entry Elsewhere; a binding or a record that fails puts the buyer back first in
+// line.
 func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
-	room, sale, ttl := sr.room, sr.sale, sr.ticketTTL
+	room, sale := sr.room, sr.sale
 	bound := d.r.cfg.Name
 	if d.cfg.Bind != nil {
 		bctx, cancel := context.WithTimeout(ctx, bindTimeout)
@@ -453,22 +538,52 @@ func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
 		cancel()
 		if err != nil {
 			d.cfg.Logger.Warn("binding a buyer failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
-			if err := room.Requeue(e.ID); err != nil {
-				d.cfg.Logger.Error("requeue after a failed binding", "admission", e.ID, "err", err)
-			}
+			d.requeue(room, e.ID)
 			return
 		}
 	}
-	var err error
-	if bound == d.r.cfg.Name {
-		_, err = room.Admit(e.ID, d.r.cfg.Clock.Now().Add(ttl))
-	} else {
-		_, err = room.Elsewhere(e.ID, bound)
+	row := lineRow{sale: sale, id: e.ID, state: lineElsewhere, region: bound}
+	settle := func(err error) {
+		if err == nil {
+			_, err = room.Elsewhere(e.ID, bound)
+		}
+		d.settled(room, e.ID, err)
 	}
+	if bound == d.r.cfg.Name {
+		// The database keeps microseconds: the expiry a new leader reads is the one signed.
+		expires := d.r.cfg.Clock.Now().Add(sr.ticketTTL).Truncate(time.Microsecond)
+		row = lineRow{sale: sale, id: e.ID, state: lineAdmitted, expires: expires}
+		settle = func(err error) {
+			if err == nil {
+				_, err = room.Admit(e.ID, expires)
+			}
+			d.settled(room, e.ID, err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, lineWriteTimeout)
+	defer cancel()
+	if err := d.line.record(wctx, &lineReq{epoch: sr.epoch, row: row, settle: settle}); err != nil {
+		d.cfg.Logger.Warn("recording an admission failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
+	}
+}
+
+// settled puts id back first in line when recording its admission failed (err from the
+// writer), or logs an admission that changed under its binding (err from the room).
+func (d *Door) settled(room *admission.Room, id string, err error) {
 	if err == nil {
 		return
 	}
-	d.cfg.Logger.Error("admission changed under its binding", "admission", e.ID, "err", err)
+	if errors.Is(err, apierr.ErrConflict) {
+		d.cfg.Logger.Error("admission changed under its binding", "admission", id, "err", err)
+		return
+	}
+	d.requeue(room, id)
+}
+
+func (d *Door) requeue(room *admission.Room, id string) {
+	if err := room.Requeue(id); err != nil {
+		d.cfg.Logger.Error("requeue after a failed binding", "admission", id, "err", err)
+	}
 }
 
 // SaleView is a sale as a storefront shows it: for display only; it decides nothing.

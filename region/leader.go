@@ -224,6 +224,16 @@ func (r *leadership) Leading() bool {
 	return r.w != nil
 }
 
+// term answers the current term's epoch, and whether this process leads.
+func (r *leadership) term() (int64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w == nil {
+		return 0, false
+	}
+	return r.w.epoch, true
+}
+
 // writer is the current term's writer, or NOT_LEADER.
 func (r *leadership) writer() (*writer, error) {
 	r.mu.Lock()

@@ -15,6 +15,7 @@ type saleWaitlist struct {
 	list  *admission.Waitlist
 	pk    poolKey
 	limit transfer.Units // the sale's per-user limit: the most one offer gives a buyer
+	epoch int64          // the term it belongs to: its rows are written under it
 }
 
 // JoinWaitlist puts user on a sold-out SKU's waitlist (the same place if they are on it):
@@ -54,9 +55,17 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 	if err != nil {
 		return Admission{}, err
 	}
-	e, err := wl.list.Join(user, now)
+	e, a, err := wl.list.Arrive(user, now)
 	if err != nil {
 		return Admission{}, err
+	}
+	if a != nil { // a new place: taken once its row is committed
+		e, err = d.recordArrival(ctx, wl.epoch, sale, sku, a, now, func(ok bool) admission.Entry {
+			return wl.list.Settle(a, ok, d.r.cfg.Clock.Now())
+		})
+		if err != nil {
+			return Admission{}, err
+		}
 	}
 	d.r.aside.setWaiting(wl.pk, wl.list.Len())
 	return d.answerWaitlist(sale, sku, e)
@@ -87,13 +96,21 @@ func (d *Door) waitlist(t SaleTerms, sku string) (*saleWaitlist, error) {
 	if wl := d.waitlists[pk]; wl != nil {
 		return wl, nil
 	}
-	list, err := admission.NewWaitlist(admission.WaitlistConfig{Sale: t.Sale, SKU: sku, Region: d.r.cfg.Name})
+	wl, err := newSaleWaitlist(d.r.cfg.Name, t, sku, d.epoch)
+	if err != nil {
+		return nil, err
+	}
+	d.waitlists[pk] = wl
+	return wl, nil
+}
+
+// newSaleWaitlist makes sku's waitlist in t's sale at region, for term epoch.
+func newSaleWaitlist(region string, t SaleTerms, sku string, epoch int64) (*saleWaitlist, error) {
+	list, err := admission.NewWaitlist(admission.WaitlistConfig{Sale: t.Sale, SKU: sku, Region: region})
 	if err != nil {
 		return nil, fmt.Errorf("sale %s sku %s: waitlist: %w", t.Sale, sku, err)
 	}
-	wl := &saleWaitlist{list: list, pk: pk, limit: t.PerUserLimit}
-	d.waitlists[pk] = wl
-	return wl, nil
+	return &saleWaitlist{list: list, pk: poolKey{t.Sale, sku}, limit: t.PerUserLimit, epoch: epoch}, nil
 }
 
 // answerWaitlist is answer for a waitlist's entry: an offer's ticket is for its SKU only.
@@ -130,7 +147,7 @@ func (d *Door) findOffer(sale, id string, now time.Time) (*saleWaitlist, admissi
 
 // offerReturned ends the offers that expired and offers the units set aside and not yet
 // offered to the next buyers in line; with no one left in line they go back to every buyer.
-func (d *Door) offerReturned(now time.Time) {
+func (d *Door) offerReturned(ctx context.Context, now time.Time) {
 	d.mu.Lock()
 	lists := make([]*saleWaitlist, 0, len(d.waitlists))
 	for _, wl := range d.waitlists {
@@ -142,7 +159,7 @@ func (d *Door) offerReturned(now time.Time) {
 		unoffered := d.r.aside.of(wl.pk) - transfer.Units(wl.list.SetAside())
 		switch {
 		case unoffered > 0 && wl.list.Len() > 0:
-			wl.list.Offer(int(unoffered), int(wl.limit), now)
+			d.offer(ctx, wl, int(unoffered), now)
 		case unoffered > 0:
 			d.r.aside.add(wl.pk, -unoffered)
 		}
@@ -160,4 +177,27 @@ func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitl
 	}
 	req.fromAside = transfer.Units(e.Units)
 	return wl
+}
+
+// offer makes the offers of units to wl's next buyers once their rows say so (line.go): a
+// new leader finds them out, their units set aside. Offers not recorded are not made; the
+// next pass plans them again.
+func (d *Door) offer(ctx context.Context, wl *saleWaitlist, units int, now time.Time) {
+	now = now.Truncate(time.Microsecond) // the expiry as stored is the one signed
+	plan := wl.list.PlanOffers(units, int(wl.limit), now)
+	wctx, cancel := context.WithTimeout(ctx, lineWriteTimeout)
+	defer cancel()
+	reqs := make([]*lineReq, len(plan))
+	for i, o := range plan {
+		reqs[i] = &lineReq{epoch: wl.epoch, settle: func(error) {}, row: lineRow{sale: wl.pk.sale, id: o.ID, state: lineAdmitted,
+			expires: o.Expires, units: int64(o.Units)}}
+	}
+	if err := d.line.recordAll(wctx, reqs); err != nil {
+		d.cfg.Logger.Warn("recording waitlist offers failed; they are tried again", "sale", wl.pk.sale, "sku", wl.pk.sku, "err", err)
+		return
+	}
+	if got := wl.list.Offer(units, int(wl.limit), now); len(got) != len(plan) {
+		d.cfg.Logger.Error("waitlist offers differ from those recorded", "sale", wl.pk.sale, "sku", wl.pk.sku,
+			"recorded", len(plan), "made", len(got))
+	}
 }
