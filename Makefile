@@ -17,7 +17,7 @@ FUZZTIME ?= 500000x
 # failure found, in the package's testdata/fuzz/ (commit those files).
 FUZZ_TARGETS := FuzzCheckID:./transfer FuzzSplit:./transfer FuzzReserveRequest:./region/regionrpc FuzzParticipantRequests:./region/regionrpc \
 	FuzzParseRegions:./cmd/quotad FuzzParsePairs:./cmd/quotactl \
-	FuzzVerifyTicket:./admission FuzzParseKeyring:./admission FuzzParseToken:./coordinator/coordhttp
+	FuzzVerifyTicket:./admission FuzzParseKeyring:./admission FuzzParseEntry:./admission FuzzParseToken:./coordinator/coordhttp
 
 ## pg: install/start local PostgreSQL, create role quota/quota, max_connections>=300
 pg:

@@ -154,9 +154,9 @@ func (c *Coordinator) CreateSale(ctx context.Context, spec SaleSpec) (Sale, bool
 		}
 		a := spec.Admission
 		if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, per_user_limit, hold_ttl_ms, opens_at, created_at, definition,
-			admit_rate, ticket_ttl_ms, max_live_tickets, rebalance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			admit_rate, ticket_ttl_ms, max_live_tickets, rebalance, room_return_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 			spec.Sale, int64(spec.PerUserLimit), spec.HoldTTL.Milliseconds(), spec.OpensAt, now, def,
-			a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive, string(cmp.Or(spec.Rebalance, RebalanceAuto))); err != nil {
+			a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive, string(cmp.Or(spec.Rebalance, RebalanceAuto)), a.ReturnURL); err != nil {
 			return err
 		}
 		for _, k := range spec.SKUs {
@@ -216,8 +216,9 @@ func (l *ledger) sale(ctx context.Context, sale string) (Sale, error) {
 	s := Sale{Terms: SaleTerms{Sale: sale}}
 	var limit, ttl, ticketTTL int64
 	a := &s.Terms.Admission
-	err := l.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets, rebalance
-		FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive, &s.Rebalance)
+	err := l.db.QueryRow(ctx, `SELECT per_user_limit, hold_ttl_ms, opens_at, created_at, admit_rate, ticket_ttl_ms, max_live_tickets, rebalance,
+		room_return_url FROM sales WHERE sale_id = $1`, sale).Scan(&limit, &ttl, &s.Terms.OpensAt, &s.CreatedAt, &a.Rate, &ticketTTL, &a.MaxLive,
+		&s.Rebalance, &a.ReturnURL)
 	if err == pgx.ErrNoRows {
 		return s, apierr.NotFound("sale_id", sale)
 	}

@@ -604,6 +604,15 @@ type SKUView struct {
 	Available transfer.Units
 }
 
+// Terms returns sale's terms as this region holds them (from memory once read): the
+// waiting-room page reads the sale's room_return_url from them.
+func (d *Door) Terms(ctx context.Context, sale string) (SaleTerms, error) {
+	if err := checkIDs("sale_id", sale); err != nil {
+		return SaleTerms{}, err
+	}
+	return d.r.terms(ctx, sale)
+}
+
 // Describe returns sale as a storefront shows it, from memory: the terms, whether it or each
 // SKU is paused or sold out, and this region's counts as last committed.
 func (d *Door) Describe(ctx context.Context, sale string) (SaleView, error) {

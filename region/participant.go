@@ -104,8 +104,8 @@ func (o *putSaleOp) apply(ctx context.Context, b *batch) (struct{}, error, error
 	}
 	a := t.Admission
 	if _, err := tx.Exec(ctx, `INSERT INTO sales (sale_id, skus, per_user_limit, hold_ttl_ms, opens_at, admit_rate, ticket_ttl_ms,
-		max_live_tickets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, t.Sale, t.SKUs, int64(t.PerUserLimit), t.HoldTTL.Milliseconds(),
-		t.OpensAt, a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive); err != nil {
+		max_live_tickets, room_return_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, t.Sale, t.SKUs, int64(t.PerUserLimit),
+		t.HoldTTL.Milliseconds(), t.OpensAt, a.Rate, a.TicketTTL.Milliseconds(), a.MaxLive, a.ReturnURL); err != nil {
 		return struct{}{}, nil, fmt.Errorf("insert sale: %w", err)
 	}
 	b.sales[t.Sale] = t

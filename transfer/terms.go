@@ -2,7 +2,10 @@ package transfer
 
 import (
 	"fmt"
+	"net/netip"
+	"net/url"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -27,6 +30,10 @@ type AdmissionTerms struct {
 	Rate      int64
 	TicketTTL time.Duration
 	MaxLive   int64
+	// ReturnURL is where the regions' waiting-room page sends an admitted shopper, with the
+	// ticket ("" : the page admits no one; CheckReturnURL says what is allowed). Absent
+	// from a sale's definition when empty, so sales made before it keep theirs.
+	ReturnURL string `json:",omitempty"`
 }
 
 // Limits and defaults of AdmissionTerms.
@@ -61,8 +68,8 @@ func (a AdmissionTerms) Check() (field, reason string) {
 	switch {
 	case a.Rate < 0 || a.Rate > MaxAdmitRate:
 		return "admit_rate", fmt.Sprintf("must be 0..%d buyers per second, got %d", MaxAdmitRate, a.Rate)
-	case a.Rate == 0 && (a.TicketTTL != 0 || a.MaxLive != 0):
-		return "admit_rate", "a sale without a waiting room (admit_rate 0) has no ticket_ttl or max_live_tickets"
+	case a.Rate == 0 && (a.TicketTTL != 0 || a.MaxLive != 0 || a.ReturnURL != ""):
+		return "admit_rate", "a sale without a waiting room (admit_rate 0) has no ticket_ttl, max_live_tickets or room_return_url"
 	case a.Rate == 0:
 		return "", ""
 	case a.TicketTTL < 10*time.Second || a.TicketTTL > time.Hour:
@@ -70,7 +77,57 @@ func (a AdmissionTerms) Check() (field, reason string) {
 	case a.MaxLive < 1 || a.MaxLive > MaxLiveTickets:
 		return "max_live_tickets", fmt.Sprintf("must be 1..%d, got %d", MaxLiveTickets, a.MaxLive)
 	}
+	if why := CheckReturnURL(a.ReturnURL); why != "" {
+		return "room_return_url", why
+	}
 	return "", ""
+}
+
+// MaxReturnURLLen bounds a sale's room_return_url, in bytes: the page appends a ticket
+// (admission.MaxTokenLen) to it, and the whole must stay a URL every browser takes.
+const MaxReturnURLLen = 1024
+
+// CheckReturnURL reports why u cannot be a sale's room_return_url, or "" when it can: empty,
+// or an absolute URL with a host, https (or http on a loopback host: 127.0.0.0/8, ::1,
+// localhost, for a store under test), with no user name or password and no fragment, of
+// printable ASCII, at most MaxReturnURLLen bytes.
+func CheckReturnURL(u string) string {
+	if u == "" {
+		return ""
+	}
+	if len(u) > MaxReturnURLLen {
+		return fmt.Sprintf("is %d bytes, longer than %d", len(u), MaxReturnURLLen)
+	}
+	for i := 0; i < len(u); i++ {
+		if u[i] <= ' ' || u[i] > '~' {
+			return "must be printable ASCII with no spaces (percent-encode the rest)"
+		}
+	}
+	p, err := url.Parse(u)
+	switch {
+	case err != nil:
+		return "is not a URL: " + err.Error()
+	case p.Scheme != "https" && p.Scheme != "http":
+		return fmt.Sprintf("must be an absolute https URL, got scheme %q", p.Scheme)
+	case p.Host == "" || p.Hostname() == "":
+		return "must name a host"
+	case p.User != nil:
+		return "must not carry a user name or password"
+	case p.Fragment != "" || strings.Contains(u, "#"):
+		return "must not have a fragment (#...)"
+	case p.Scheme == "http" && !loopbackHost(p.Hostname()):
+		return "must be https (http only on a loopback host, for a store under test)"
+	}
+	return ""
+}
+
+// loopbackHost reports whether host is localhost or a loopback IP address.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // HasSKU reports whether sku is one of the sale's SKUs.

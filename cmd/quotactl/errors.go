@@ -123,7 +123,7 @@ var flagOfField = map[string]string{
 	"sale_id": "sale", "sale": "sale", "sku": "sku", "user_id": "user", "request_key": "request-key",
 	"quantity": "quantity", "hold_id": "hold", "payment_id": "payment", "units": "units",
 	"from": "from", "to": "to", "request_id": "request-key", "per_user_limit": "per-user-limit",
-	"hold_ttl": "hold-ttl", "admit_rate": "admit-rate", "ticket_ttl": "ticket-ttl", "max_live_tickets": "max-live-tickets", "opens_at": "opens-at", "weights": "allocate", "total": "sku", "skus": "sku",
+	"hold_ttl": "hold-ttl", "admit_rate": "admit-rate", "ticket_ttl": "ticket-ttl", "max_live_tickets": "max-live-tickets", "room_return_url": "room-return-url", "opens_at": "opens-at", "weights": "allocate", "total": "sku", "skus": "sku",
 }
 
 // describeFor is describe, plus the flag of cmd that set the field a server found invalid:

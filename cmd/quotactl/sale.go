@@ -38,6 +38,8 @@ func saleCmd() *cobra.Command {
 		"reservation and bound to that region for the sale (the per-user limit across regions); 0: no waiting room")
 	f.Duration("ticket-ttl", 0, "how long an admission ticket lasts (10s..1h); default 2m with a waiting room")
 	f.Int64("max-live-tickets", 0, "most tickets live at once at each region; default 30 s of --admit-rate")
+	f.String("room-return-url", "", "where the regions' waiting-room page sends an admitted shopper, with the ticket\n"+
+		"(https, or http on a loopback host; docs/storefront.md); empty: the page admits no one")
 	f.String("rebalance", "auto", "auto: the coordinator's rebalancer moves the sale's stock toward the regions that will run out first; manual: only operators move it")
 	f.String("allocate", "", "weights per region, as us=40,eu=35,ap=25 (largest remainder split); empty leaves stock unallocated")
 	f.String("request-key", "", "the request key of the allocation, which makes it idempotent; default alloc-<sale>")
@@ -83,6 +85,8 @@ type saleJSON struct {
 	AdmitRate      int64  `json:"admit_rate"`
 	TicketTTL      string `json:"ticket_ttl,omitempty"`
 	MaxLiveTickets int64  `json:"max_live_tickets,omitempty"`
+	// RoomReturnURL is where the waiting-room page sends an admitted shopper.
+	RoomReturnURL string `json:"room_return_url,omitempty"`
 	// Rebalance is auto (the coordinator's rebalancer moves the stock) or manual.
 	Rebalance string     `json:"rebalance"`
 	SKUs      []skuJSON  `json:"skus"`
@@ -117,7 +121,8 @@ type xferJSON struct {
 func toSaleJSON(s *quotav1.Sale) saleJSON {
 	out := saleJSON{Sale: s.GetSaleId(), PerUserLimit: s.GetPerUserLimit(),
 		HoldTTL: (time.Duration(s.GetHoldTtlMs()) * time.Millisecond).String(), OpensAt: s.GetOpensAt().AsTime(),
-		AdmitRate: s.GetAdmitRate(), MaxLiveTickets: s.GetMaxLiveTickets(), Rebalance: s.GetRebalance()}
+		AdmitRate: s.GetAdmitRate(), MaxLiveTickets: s.GetMaxLiveTickets(), Rebalance: s.GetRebalance(),
+		RoomReturnURL: s.GetRoomReturnUrl()}
 	if s.GetAdmitRate() > 0 {
 		out.TicketTTL = (time.Duration(s.GetTicketTtlMs()) * time.Millisecond).String()
 	}
@@ -144,6 +149,9 @@ func printSale(e *env, s saleJSON) error {
 		fmt.Fprintf(w, "  rebalance: %s\n", s.Rebalance)
 		if s.AdmitRate > 0 {
 			fmt.Fprintf(w, "  waiting room: %d buyers/s per region, tickets last %s, at most %d live\n", s.AdmitRate, s.TicketTTL, s.MaxLiveTickets)
+			if s.RoomReturnURL != "" {
+				fmt.Fprintf(w, "  waiting-room page returns shoppers to %s\n", s.RoomReturnURL)
+			}
 		}
 		for _, k := range s.SKUs {
 			regions := make([]string, 0, len(k.Allocated))
@@ -285,7 +293,7 @@ func createRequest(e *env) (*quotav1.CreateSaleRequest, error) {
 	req := &quotav1.CreateSaleRequest{SaleId: e.v.GetString("sale"), PerUserLimit: e.v.GetInt64("per-user-limit"),
 		HoldTtlMs: e.v.GetDuration("hold-ttl").Milliseconds(), AdmitRate: e.v.GetInt64("admit-rate"),
 		TicketTtlMs: e.v.GetDuration("ticket-ttl").Milliseconds(), MaxLiveTickets: e.v.GetInt64("max-live-tickets"),
-		Rebalance: e.v.GetString("rebalance")}
+		Rebalance: e.v.GetString("rebalance"), RoomReturnUrl: e.v.GetString("room-return-url")}
 	skus, err := e.cmd.Flags().GetStringArray("sku") // --sale and --sku are required: checkRequired
 	if err != nil {
 		return nil, err

@@ -130,6 +130,11 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		made = " (created)"
 	}
 	fmt.Printf("; ticket keys %s%s\n", d.TicketKeys, made)
+	fmt.Printf("quotad dev: waiting-room pages (no client certificate)")
+	for _, r := range d.Regions {
+		fmt.Printf(", region %s %s://%s/room/<sale>", r.R.Name(), scheme, r.RoomAddr())
+	}
+	fmt.Println()
 	fmt.Printf("quotad dev: metrics at %s://%s%s (coordinator)", scheme, d.Coordinator.HTTPAddr(), trust.MetricsPath)
 	for _, r := range d.Regions {
 		fmt.Printf(", %s://%s%s (region %s)", scheme, r.HTTPAddr(), trust.MetricsPath, r.R.Name())

@@ -27,6 +27,7 @@ func TestBadUsageExitsTwo(t *testing.T) {
 		{"dev", "--standby-refresh", "500us"},
 		{"dev", "--max-keys-per-user", "0"},
 		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--max-keys-per-user", "-1"},
+		{"region", "--name", "us", "--db-url", "postgres://q@h/db", "--insecure", "--room-listen", "127.0.0.1:0"}, // no --ticket-keys
 		{"dev", "--rebalance-every", "1ms"},
 		{"dev", "--rebalance-max-in-flight", "0"},
 		{"dev", "--rebalance-min-units", "0"},

@@ -65,6 +65,9 @@ func regionCmd() *cobra.Command {
 	f.String("listen", "127.0.0.1:7401", "gRPC address")
 	f.String("http-listen", "", "the storefront HTTP/JSON edge's address (docs/storefront.md), which also serves the region's\n"+
 		"Prometheus metrics at /metrics, e.g. 127.0.0.1:8401; empty: none")
+	f.String("room-listen", "", "the waiting-room page's public HTTPS address, for shoppers' browsers: a server certificate\n"+
+		"only, no client certificate (docs/storefront.md, \"The waiting-room page\"); needs --ticket-keys;\n"+
+		"e.g. 0.0.0.0:8501; empty: none")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
 		"waiting room: without it, their admissions and reservations are refused")
 	f.String("db-url", "", "URL of the region's own database, which must exist (required; unlike --pg-url of quotad dev, nothing is created)")
@@ -96,6 +99,9 @@ func (c *RegionProcessConfig) Validate() error {
 	if c.Node.LeaseTTL < time.Second {
 		return fmt.Errorf("lease-ttl %s: must be at least 1s", c.Node.LeaseTTL)
 	}
+	if c.Node.RoomListen != "" && c.Node.TicketKeys == "" {
+		return fmt.Errorf("room-listen %s: the waiting-room page needs --ticket-keys", c.Node.RoomListen)
+	}
 	return nil
 }
 
@@ -119,7 +125,7 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log, HTTPListen: v.GetString("http-listen"),
-		TicketKeys: v.GetString("ticket-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
+		RoomListen: v.GetString("room-listen"), TicketKeys: v.GetString("ticket-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)
 	}

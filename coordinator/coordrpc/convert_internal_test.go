@@ -50,7 +50,7 @@ func (g gen) pause() coordinator.Pause {
 func (g gen) sale() coordinator.Sale {
 	s := coordinator.Sale{Terms: coordinator.SaleTerms{Sale: g.id("sale"), PerUserLimit: g.units(), HoldTTL: g.ms(24 * time.Hour),
 		OpensAt: g.time(), Admission: transfer.AdmissionTerms{Rate: int64(g.n(transfer.MaxAdmitRate)), TicketTTL: g.ms(time.Hour),
-			MaxLive: int64(g.n(transfer.MaxLiveTickets))}},
+			MaxLive: int64(g.n(transfer.MaxLiveTickets)), ReturnURL: "https://" + g.id("shop") + ".example/back"}},
 		CreatedAt: g.time(), Rebalance: []coordinator.RebalanceMode{coordinator.RebalanceAuto, coordinator.RebalanceManual}[g.r.IntN(2)]}
 	for range g.n(4) {
 		k := coordinator.SKULedger{SKU: g.id("sku"), Total: g.units(), Unallocated: g.units(), Allocated: map[string]transfer.Units{}}
@@ -91,7 +91,7 @@ func TestSaleToProto(t *testing.T) {
 		tm := s.Terms
 		if pb.SaleId != tm.Sale || pb.PerUserLimit != int64(tm.PerUserLimit) || pb.HoldTtlMs != tm.HoldTTL.Milliseconds() ||
 			pb.AdmitRate != tm.Admission.Rate || pb.TicketTtlMs != tm.Admission.TicketTTL.Milliseconds() ||
-			pb.MaxLiveTickets != tm.Admission.MaxLive || pb.Rebalance != string(s.Rebalance) {
+			pb.MaxLiveTickets != tm.Admission.MaxLive || pb.Rebalance != string(s.Rebalance) || pb.RoomReturnUrl != tm.Admission.ReturnURL {
 			t.Fatalf("saleToProto(%+v) = %v", s, pb)
 		}
 		wantTime(t, "opens_at", pb.OpensAt, tm.OpensAt)
@@ -346,7 +346,7 @@ func TestRebalanceToProto(t *testing.T) {
 func specRequest(spec coordinator.SaleSpec) *quotav1.CreateSaleRequest {
 	req := &quotav1.CreateSaleRequest{SaleId: spec.Sale, PerUserLimit: int64(spec.PerUserLimit), HoldTtlMs: spec.HoldTTL.Milliseconds(),
 		AdmitRate: spec.Admission.Rate, TicketTtlMs: spec.Admission.TicketTTL.Milliseconds(), MaxLiveTickets: spec.Admission.MaxLive,
-		Rebalance: string(spec.Rebalance)}
+		Rebalance: string(spec.Rebalance), RoomReturnUrl: spec.Admission.ReturnURL}
 	if !spec.OpensAt.IsZero() {
 		req.OpensAt = timestamppb.New(spec.OpensAt)
 	}
@@ -390,7 +390,8 @@ func TestTermsToProto(t *testing.T) {
 		}
 		if pb.SaleId != tm.Sale || !slices.Equal(pb.Skus, tm.SKUs) || pb.PerUserLimit != int64(tm.PerUserLimit) ||
 			pb.HoldTtlMs != tm.HoldTTL.Milliseconds() || pb.AdmitRate != tm.Admission.Rate ||
-			pb.TicketTtlMs != tm.Admission.TicketTTL.Milliseconds() || pb.MaxLiveTickets != tm.Admission.MaxLive {
+			pb.TicketTtlMs != tm.Admission.TicketTTL.Milliseconds() || pb.MaxLiveTickets != tm.Admission.MaxLive ||
+			pb.RoomReturnUrl != tm.Admission.ReturnURL {
 			t.Fatalf("termsToProto(%+v) = %v", tm, pb)
 		}
 		wantTime(t, "opens_at", pb.OpensAt, tm.OpensAt)

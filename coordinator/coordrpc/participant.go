@@ -99,7 +99,7 @@ func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.Sale
 func termsToProto(t coordinator.SaleTerms) *quotav1.SaleTerms {
 	return &quotav1.SaleTerms{SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
 		OpensAt: timestamppb.New(t.OpensAt), AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
-		MaxLiveTickets: t.Admission.MaxLive}
+		MaxLiveTickets: t.Admission.MaxLive, RoomReturnUrl: t.Admission.ReturnURL}
 }
 
 // Credit implements coordinator.Participant.

@@ -23,7 +23,7 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 	out := &quotav1.Sale{SaleId: s.Terms.Sale, PerUserLimit: int64(s.Terms.PerUserLimit),
 		HoldTtlMs: s.Terms.HoldTTL.Milliseconds(), OpensAt: timestamppb.New(s.Terms.OpensAt), CreatedAt: timestamppb.New(s.CreatedAt),
 		AdmitRate: s.Terms.Admission.Rate, TicketTtlMs: s.Terms.Admission.TicketTTL.Milliseconds(), MaxLiveTickets: s.Terms.Admission.MaxLive,
-		Rebalance: string(s.Rebalance)}
+		Rebalance: string(s.Rebalance), RoomReturnUrl: s.Terms.Admission.ReturnURL}
 	for _, k := range s.SKUs {
 		alloc := map[string]int64{}
 		for r, u := range k.Allocated {
@@ -55,7 +55,7 @@ func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest)
 // coordinator checks the rest.
 func saleSpecFromProto(req *quotav1.CreateSaleRequest) (coordinator.SaleSpec, error) {
 	spec := coordinator.SaleSpec{Sale: req.GetSaleId(), PerUserLimit: transfer.Units(req.GetPerUserLimit()),
-		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), MaxLive: req.GetMaxLiveTickets()},
+		Admission: transfer.AdmissionTerms{Rate: req.GetAdmitRate(), MaxLive: req.GetMaxLiveTickets(), ReturnURL: req.GetRoomReturnUrl()},
 		Rebalance: coordinator.RebalanceMode(req.GetRebalance())}
 	var err error
 	if spec.HoldTTL, err = apierr.Millis("hold_ttl", req.GetHoldTtlMs()); err != nil {

@@ -47,6 +47,10 @@ func ListenHTTP(addr string, h http.Handler, opts Options) (*HTTPServer, error) 
 			return nil, err
 		}
 		cfg.NextProtos = []string{"h2", "http/1.1"}
+		if opts.Public {
+			cfg.ClientAuth, cfg.ClientCAs = tls.NoClientCert, nil
+			lim.MaxAnonymousConnections = lim.MaxConnections
+		}
 		tlsCfg = cfg
 		protos.SetHTTP2(true)
 	}

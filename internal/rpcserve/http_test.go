@@ -98,3 +98,37 @@ func TestHTTPHandshakesPerAddressAreBounded(t *testing.T) {
 		t.Fatal("a fourth connection from the address was let into its handshake")
 	}
 }
+
+// TestHTTPPublicAsksForNoCertificate: a public listener (a browser's) asks for no client
+// certificate, so a certificate offered is not even sent and no caller is certified; its
+// connections are not held to the anonymous budget, only to the bounds per address.
+func TestHTTPPublicAsksForNoCertificate(t *testing.T) {
+	m := testcerts.New(t)
+	s := startHTTPWith(t, rpcserve.Options{TLS: m, Public: true,
+		Limits: rpcserve.Limits{MaxAnonymousConnections: 2, MaxConnectionsPerIP: 6, MaxConnections: 16}})
+	served := 0
+	for range 8 {
+		if code, err := get(t, m, s.Addr(), ""); err == nil && code == http.StatusUnauthorized {
+			served++
+		}
+	}
+	if served != 6 {
+		t.Errorf("%d of 8 connections from one address were served; want MaxConnectionsPerIP, 6, not the anonymous budget", served)
+	}
+	s2 := startHTTPWith(t, rpcserve.Options{TLS: m, Public: true})
+	cfg, err := m.ClientConfig(trust.Auditor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", s2.Addr(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := len(c.ConnectionState().PeerCertificates); n == 0 {
+		t.Fatal("no server certificate")
+	}
+	if code, err := get(t, m, s2.Addr(), trust.Auditor); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("a client offering a certificate to the public listener: %d %v; want it uncertified (401 here)", code, err)
+	}
+}

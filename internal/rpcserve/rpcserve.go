@@ -122,6 +122,11 @@ type Options struct {
 	// Guards run inside the error table and the authorization, on the calls the role table
 	// allowed (AddressedTo).
 	Guards []grpc.UnaryServerInterceptor
+	// Public (ListenHTTP only) serves people's browsers, which have no client certificate:
+	// the server shows its certificate and asks for none, and the bound on connections
+	// without one (MaxAnonymousConnections) gives way to MaxConnections, since every
+	// connection is without one. The bounds per address hold as on every listener.
+	Public bool
 }
 
 // Server is a gRPC server listening on one address.

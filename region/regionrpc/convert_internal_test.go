@@ -235,7 +235,7 @@ func TestRetryAfter(t *testing.T) {
 func termsProto(t region.SaleTerms) *quotav1.SaleTerms {
 	return &quotav1.SaleTerms{SaleId: t.Sale, Skus: t.SKUs, PerUserLimit: int64(t.PerUserLimit), HoldTtlMs: t.HoldTTL.Milliseconds(),
 		OpensAt: timestamppb.New(t.OpensAt), AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
-		MaxLiveTickets: t.Admission.MaxLive}
+		MaxLiveTickets: t.Admission.MaxLive, RoomReturnUrl: t.Admission.ReturnURL}
 }
 
 // TestTermsRoundTrip: sale terms sent as PutSale's terms are the terms the region is given
@@ -246,7 +246,8 @@ func TestTermsRoundTrip(t *testing.T) {
 		tm := region.SaleTerms{Sale: g.id("sale"), SKUs: []string{g.id("sku"), g.id("sku")}[:1+g.r.IntN(2)],
 			PerUserLimit: transfer.Units(1 + g.r.Int64N(int64(transfer.MaxUnits))), HoldTTL: time.Duration(1+g.r.Int64N(86_400_000)) * time.Millisecond,
 			OpensAt: g.time().UTC(), Admission: transfer.AdmissionTerms{Rate: 1 + g.r.Int64N(transfer.MaxAdmitRate),
-				TicketTTL: time.Duration(1+g.r.Int64N(3_600_000)) * time.Millisecond, MaxLive: 1 + g.r.Int64N(transfer.MaxLiveTickets)}}
+				TicketTTL: time.Duration(1+g.r.Int64N(3_600_000)) * time.Millisecond, MaxLive: 1 + g.r.Int64N(transfer.MaxLiveTickets),
+				ReturnURL: "https://" + g.id("shop") + ".example/"}}
 		got, err := termsFromProto(termsProto(tm))
 		if err != nil || !reflect.DeepEqual(got, tm) {
 			t.Fatalf("termsFromProto(termsProto(%+v)) = %+v, %v", tm, got, err)

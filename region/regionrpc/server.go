@@ -147,7 +147,8 @@ func termsFromProto(t *quotav1.SaleTerms) (region.SaleTerms, error) {
 		return region.SaleTerms{}, apierr.Invalid("opens_at", "%v", err)
 	}
 	out := region.SaleTerms{Sale: t.GetSaleId(), SKUs: t.GetSkus(), PerUserLimit: transfer.Units(t.GetPerUserLimit()),
-		OpensAt: t.GetOpensAt().AsTime(), Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), MaxLive: t.GetMaxLiveTickets()}}
+		OpensAt: t.GetOpensAt().AsTime(), Admission: transfer.AdmissionTerms{Rate: t.GetAdmitRate(), MaxLive: t.GetMaxLiveTickets(),
+			ReturnURL: t.GetRoomReturnUrl()}}
 	var err error
 	if out.HoldTTL, err = apierr.Millis("hold_ttl", t.GetHoldTtlMs()); err != nil {
 		return out, err

@@ -22,7 +22,7 @@ func init() {
 		"log-level", "max-batch", "max-connections", "max-connections-per-cert", "max-connections-per-ip", "max-keys-per-user", "max-live-tickets", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",
 		"quantity", "rate", "reason", "rebalance", "rebalance-cooldown", "rebalance-every", "rebalance-horizon", "rebalance-max-in-flight",
-		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-key", "role", "rounds", "sale", "seed",
+		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-key", "role", "room", "room-listen", "room-return-url", "rounds", "sale", "seed",
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to", "ttl",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "waitlist", "warmup",
 		"warmup-ops", "window",

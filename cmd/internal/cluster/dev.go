@@ -36,7 +36,8 @@ type DevConfig struct {
 	// Host is the address every server binds.
 	Host string
 	// BasePort is the coordinator's port; regions take the next ports in order, their HTTP
-	// edges BasePort+1001 on, the coordinator's HTTP listener of metrics BasePort+1000, the
+	// edges BasePort+1001 on, their waiting-room pages BasePort+1101 on, the coordinator's
+	// HTTP listener of metrics BasePort+1000, the
 	// embedded etcd BasePort+90 (clients) and BasePort+91 (peers). 0 picks free ports.
 	BasePort int
 	// LeaseTTL is every election's lease.
@@ -293,7 +294,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			if err != nil {
 				return err
 			}
-			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), DBURL: d.DBURLs[name],
+			n, err = StartRegion(ctx, RegionConfig{Region: rc, Listen: cfg.listen(1 + i), HTTPListen: cfg.listen(1001 + i), RoomListen: cfg.listen(1101 + i), DBURL: d.DBURLs[name],
 				LeaseTTL: cfg.LeaseTTL, TLS: d.TLS, TicketKeys: cfg.TicketKeys, Logger: cfg.Logger, NoMetrics: cfg.NoMetrics, Limits: cfg.Limits,
 				NoBindAtReserve: cfg.NoBindAtReserve}, etcd)
 			return err

@@ -44,6 +44,9 @@ type RegionConfig struct {
 	TLS *trust.Material
 	// HTTPListen is the storefront HTTP/JSON edge's address; "" serves none.
 	HTTPListen string
+	// RoomListen is the waiting-room page's public listener (a server certificate only, for
+	// shoppers' browsers); "" serves none. It needs TicketKeys.
+	RoomListen string
 	// TicketKeys is the cluster's ticket key file; "" opens no front door (no waiting
 	// rooms: a sale with one cannot be reserved here).
 	TicketKeys string
@@ -67,6 +70,8 @@ type RegionNode struct {
 	// HTTP is the storefront edge (nil when not served); Door the front door behind both APIs.
 	HTTP *rpcserve.HTTPServer
 	Door *region.Door
+	// Room is the waiting-room page's public listener (nil when not served).
+	Room *rpcserve.HTTPServer
 	// Metrics is the node's Prometheus registry, served at /metrics on the HTTP edge.
 	Metrics *prometheus.Registry
 	metrics *nodeMetrics
@@ -155,6 +160,9 @@ func (n *RegionNode) stopEdge() {
 	if n.HTTP != nil {
 		n.HTTP.Stop()
 	}
+	if n.Room != nil {
+		n.Room.Stop()
+	}
 	if n.Door != nil {
 		n.Door.Close()
 	}
@@ -214,7 +222,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	n := &RegionNode{R: r, Server: srv, DB: db, Metrics: nm.reg, metrics: nm, binder: binder, etcd: etcd, cfg: cfg}
 	rs := &regionrpc.Server{R: r}
-	if err := n.openEdge(rs, keys); err != nil {
+	if err := n.openEdges(rs, keys); err != nil {
 		srv.Stop()
 		n.stopEdge()
 		db.Close()
@@ -226,6 +234,9 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	srv.Start()
 	if n.HTTP != nil {
 		n.HTTP.Start()
+	}
+	if n.Room != nil {
+		n.Room.Start()
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
@@ -270,6 +281,45 @@ func coordinatorGeneration(etcd *fencing.Client) func(ctx context.Context) (int6
 		_, gen, err := fencing.Leader(ctx, etcd, "coordinator")
 		return gen, err
 	}
+}
+
+// openEdges opens the front door, the storefront edge and the waiting-room page.
+func (n *RegionNode) openEdges(rs *regionrpc.Server, keys *ticketKeys) error {
+	if err := n.openEdge(rs, keys); err != nil {
+		return err
+	}
+	return n.openRoom(keys)
+}
+
+// openRoom opens the waiting-room page's public listener, when asked for: a server
+// certificate only (Public), under the listener limits of every quotad port.
+func (n *RegionNode) openRoom(keys *ticketKeys) error {
+	cfg := n.cfg
+	if cfg.RoomListen == "" {
+		return nil
+	}
+	if keys == nil || n.Door == nil {
+		return fmt.Errorf("room-listen %s: the waiting-room page needs the cluster's ticket keys (--ticket-keys)", cfg.RoomListen)
+	}
+	h, err := regionhttp.RoomHandler(n.Door, regionhttp.RoomOptions{Region: cfg.Region.Name, Keys: keys.get, Logger: cfg.Logger})
+	if err != nil {
+		return err
+	}
+	rs, err := rpcserve.ListenHTTP(cfg.RoomListen, h, n.metrics.httpOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits,
+		Logger: cfg.Logger, Public: true}))
+	if err != nil {
+		return fmt.Errorf("room-listen: %w", err)
+	}
+	n.Room = rs
+	return nil
+}
+
+// RoomAddr is the waiting-room page's address, or "" when it serves none.
+func (n *RegionNode) RoomAddr() string {
+	if n.Room == nil {
+		return ""
+	}
+	return n.Room.Addr()
 }
 
 // openEdge opens the front door (with ticket keys) and the HTTP edge (with an address).

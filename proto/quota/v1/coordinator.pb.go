@@ -91,7 +91,11 @@ type CreateSaleRequest struct {
 	MaxLiveTickets int64 `protobuf:"varint,8,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
 	// rebalance is "auto" (the default when empty: the coordinator's rebalancer moves the
 	// sale's stock by itself) or "manual" (only operators move it).
-	Rebalance     string `protobuf:"bytes,9,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	Rebalance string `protobuf:"bytes,9,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	// room_return_url is where the regions' waiting-room page sends an admitted shopper,
+	// with the ticket (docs/storefront.md, "The waiting-room page"): an absolute https URL,
+	// or http on a loopback host; empty: the page admits no one. Only with a waiting room.
+	RoomReturnUrl string `protobuf:"bytes,10,opt,name=room_return_url,json=roomReturnUrl,proto3" json:"room_return_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -189,6 +193,13 @@ func (x *CreateSaleRequest) GetRebalance() string {
 	return ""
 }
 
+func (x *CreateSaleRequest) GetRoomReturnUrl() string {
+	if x != nil {
+		return x.RoomReturnUrl
+	}
+	return ""
+}
+
 type Sale struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -203,7 +214,9 @@ type Sale struct {
 	TicketTtlMs    int64    `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
 	MaxLiveTickets int64    `protobuf:"varint,10,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
 	// rebalance is "auto" or "manual".
-	Rebalance     string `protobuf:"bytes,11,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	Rebalance string `protobuf:"bytes,11,opt,name=rebalance,proto3" json:"rebalance,omitempty"`
+	// room_return_url is where the waiting-room page sends an admitted shopper.
+	RoomReturnUrl string `protobuf:"bytes,12,opt,name=room_return_url,json=roomReturnUrl,proto3" json:"room_return_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +324,13 @@ func (x *Sale) GetMaxLiveTickets() int64 {
 func (x *Sale) GetRebalance() string {
 	if x != nil {
 		return x.Rebalance
+	}
+	return ""
+}
+
+func (x *Sale) GetRoomReturnUrl() string {
+	if x != nil {
+		return x.RoomReturnUrl
 	}
 	return ""
 }
@@ -2821,7 +2841,7 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x1aquota/v1/coordinator.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"2\n" +
 	"\bSkuTotal\x12\x10\n" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\x03R\x05total\"\xdc\x02\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\"\x84\x03\n" +
 	"\x11CreateSaleRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12&\n" +
 	"\x04skus\x18\x02 \x03(\v2\x12.quota.v1.SkuTotalR\x04skus\x12$\n" +
@@ -2832,7 +2852,9 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"admit_rate\x18\x06 \x01(\x03R\tadmitRate\x12\"\n" +
 	"\rticket_ttl_ms\x18\a \x01(\x03R\vticketTtlMs\x12(\n" +
 	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\x12\x1c\n" +
-	"\trebalance\x18\t \x01(\tR\trebalance\"\xb4\x03\n" +
+	"\trebalance\x18\t \x01(\tR\trebalance\x12&\n" +
+	"\x0froom_return_url\x18\n" +
+	" \x01(\tR\rroomReturnUrl\"\xdc\x03\n" +
 	"\x04Sale\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12$\n" +
 	"\x0eper_user_limit\x18\x02 \x01(\x03R\fperUserLimit\x12\x1e\n" +
@@ -2847,7 +2869,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\rticket_ttl_ms\x18\t \x01(\x03R\vticketTtlMs\x12(\n" +
 	"\x10max_live_tickets\x18\n" +
 	" \x01(\x03R\x0emaxLiveTickets\x12\x1c\n" +
-	"\trebalance\x18\v \x01(\tR\trebalance\"\xd9\x01\n" +
+	"\trebalance\x18\v \x01(\tR\trebalance\x12&\n" +
+	"\x0froom_return_url\x18\f \x01(\tR\rroomReturnUrl\"\xd9\x01\n" +
 	"\x05Pause\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x16\n" +

@@ -36,8 +36,10 @@ type SaleTerms struct {
 	TicketTtlMs int64 `protobuf:"varint,7,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
 	// max_live_tickets is the most tickets a region has issued and not yet seen used or expire.
 	MaxLiveTickets int64 `protobuf:"varint,8,opt,name=max_live_tickets,json=maxLiveTickets,proto3" json:"max_live_tickets,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// room_return_url is where the region's waiting-room page sends an admitted shopper.
+	RoomReturnUrl string `protobuf:"bytes,9,opt,name=room_return_url,json=roomReturnUrl,proto3" json:"room_return_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SaleTerms) Reset() {
@@ -124,6 +126,13 @@ func (x *SaleTerms) GetMaxLiveTickets() int64 {
 		return x.MaxLiveTickets
 	}
 	return 0
+}
+
+func (x *SaleTerms) GetRoomReturnUrl() string {
+	if x != nil {
+		return x.RoomReturnUrl
+	}
+	return ""
 }
 
 type PutSaleRequest struct {
@@ -1168,7 +1177,7 @@ var File_quota_v1_participant_proto protoreflect.FileDescriptor
 
 const file_quota_v1_participant_proto_rawDesc = "" +
 	"\n" +
-	"\x1aquota/v1/participant.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x02\n" +
+	"\x1aquota/v1/participant.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x02\n" +
 	"\tSaleTerms\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x12\n" +
 	"\x04skus\x18\x02 \x03(\tR\x04skus\x12$\n" +
@@ -1178,7 +1187,8 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\n" +
 	"admit_rate\x18\x06 \x01(\x03R\tadmitRate\x12\"\n" +
 	"\rticket_ttl_ms\x18\a \x01(\x03R\vticketTtlMs\x12(\n" +
-	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\"Y\n" +
+	"\x10max_live_tickets\x18\b \x01(\x03R\x0emaxLiveTickets\x12&\n" +
+	"\x0froom_return_url\x18\t \x01(\tR\rroomReturnUrl\"Y\n" +
 	"\x0ePutSaleRequest\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
