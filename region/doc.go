@@ -22,8 +22,12 @@
 //   - binding.go: a buyer's binding to a region at their first reservation in a sale without a
 //     waiting room (the global per-user limit), before the writer.
 //   - door.go: the front door of a sale with a waiting room: admissions, tickets, the
-//     binding of each admitted buyer, the sale's view; waitlist.go: the waitlist's offers of
-//     units that come back; aside.go: the units set aside for those offers.
+//     binding of each admitted buyer, the sale's view; gates.go: what it checks before a
+//     buyer enters or is admitted (bot limits, the kill switch, the sold-out flags);
+//     waitlist.go: the waitlist's offers of units that come back; aside.go: the units set
+//     aside for those offers; line.go: the lines made durable (lineWriter, line_entries)
+//     and lineload.go: their load at the start of a term.
+//   - shown.go: the names of hold and admission states every adapter shows.
 //
 // Shared by those paths:
 //

@@ -76,8 +76,7 @@ func setDefault[T comparable](v *T, d T) {
 type Door struct {
 	r     *Region
 	cfg   DoorConfig
-	users *admission.Limiter
-	addrs *admission.Limiter
+	gates gates
 	binds chan struct{} // a slot per binding write in flight
 	mu    sync.Mutex
 	rooms map[string]*saleRoom
@@ -101,8 +100,8 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, waitlists: map[poolKey]*saleWaitlist{}, cancel: cancel, done: make(chan struct{}),
-		users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
-		addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets),
+		gates: gates{r: r, users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
+			addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets)},
 		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger)}
 	go d.run(ctx)
 	return d, nil
@@ -145,7 +144,7 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 		addr = limiterKey(ip)
 	}
 	now := d.r.cfg.Clock.Now()
-	if err := d.limit(user, addr, now); err != nil {
+	if err := d.gates.limit(user, addr, now); err != nil {
 		return Admission{}, err
 	}
 	sr, t, err := d.room(ctx, sale)
@@ -156,12 +155,12 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 	// Entering again answers the place the buyer has, even while the room admits no one: a
 	// storefront whose answer was lost gets the live ticket back.
 	if e, ok := room.Lookup(user, now); ok && e.State != admission.Expired {
-		if err := d.closed(t); err != nil && !e.State.Final() && e.State != admission.Admitted {
+		if err := d.gates.closed(t); err != nil && !e.State.Final() && e.State != admission.Admitted {
 			return Admission{}, err
 		}
 		return d.answer(sale, e)
 	}
-	if err := d.closed(t); err != nil {
+	if err := d.gates.closed(t); err != nil {
 		return Admission{}, err
 	}
 	e, a, err := room.Arrive(user, now)
@@ -201,7 +200,7 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 	}
 	room := sr.room
 	if e, ok := room.Get(id, d.r.cfg.Clock.Now()); ok && !e.State.Final() {
-		if err := d.closed(t); err != nil && e.State != admission.Admitted {
+		if err := d.gates.closed(t); err != nil && e.State != admission.Admitted {
 			return Admission{}, err
 		}
 	}
@@ -277,92 +276,6 @@ func closedError(sale, reason string) error {
 		return fmt.Errorf("sale %s is paused: its waiting room admits no one: %w", sale, ErrPaused)
 	}
 	return fmt.Errorf("sale %s is sold out in every region: %w", sale, ErrSoldOut)
-}
-
-// closed says why a room admits no one now: its sale is paused, or sold out everywhere (every
-// SKU flagged drained by the coordinator); queued buyers hear it at their next poll and new
-// ones at once. Neither closes the room: its buyers keep their places, no one is admitted
-// meanwhile (admitDue), and once the sale is resumed or units come back (expired or released
-// holds beyond what the waitlists take) it admits again, in order.
-func (d *Door) closed(t SaleTerms) error {
-	if d.salePaused(t.Sale) {
-		return closedError(t.Sale, closedPaused)
-	}
-	if d.soldOutEverywhere(t) {
-		return closedError(t.Sale, closedSoldOut)
-	}
-	return nil
-}
-
-// salePaused reports whether the whole sale is paused (the kill switch).
-func (d *Door) salePaused(sale string) bool {
-	s := d.r.paused.Load()
-	if s == nil {
-		return false
-	}
-	_, ok := s.reasons[poolKey{sale, ""}]
-	return ok
-}
-
-// soldOutEverywhere reports whether no SKU of the sale has a unit an open buyer could take:
-// each is drained everywhere, or its units here are all set aside for its waitlist (set-aside
-// units count as available in the coordinator's flags, which can lower drained for units
-// only the waitlist may take).
-func (d *Door) soldOutEverywhere(t SaleTerms) bool {
-	for _, sku := range t.SKUs {
-		pk := poolKey{t.Sale, sku}
-		aside := d.r.aside.of(pk)
-		avail, _ := d.r.cachedAvailable(pk)
-		if !d.drained(t.Sale, sku) && (aside == 0 || avail > aside) {
-			return false
-		}
-	}
-	return true
-}
-
-// drained reports whether no unit of sku is available anywhere (the coordinator's flag). The
-// flags come from etcd and are checked like input: a flag this region's own books contradict
-// (units available here) is not believed.
-func (d *Door) drained(sale, sku string) bool {
-	on := false
-	if f := d.r.cfg.Cluster.Drained; f != nil {
-		on = f(sale, sku)
-	} else {
-		on = d.r.cfg.Cluster.SoldOut != nil && d.r.cfg.Cluster.SoldOut(sale, sku)
-	}
-	if !on {
-		return false
-	}
-	avail, known := d.r.cachedAvailable(poolKey{sale, sku})
-	return !known || avail == 0
-}
-
-// limiterKey is the per-address bucket of ip: the address itself for IPv4, its /64 for IPv6
-// (one host gets a /64, so counting single addresses would let it take a bucket per address).
-func limiterKey(ip netip.Addr) string {
-	ip = ip.Unmap()
-	if ip.Is4() {
-		return ip.String()
-	}
-	p, err := ip.Prefix(64)
-	if err != nil { // only for an address of another family, which ParseAddr does not give
-		return ip.String()
-	}
-	return p.String()
-}
-
-// limit applies the per-buyer and per-address token buckets.
-func (d *Door) limit(user, addr string, now time.Time) error {
-	if ok, after := d.users.Allow(user, now); !ok {
-		return &apierr.OverloadedError{What: "admissions of buyer " + user, RetryAfter: after}
-	}
-	if addr == "" {
-		return nil
-	}
-	if ok, after := d.addrs.Allow(addr, now); !ok {
-		return &apierr.OverloadedError{What: "admissions from address " + addr, RetryAfter: after}
-	}
-	return nil
 }
 
 // room returns sale's waiting room at this region, made on first use from the sale's terms,
@@ -501,7 +414,7 @@ func (d *Door) pruneNow(ctx context.Context, epoch int64) {
 // where they are bound; a binding write that fails puts the buyer back at the front.
 func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
 	room, now := sr.room, d.r.cfg.Clock.Now()
-	if d.salePaused(sr.sale) || d.soldOutEverywhere(sr.terms) {
+	if d.gates.salePaused(sr.sale) || d.gates.soldOutEverywhere(sr.terms) {
 		return // no one is admitted while the sale is paused or gone; the line keeps its order
 	}
 	for _, e := range room.Due(now, cap(d.binds)) {

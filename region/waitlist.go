@@ -29,7 +29,7 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 		return Admission{}, err
 	}
 	now := d.r.cfg.Clock.Now()
-	if err := d.limit(user, "", now); err != nil {
+	if err := d.gates.limit(user, "", now); err != nil {
 		return Admission{}, err
 	}
 	_, t, err := d.room(ctx, sale)
@@ -45,7 +45,7 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 	// A waitlist with buyers or units set aside stays open: units it set aside count as
 	// available, which can lower the drained flag while its buyers still wait.
 	active := wl != nil && (wl.list.Len() > 0 || wl.list.SetAside() > 0)
-	if !active && !d.drained(sale, sku) {
+	if !active && !d.gates.drained(sale, sku) {
 		return Admission{}, fmt.Errorf("sku %s of sale %s is not sold out: enter the waiting room instead: %w", sku, sale, ErrConflict)
 	}
 	if err := d.bindNow(ctx, sale, user); err != nil {
