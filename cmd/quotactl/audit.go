@@ -27,6 +27,7 @@ the pool's holds. The exit status is 1 when any invariant fails.`,
 		RunE: withEnv(runAudit),
 	}
 	cmd.Flags().String("sale", "", "audit only this sale")
+	cmd.AddCommand(auditHistoryCmd())
 	return cmd
 }
 

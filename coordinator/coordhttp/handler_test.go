@@ -80,6 +80,14 @@ func (f *fakeBackend) Audit(context.Context, string) (coordinator.Report, error)
 	return coordinator.Report{OK: true, At: time.Now()}, nil
 }
 
+func (f *fakeBackend) AuditHistory(_ context.Context, q coordinator.AuditHistoryQuery) ([]coordinator.AuditRound, int64, error) {
+	if !q.RoundsOnly || q.Limit < 1 {
+		return nil, 0, apierr.Invalid("limit", "the overview asks for a few rounds without their sales")
+	}
+	return []coordinator.AuditRound{{ID: 7, At: time.Now(), SKUs: 1, Violations: []coordinator.Violation{{Invariant: "I1", Sale: "s",
+		SKU: "phone", Detail: "total 100 != 101"}}}, {ID: 6, At: time.Now().Add(-time.Second), OK: true, SKUs: 1}}, 0, nil
+}
+
 func (f *fakeBackend) AuditViolations() int64     { return 0 }
 func (f *fakeBackend) AuditedAt() time.Time       { return time.Time{} }
 func (f *fakeBackend) Generation() (int64, error) { return 1, nil }
@@ -387,5 +395,30 @@ func TestSessionEndsWithItsKey(t *testing.T) {
 	cur.Store(k)
 	if w := c.do("GET", "/console/api/session", "", cookie, "", nil); w.Code != 401 {
 		t.Fatalf("the session came back with its key: %d; want it ended for good", w.Code)
+	}
+}
+
+// TestOverviewShowsTheLastAuditRounds: the overview lists the continuous audit's last stored
+// rounds, newest first, each violation with its evidence.
+func TestOverviewShowsTheLastAuditRounds(t *testing.T) {
+	c := newConsole(t, true)
+	rec := httptest.NewRecorder()
+	c.h.ServeHTTP(rec, httptest.NewRequest("GET", "/console/api/overview", nil))
+	var o struct {
+		Rounds []struct {
+			Round      int64 `json:"round_id"`
+			OK         bool  `json:"ok"`
+			Violations []struct {
+				SKU      string `json:"sku"`
+				Evidence string `json:"evidence"`
+			} `json:"violations"`
+		} `json:"rounds"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &o); err != nil || rec.Code != 200 {
+		t.Fatalf("overview: %d %v\n%s", rec.Code, err, rec.Body)
+	}
+	if len(o.Rounds) != 2 || o.Rounds[0].Round != 7 || o.Rounds[0].OK || len(o.Rounds[0].Violations) != 1 ||
+		o.Rounds[0].Violations[0].SKU != "s/phone" || o.Rounds[0].Violations[0].Evidence != "total 100 != 101" || !o.Rounds[1].OK {
+		t.Fatalf("overview's rounds: %+v", o.Rounds)
 	}
 }

@@ -131,14 +131,7 @@ func (s *Server) Audit(ctx context.Context, req *quotav1.AuditRequest) (*quotav1
 func auditToProto(rep coordinator.Report) *quotav1.AuditResponse {
 	out := &quotav1.AuditResponse{Ok: rep.OK, At: timestamppb.New(rep.At)}
 	for _, a := range rep.SKUs {
-		sa := &quotav1.SkuAudit{SaleId: a.Sale, Sku: a.SKU, Total: int64(a.Total), Unallocated: int64(a.Unallocated),
-			Available: int64(a.Available), Held: int64(a.Held), Sold: int64(a.Sold), InFlight: int64(a.InFlight),
-			Stranded: int64(a.Stranded), Ok: a.OK}
-		for _, r := range a.Regions {
-			sa.Regions = append(sa.Regions, &quotav1.RegionAudit{Region: r.Region, Available: int64(r.Available), Held: int64(r.Held),
-				Sold: int64(r.Sold), CreditedIn: int64(r.CreditedIn), DebitedOut: int64(r.DebitedOut), Reachable: r.Reachable, Error: r.Error})
-		}
-		out.Skus = append(out.Skus, sa)
+		out.Skus = append(out.Skus, skuAuditToProto(a))
 	}
 	for _, v := range rep.Violations {
 		out.Violations = append(out.Violations, &quotav1.Violation{Invariant: v.Invariant, SaleId: v.Sale, Sku: v.SKU, Region: v.Region, Detail: v.Detail})
@@ -147,4 +140,16 @@ func auditToProto(rep coordinator.Report) *quotav1.AuditResponse {
 		out.Pauses = append(out.Pauses, PauseToProto(p))
 	}
 	return out
+}
+
+// skuAuditToProto is one SKU's audit with its regions' pools.
+func skuAuditToProto(a coordinator.SKUAudit) *quotav1.SkuAudit {
+	sa := &quotav1.SkuAudit{SaleId: a.Sale, Sku: a.SKU, Total: int64(a.Total), Unallocated: int64(a.Unallocated),
+		Available: int64(a.Available), Held: int64(a.Held), Sold: int64(a.Sold), InFlight: int64(a.InFlight),
+		Stranded: int64(a.Stranded), Ok: a.OK}
+	for _, r := range a.Regions {
+		sa.Regions = append(sa.Regions, &quotav1.RegionAudit{Region: r.Region, Available: int64(r.Available), Held: int64(r.Held),
+			Sold: int64(r.Sold), CreditedIn: int64(r.CreditedIn), DebitedOut: int64(r.DebitedOut), Reachable: r.Reachable, Error: r.Error})
+	}
+	return sa
 }

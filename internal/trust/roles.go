@@ -52,6 +52,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/ResumeSale":      {Operator},
 	"/quota.v1.CoordinatorService/GetSale":         {Operator, Auditor},
 	"/quota.v1.CoordinatorService/Audit":           {Operator, Auditor},
+	"/quota.v1.CoordinatorService/AuditHistory":    {Operator, Auditor},
 	"/quota.v1.CoordinatorService/GetTransfer":     {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListTransfers":   {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListRegions":     {Operator, Auditor, Storefront},

@@ -45,6 +45,9 @@ type CoordinatorConfig struct {
 	// conservation (I1) is broken; 0: never (quotad's --audit-interval defaults to
 	// coordinator.DefaultAuditInterval).
 	AuditInterval time.Duration
+	// AuditRetention is how long the continuous audit's rounds are kept in the ledger; 0 is
+	// coordinator.DefaultAuditRetention.
+	AuditRetention time.Duration
 	// Auto is the automatic rebalancer (coordinator.Config.Auto); its zero value is off.
 	Auto coordinator.AutoRebalance
 	// FollowLeaders makes the coordinator reach each region at the address its current
@@ -117,7 +120,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		return nil, err
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
-		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger, Auto: cfg.Auto,
+		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, AuditRetention: cfg.AuditRetention, Logger: cfg.Logger, Auto: cfg.Auto,
 		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
 			return fencing.SetFlag(ctx, etcd, f, sale, sku, on)
 		},

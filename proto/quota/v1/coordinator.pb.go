@@ -2814,6 +2814,294 @@ func (x *ResumeSaleResponse) GetUnreached() []*RegionFailure {
 	return nil
 }
 
+type AuditHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id, when set, keeps the rounds that audited that sale (and those that could not
+	// run), with that sale's results alone.
+	SaleId string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// since, when set, keeps the rounds at or after it.
+	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// before_round, when positive, keeps the rounds older than it: the next page.
+	BeforeRound int64 `protobuf:"varint,3,opt,name=before_round,json=beforeRound,proto3" json:"before_round,omitempty"`
+	// limit is the most rounds answered, 1..200 (0: 200).
+	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditHistoryRequest) Reset() {
+	*x = AuditHistoryRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditHistoryRequest) ProtoMessage() {}
+
+func (x *AuditHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditHistoryRequest.ProtoReflect.Descriptor instead.
+func (*AuditHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AuditHistoryRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *AuditHistoryRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *AuditHistoryRequest) GetBeforeRound() int64 {
+	if x != nil {
+		return x.BeforeRound
+	}
+	return 0
+}
+
+func (x *AuditHistoryRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type AuditRoundSale struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Ok     bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// skus are the sale's SKUs' I1 terms; regions are filled for a SKU that was not ok.
+	Skus          []*SkuAudit `protobuf:"bytes,3,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRoundSale) Reset() {
+	*x = AuditRoundSale{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRoundSale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRoundSale) ProtoMessage() {}
+
+func (x *AuditRoundSale) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRoundSale.ProtoReflect.Descriptor instead.
+func (*AuditRoundSale) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *AuditRoundSale) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *AuditRoundSale) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditRoundSale) GetSkus() []*SkuAudit {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+type AuditRound struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RoundId int64                  `protobuf:"varint,1,opt,name=round_id,json=roundId,proto3" json:"round_id,omitempty"`
+	At      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	TookMs  int64                  `protobuf:"varint,3,opt,name=took_ms,json=tookMs,proto3" json:"took_ms,omitempty"`
+	Ok      bool                   `protobuf:"varint,4,opt,name=ok,proto3" json:"ok,omitempty"`
+	// skus is how many SKUs the round audited; error why it could not run.
+	Skus          int32             `protobuf:"varint,5,opt,name=skus,proto3" json:"skus,omitempty"`
+	Error         string            `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Violations    []*Violation      `protobuf:"bytes,7,rep,name=violations,proto3" json:"violations,omitempty"`
+	Sales         []*AuditRoundSale `protobuf:"bytes,8,rep,name=sales,proto3" json:"sales,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRound) Reset() {
+	*x = AuditRound{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRound) ProtoMessage() {}
+
+func (x *AuditRound) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRound.ProtoReflect.Descriptor instead.
+func (*AuditRound) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AuditRound) GetRoundId() int64 {
+	if x != nil {
+		return x.RoundId
+	}
+	return 0
+}
+
+func (x *AuditRound) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditRound) GetTookMs() int64 {
+	if x != nil {
+		return x.TookMs
+	}
+	return 0
+}
+
+func (x *AuditRound) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditRound) GetSkus() int32 {
+	if x != nil {
+		return x.Skus
+	}
+	return 0
+}
+
+func (x *AuditRound) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *AuditRound) GetViolations() []*Violation {
+	if x != nil {
+		return x.Violations
+	}
+	return nil
+}
+
+func (x *AuditRound) GetSales() []*AuditRoundSale {
+	if x != nil {
+		return x.Sales
+	}
+	return nil
+}
+
+type AuditHistoryResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Rounds []*AuditRound          `protobuf:"bytes,1,rep,name=rounds,proto3" json:"rounds,omitempty"`
+	// next_before_round, when positive, asks for the next (older) page as before_round.
+	NextBeforeRound int64 `protobuf:"varint,2,opt,name=next_before_round,json=nextBeforeRound,proto3" json:"next_before_round,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AuditHistoryResponse) Reset() {
+	*x = AuditHistoryResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditHistoryResponse) ProtoMessage() {}
+
+func (x *AuditHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditHistoryResponse.ProtoReflect.Descriptor instead.
+func (*AuditHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *AuditHistoryResponse) GetRounds() []*AuditRound {
+	if x != nil {
+		return x.Rounds
+	}
+	return nil
+}
+
+func (x *AuditHistoryResponse) GetNextBeforeRound() int64 {
+	if x != nil {
+		return x.NextBeforeRound
+	}
+	return 0
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -3048,7 +3336,31 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x12ResumeSaleResponse\x12\"\n" +
 	"\x04sale\x18\x01 \x01(\v2\x0e.quota.v1.SaleR\x04sale\x12\x18\n" +
 	"\areached\x18\x02 \x03(\tR\areached\x125\n" +
-	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached2\xc6\a\n" +
+	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached\"\x99\x01\n" +
+	"\x13AuditHistoryRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12!\n" +
+	"\fbefore_round\x18\x03 \x01(\x03R\vbeforeRound\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"a\n" +
+	"\x0eAuditRoundSale\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12&\n" +
+	"\x04skus\x18\x03 \x03(\v2\x12.quota.v1.SkuAuditR\x04skus\"\x8b\x02\n" +
+	"\n" +
+	"AuditRound\x12\x19\n" +
+	"\bround_id\x18\x01 \x01(\x03R\aroundId\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x17\n" +
+	"\atook_ms\x18\x03 \x01(\x03R\x06tookMs\x12\x0e\n" +
+	"\x02ok\x18\x04 \x01(\bR\x02ok\x12\x12\n" +
+	"\x04skus\x18\x05 \x01(\x05R\x04skus\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x123\n" +
+	"\n" +
+	"violations\x18\a \x03(\v2\x13.quota.v1.ViolationR\n" +
+	"violations\x12.\n" +
+	"\x05sales\x18\b \x03(\v2\x18.quota.v1.AuditRoundSaleR\x05sales\"p\n" +
+	"\x14AuditHistoryResponse\x12,\n" +
+	"\x06rounds\x18\x01 \x03(\v2\x14.quota.v1.AuditRoundR\x06rounds\x12*\n" +
+	"\x11next_before_round\x18\x02 \x01(\x03R\x0fnextBeforeRound2\x95\b\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -3064,7 +3376,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\rPlanRebalance\x12\x1e.quota.v1.PlanRebalanceRequest\x1a\x1f.quota.v1.PlanRebalanceResponse\x12D\n" +
 	"\tPauseSale\x12\x1a.quota.v1.PauseSaleRequest\x1a\x1b.quota.v1.PauseSaleResponse\x12G\n" +
 	"\n" +
-	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponse\x12M\n" +
+	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -3078,7 +3391,7 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
 	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
@@ -3121,28 +3434,32 @@ var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*PauseSaleResponse)(nil),       // 38: quota.v1.PauseSaleResponse
 	(*ResumeSaleRequest)(nil),       // 39: quota.v1.ResumeSaleRequest
 	(*ResumeSaleResponse)(nil),      // 40: quota.v1.ResumeSaleResponse
-	nil,                             // 41: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
+	(*AuditHistoryRequest)(nil),     // 41: quota.v1.AuditHistoryRequest
+	(*AuditRoundSale)(nil),          // 42: quota.v1.AuditRoundSale
+	(*AuditRound)(nil),              // 43: quota.v1.AuditRound
+	(*AuditHistoryResponse)(nil),    // 44: quota.v1.AuditHistoryResponse
+	nil,                             // 45: quota.v1.SkuLedger.AllocatedEntry
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	42, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	42, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	46, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	46, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	42, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	46, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	42, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	41, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	46, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	45, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	42, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	46, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	42, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	46, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -3153,43 +3470,51 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
 	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
 	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
-	42, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	46, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
 	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
 	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
 	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	1,  // 34: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 35: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 36: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 37: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 38: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 39: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 40: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 41: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 42: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 43: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 44: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
-	37, // 45: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	39, // 46: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	6,  // 47: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 48: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 49: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 50: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 51: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 52: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 53: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 54: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 55: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 56: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	36, // 57: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
-	38, // 58: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	40, // 59: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	47, // [47:60] is the sub-list for method output_type
-	34, // [34:47] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	46, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
+	18, // 35: quota.v1.AuditRoundSale.skus:type_name -> quota.v1.SkuAudit
+	46, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
+	19, // 37: quota.v1.AuditRound.violations:type_name -> quota.v1.Violation
+	42, // 38: quota.v1.AuditRound.sales:type_name -> quota.v1.AuditRoundSale
+	43, // 39: quota.v1.AuditHistoryResponse.rounds:type_name -> quota.v1.AuditRound
+	1,  // 40: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 41: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 42: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 43: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 44: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 45: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 46: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 47: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 48: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 49: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 50: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 51: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 52: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	41, // 53: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
+	6,  // 54: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 55: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 56: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 57: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 58: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 59: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 60: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 61: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 62: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 63: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 64: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 65: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 66: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	44, // 67: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
+	54, // [54:68] is the sub-list for method output_type
+	40, // [40:54] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -3203,7 +3528,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

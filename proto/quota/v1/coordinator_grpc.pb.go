@@ -32,6 +32,7 @@ const (
 	CoordinatorService_PlanRebalance_FullMethodName   = "/quota.v1.CoordinatorService/PlanRebalance"
 	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
 	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
+	CoordinatorService_AuditHistory_FullMethodName    = "/quota.v1.CoordinatorService/AuditHistory"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -72,6 +73,9 @@ type CoordinatorServiceClient interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(ctx context.Context, in *ResumeSaleRequest, opts ...grpc.CallOption) (*ResumeSaleResponse, error)
+	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
+	// the result of every SKU it audited and the evidence of each violation.
+	AuditHistory(ctx context.Context, in *AuditHistoryRequest, opts ...grpc.CallOption) (*AuditHistoryResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -212,6 +216,16 @@ func (c *coordinatorServiceClient) ResumeSale(ctx context.Context, in *ResumeSal
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) AuditHistory(ctx context.Context, in *AuditHistoryRequest, opts ...grpc.CallOption) (*AuditHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditHistoryResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_AuditHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -250,6 +264,9 @@ type CoordinatorServiceServer interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error)
+	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
+	// the result of every SKU it audited and the evidence of each violation.
+	AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -298,6 +315,9 @@ func (UnimplementedCoordinatorServiceServer) PauseSale(context.Context, *PauseSa
 }
 func (UnimplementedCoordinatorServiceServer) ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSale not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AuditHistory not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -554,6 +574,24 @@ func _CoordinatorService_ResumeSale_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_AuditHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).AuditHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_AuditHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).AuditHistory(ctx, req.(*AuditHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -612,6 +650,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSale",
 			Handler:    _CoordinatorService_ResumeSale_Handler,
+		},
+		{
+			MethodName: "AuditHistory",
+			Handler:    _CoordinatorService_AuditHistory_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
