@@ -99,6 +99,11 @@ type RegionLink struct {
 	// (region.WatchStock), so the sold-out loop and the rebalancer read a region's idle sales
 	// only when they change; without it every sale is read every round.
 	Watch ChangeWatcher
+	// BuyerUnits, when set, streams the region's buyers' units of a sale (AuditLimits); a
+	// region without it leaves the per-user limit unproven.
+	BuyerUnits BuyerUnitsReader
+	// LatePayments, when set, lists the region's late payments (LatePayments).
+	LatePayments LatePaymentsReader
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.

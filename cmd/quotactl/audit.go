@@ -13,7 +13,8 @@ func auditCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "audit",
 		Example: `  quotactl audit --sale launch          # exit 1 on any violation
-  quotactl audit -o json                # every sale`,
+  quotactl audit -o json                # every sale
+  quotactl audit --limits --sale launch # no buyer over the per-user limit across regions`,
 		Short: "Check conservation: I1 per SKU, I2/I3 per pool, I5 per transfer; exit 1 on a violation",
 		Long: `audit asks the coordinator to read its ledger and every region's database (read-only,
 so a stopped region process does not block it) and check, per SKU:
@@ -22,11 +23,16 @@ so a stopped region process does not block it) and check, per SKU:
 
 with stranded units reported inside in_flight, and per region pool:
 credited_in − debited_out = available + held + sold, and held/sold equal to the sums of
-the pool's holds. The exit status is 1 when any invariant fails.`,
+the pool's holds. The exit status is 1 when any invariant fails.
+
+--limits checks the per-user limit instead: every buyer's held and sold units of each SKU,
+read from every region's database and summed, must not exceed the sale's limit; each buyer
+over it is listed with their units per region and the region etcd binds them to.`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runAudit),
 	}
 	cmd.Flags().String("sale", "", "audit only this sale")
+	cmd.Flags().Bool("limits", false, "instead: check from every region's records that no buyer holds and bought more of a SKU than the sale's per-user limit")
 	cmd.AddCommand(auditHistoryCmd())
 	return cmd
 }
@@ -93,6 +99,9 @@ func toAuditJSON(r *quotav1.AuditResponse) auditJSON {
 }
 
 func runAudit(e *env) error {
+	if e.v.GetBool("limits") {
+		return runAuditLimits(e)
+	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err

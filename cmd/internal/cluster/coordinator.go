@@ -133,6 +133,9 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 			},
 			Unbind: func(ctx context.Context, sale, user, region string) (bool, error) {
 				return fencing.Unbind(ctx, etcd, sale, user, region)
+			},
+			Bound: func(ctx context.Context, sale, user string) (string, bool, error) {
+				return fencing.Bound(ctx, etcd, sale, user)
 			}}}, n.DB)
 	if err != nil {
 		return nil, err
@@ -219,6 +222,12 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			},
 			Watch: func(ctx context.Context, ready func(), changed func(string)) error {
 				return region.WatchStock(ctx, db, ready, changed)
+			},
+			BuyerUnits: func(ctx context.Context, sale string, fn func(transfer.BuyerUnits) error) error {
+				return region.ReadBuyerUnits(ctx, db, sale, fn)
+			},
+			LatePayments: func(ctx context.Context, sale string, limit int) ([]transfer.LatePayment, error) {
+				return region.ReadLatePayments(ctx, db, name, sale, limit)
 			}})
 	}
 	return links, nil

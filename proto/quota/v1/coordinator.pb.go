@@ -3102,6 +3102,497 @@ func (x *AuditHistoryResponse) GetNextBeforeRound() int64 {
 	return 0
 }
 
+type AuditLimitsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id empty audits every sale.
+	SaleId        string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLimitsRequest) Reset() {
+	*x = AuditLimitsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLimitsRequest) ProtoMessage() {}
+
+func (x *AuditLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLimitsRequest.ProtoReflect.Descriptor instead.
+func (*AuditLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *AuditLimitsRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+type LimitOffender struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku    string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	UserId string                 `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Limit  int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// units is the buyer's held and sold units of the SKU summed over every region.
+	Units    int64            `protobuf:"varint,5,opt,name=units,proto3" json:"units,omitempty"`
+	ByRegion map[string]int64 `protobuf:"bytes,6,rep,name=by_region,json=byRegion,proto3" json:"by_region,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// bound is the region the buyer's binding names ("" when none); bound_error why it could
+	// not be read.
+	Bound         string `protobuf:"bytes,7,opt,name=bound,proto3" json:"bound,omitempty"`
+	BoundError    string `protobuf:"bytes,8,opt,name=bound_error,json=boundError,proto3" json:"bound_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitOffender) Reset() {
+	*x = LimitOffender{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitOffender) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitOffender) ProtoMessage() {}
+
+func (x *LimitOffender) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitOffender.ProtoReflect.Descriptor instead.
+func (*LimitOffender) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *LimitOffender) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LimitOffender) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+func (x *LimitOffender) GetByRegion() map[string]int64 {
+	if x != nil {
+		return x.ByRegion
+	}
+	return nil
+}
+
+func (x *LimitOffender) GetBound() string {
+	if x != nil {
+		return x.Bound
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetBoundError() string {
+	if x != nil {
+		return x.BoundError
+	}
+	return ""
+}
+
+type AuditLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ok    bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	Sales []string               `protobuf:"bytes,3,rep,name=sales,proto3" json:"sales,omitempty"`
+	// buyers counts the buyer-and-SKU pairs summed.
+	Buyers int64 `protobuf:"varint,4,opt,name=buyers,proto3" json:"buyers,omitempty"`
+	// over counts the offenders; offenders lists the first 1,000.
+	Over      int64            `protobuf:"varint,5,opt,name=over,proto3" json:"over,omitempty"`
+	Offenders []*LimitOffender `protobuf:"bytes,6,rep,name=offenders,proto3" json:"offenders,omitempty"`
+	// unreadable are the regions whose records could not be read: the limit is unproven.
+	Unreadable    []*RegionFailure `protobuf:"bytes,7,rep,name=unreadable,proto3" json:"unreadable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLimitsResponse) Reset() {
+	*x = AuditLimitsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLimitsResponse) ProtoMessage() {}
+
+func (x *AuditLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLimitsResponse.ProtoReflect.Descriptor instead.
+func (*AuditLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *AuditLimitsResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditLimitsResponse) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetSales() []string {
+	if x != nil {
+		return x.Sales
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetBuyers() int64 {
+	if x != nil {
+		return x.Buyers
+	}
+	return 0
+}
+
+func (x *AuditLimitsResponse) GetOver() int64 {
+	if x != nil {
+		return x.Over
+	}
+	return 0
+}
+
+func (x *AuditLimitsResponse) GetOffenders() []*LimitOffender {
+	if x != nil {
+		return x.Offenders
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetUnreadable() []*RegionFailure {
+	if x != nil {
+		return x.Unreadable
+	}
+	return nil
+}
+
+type ListLatePaymentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id empty lists every sale's.
+	SaleId string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// limit is the most listed per region, 1..10000 (0: 1000).
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLatePaymentsRequest) Reset() {
+	*x = ListLatePaymentsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLatePaymentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLatePaymentsRequest) ProtoMessage() {}
+
+func (x *ListLatePaymentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLatePaymentsRequest.ProtoReflect.Descriptor instead.
+func (*ListLatePaymentsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListLatePaymentsRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *ListLatePaymentsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type LatePayment struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Region    string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	HoldId    string                 `protobuf:"bytes,2,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	PaymentId string                 `protobuf:"bytes,3,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
+	// hold_state is the hold's state when the payment came: expired or released.
+	HoldState     string                 `protobuf:"bytes,4,opt,name=hold_state,json=holdState,proto3" json:"hold_state,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	ReceivedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=received_at,json=receivedAt,proto3" json:"received_at,omitempty"`
+	SaleId        string                 `protobuf:"bytes,7,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,8,opt,name=sku,proto3" json:"sku,omitempty"`
+	UserId        string                 `protobuf:"bytes,9,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Quantity      int64                  `protobuf:"varint,10,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ClosedAt      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=closed_at,json=closedAt,proto3" json:"closed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LatePayment) Reset() {
+	*x = LatePayment{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatePayment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatePayment) ProtoMessage() {}
+
+func (x *LatePayment) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatePayment.ProtoReflect.Descriptor instead.
+func (*LatePayment) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *LatePayment) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *LatePayment) GetHoldId() string {
+	if x != nil {
+		return x.HoldId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetPaymentId() string {
+	if x != nil {
+		return x.PaymentId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetHoldState() string {
+	if x != nil {
+		return x.HoldState
+	}
+	return ""
+}
+
+func (x *LatePayment) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LatePayment) GetReceivedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceivedAt
+	}
+	return nil
+}
+
+func (x *LatePayment) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *LatePayment) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *LatePayment) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *LatePayment) GetClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClosedAt
+	}
+	return nil
+}
+
+type ListLatePaymentsResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Payments []*LatePayment         `protobuf:"bytes,1,rep,name=payments,proto3" json:"payments,omitempty"`
+	// truncated names the regions that have more than the limit.
+	Truncated     []string         `protobuf:"bytes,2,rep,name=truncated,proto3" json:"truncated,omitempty"`
+	Unreadable    []*RegionFailure `protobuf:"bytes,3,rep,name=unreadable,proto3" json:"unreadable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLatePaymentsResponse) Reset() {
+	*x = ListLatePaymentsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLatePaymentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLatePaymentsResponse) ProtoMessage() {}
+
+func (x *ListLatePaymentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLatePaymentsResponse.ProtoReflect.Descriptor instead.
+func (*ListLatePaymentsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListLatePaymentsResponse) GetPayments() []*LatePayment {
+	if x != nil {
+		return x.Payments
+	}
+	return nil
+}
+
+func (x *ListLatePaymentsResponse) GetTruncated() []string {
+	if x != nil {
+		return x.Truncated
+	}
+	return nil
+}
+
+func (x *ListLatePaymentsResponse) GetUnreadable() []*RegionFailure {
+	if x != nil {
+		return x.Unreadable
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -3360,7 +3851,59 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x05sales\x18\b \x03(\v2\x18.quota.v1.AuditRoundSaleR\x05sales\"p\n" +
 	"\x14AuditHistoryResponse\x12,\n" +
 	"\x06rounds\x18\x01 \x03(\v2\x14.quota.v1.AuditRoundR\x06rounds\x12*\n" +
-	"\x11next_before_round\x18\x02 \x01(\x03R\x0fnextBeforeRound2\x95\b\n" +
+	"\x11next_before_round\x18\x02 \x01(\x03R\x0fnextBeforeRound\"-\n" +
+	"\x12AuditLimitsRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\"\xb7\x02\n" +
+	"\rLimitOffender\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x17\n" +
+	"\auser_id\x18\x03 \x01(\tR\x06userId\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05units\x18\x05 \x01(\x03R\x05units\x12B\n" +
+	"\tby_region\x18\x06 \x03(\v2%.quota.v1.LimitOffender.ByRegionEntryR\bbyRegion\x12\x14\n" +
+	"\x05bound\x18\a \x01(\tR\x05bound\x12\x1f\n" +
+	"\vbound_error\x18\b \x01(\tR\n" +
+	"boundError\x1a;\n" +
+	"\rByRegionEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x83\x02\n" +
+	"\x13AuditLimitsResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
+	"\x05sales\x18\x03 \x03(\tR\x05sales\x12\x16\n" +
+	"\x06buyers\x18\x04 \x01(\x03R\x06buyers\x12\x12\n" +
+	"\x04over\x18\x05 \x01(\x03R\x04over\x125\n" +
+	"\toffenders\x18\x06 \x03(\v2\x17.quota.v1.LimitOffenderR\toffenders\x127\n" +
+	"\n" +
+	"unreadable\x18\a \x03(\v2\x17.quota.v1.RegionFailureR\n" +
+	"unreadable\"H\n" +
+	"\x17ListLatePaymentsRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xa5\x03\n" +
+	"\vLatePayment\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\ahold_id\x18\x02 \x01(\tR\x06holdId\x12\x1d\n" +
+	"\n" +
+	"payment_id\x18\x03 \x01(\tR\tpaymentId\x12\x1d\n" +
+	"\n" +
+	"hold_state\x18\x04 \x01(\tR\tholdState\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12;\n" +
+	"\vreceived_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"receivedAt\x12\x17\n" +
+	"\asale_id\x18\a \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\b \x01(\tR\x03sku\x12\x17\n" +
+	"\auser_id\x18\t \x01(\tR\x06userId\x12\x1a\n" +
+	"\bquantity\x18\n" +
+	" \x01(\x03R\bquantity\x129\n" +
+	"\n" +
+	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x127\n" +
+	"\tclosed_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bclosedAt\"\xa4\x01\n" +
+	"\x18ListLatePaymentsResponse\x121\n" +
+	"\bpayments\x18\x01 \x03(\v2\x15.quota.v1.LatePaymentR\bpayments\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x03(\tR\ttruncated\x127\n" +
+	"\n" +
+	"unreadable\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\n" +
+	"unreadable2\xbc\t\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -3377,7 +3920,9 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\tPauseSale\x12\x1a.quota.v1.PauseSaleRequest\x1a\x1b.quota.v1.PauseSaleResponse\x12G\n" +
 	"\n" +
 	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponse\x12M\n" +
-	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponse\x12J\n" +
+	"\vAuditLimits\x12\x1c.quota.v1.AuditLimitsRequest\x1a\x1d.quota.v1.AuditLimitsResponse\x12Y\n" +
+	"\x10ListLatePayments\x12!.quota.v1.ListLatePaymentsRequest\x1a\".quota.v1.ListLatePaymentsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -3391,75 +3936,82 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_quota_v1_coordinator_proto_goTypes = []any{
-	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
-	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
-	(*Sale)(nil),                    // 2: quota.v1.Sale
-	(*Pause)(nil),                   // 3: quota.v1.Pause
-	(*RegionFailure)(nil),           // 4: quota.v1.RegionFailure
-	(*SkuLedger)(nil),               // 5: quota.v1.SkuLedger
-	(*CreateSaleResponse)(nil),      // 6: quota.v1.CreateSaleResponse
-	(*GetSaleRequest)(nil),          // 7: quota.v1.GetSaleRequest
-	(*GetSaleResponse)(nil),         // 8: quota.v1.GetSaleResponse
-	(*RegionWeight)(nil),            // 9: quota.v1.RegionWeight
-	(*AllocateRequest)(nil),         // 10: quota.v1.AllocateRequest
-	(*TransferInfo)(nil),            // 11: quota.v1.TransferInfo
-	(*AllocateResponse)(nil),        // 12: quota.v1.AllocateResponse
-	(*ListRegionsRequest)(nil),      // 13: quota.v1.ListRegionsRequest
-	(*RegionInfo)(nil),              // 14: quota.v1.RegionInfo
-	(*ListRegionsResponse)(nil),     // 15: quota.v1.ListRegionsResponse
-	(*AuditRequest)(nil),            // 16: quota.v1.AuditRequest
-	(*RegionAudit)(nil),             // 17: quota.v1.RegionAudit
-	(*SkuAudit)(nil),                // 18: quota.v1.SkuAudit
-	(*Violation)(nil),               // 19: quota.v1.Violation
-	(*AuditResponse)(nil),           // 20: quota.v1.AuditResponse
-	(*TransferRequest)(nil),         // 21: quota.v1.TransferRequest
-	(*TransferResponse)(nil),        // 22: quota.v1.TransferResponse
-	(*GetTransferRequest)(nil),      // 23: quota.v1.GetTransferRequest
-	(*GetTransferResponse)(nil),     // 24: quota.v1.GetTransferResponse
-	(*ListTransfersRequest)(nil),    // 25: quota.v1.ListTransfersRequest
-	(*ListTransfersResponse)(nil),   // 26: quota.v1.ListTransfersResponse
-	(*ResolveTransferRequest)(nil),  // 27: quota.v1.ResolveTransferRequest
-	(*ResolveTransferResponse)(nil), // 28: quota.v1.ResolveTransferResponse
-	(*RebalanceRequest)(nil),        // 29: quota.v1.RebalanceRequest
-	(*PoolDemand)(nil),              // 30: quota.v1.PoolDemand
-	(*PlannedMove)(nil),             // 31: quota.v1.PlannedMove
-	(*RebalanceResponse)(nil),       // 32: quota.v1.RebalanceResponse
-	(*PlanRebalanceRequest)(nil),    // 33: quota.v1.PlanRebalanceRequest
-	(*PoolPlan)(nil),                // 34: quota.v1.PoolPlan
-	(*SkuPlan)(nil),                 // 35: quota.v1.SkuPlan
-	(*PlanRebalanceResponse)(nil),   // 36: quota.v1.PlanRebalanceResponse
-	(*PauseSaleRequest)(nil),        // 37: quota.v1.PauseSaleRequest
-	(*PauseSaleResponse)(nil),       // 38: quota.v1.PauseSaleResponse
-	(*ResumeSaleRequest)(nil),       // 39: quota.v1.ResumeSaleRequest
-	(*ResumeSaleResponse)(nil),      // 40: quota.v1.ResumeSaleResponse
-	(*AuditHistoryRequest)(nil),     // 41: quota.v1.AuditHistoryRequest
-	(*AuditRoundSale)(nil),          // 42: quota.v1.AuditRoundSale
-	(*AuditRound)(nil),              // 43: quota.v1.AuditRound
-	(*AuditHistoryResponse)(nil),    // 44: quota.v1.AuditHistoryResponse
-	nil,                             // 45: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
+	(*SkuTotal)(nil),                 // 0: quota.v1.SkuTotal
+	(*CreateSaleRequest)(nil),        // 1: quota.v1.CreateSaleRequest
+	(*Sale)(nil),                     // 2: quota.v1.Sale
+	(*Pause)(nil),                    // 3: quota.v1.Pause
+	(*RegionFailure)(nil),            // 4: quota.v1.RegionFailure
+	(*SkuLedger)(nil),                // 5: quota.v1.SkuLedger
+	(*CreateSaleResponse)(nil),       // 6: quota.v1.CreateSaleResponse
+	(*GetSaleRequest)(nil),           // 7: quota.v1.GetSaleRequest
+	(*GetSaleResponse)(nil),          // 8: quota.v1.GetSaleResponse
+	(*RegionWeight)(nil),             // 9: quota.v1.RegionWeight
+	(*AllocateRequest)(nil),          // 10: quota.v1.AllocateRequest
+	(*TransferInfo)(nil),             // 11: quota.v1.TransferInfo
+	(*AllocateResponse)(nil),         // 12: quota.v1.AllocateResponse
+	(*ListRegionsRequest)(nil),       // 13: quota.v1.ListRegionsRequest
+	(*RegionInfo)(nil),               // 14: quota.v1.RegionInfo
+	(*ListRegionsResponse)(nil),      // 15: quota.v1.ListRegionsResponse
+	(*AuditRequest)(nil),             // 16: quota.v1.AuditRequest
+	(*RegionAudit)(nil),              // 17: quota.v1.RegionAudit
+	(*SkuAudit)(nil),                 // 18: quota.v1.SkuAudit
+	(*Violation)(nil),                // 19: quota.v1.Violation
+	(*AuditResponse)(nil),            // 20: quota.v1.AuditResponse
+	(*TransferRequest)(nil),          // 21: quota.v1.TransferRequest
+	(*TransferResponse)(nil),         // 22: quota.v1.TransferResponse
+	(*GetTransferRequest)(nil),       // 23: quota.v1.GetTransferRequest
+	(*GetTransferResponse)(nil),      // 24: quota.v1.GetTransferResponse
+	(*ListTransfersRequest)(nil),     // 25: quota.v1.ListTransfersRequest
+	(*ListTransfersResponse)(nil),    // 26: quota.v1.ListTransfersResponse
+	(*ResolveTransferRequest)(nil),   // 27: quota.v1.ResolveTransferRequest
+	(*ResolveTransferResponse)(nil),  // 28: quota.v1.ResolveTransferResponse
+	(*RebalanceRequest)(nil),         // 29: quota.v1.RebalanceRequest
+	(*PoolDemand)(nil),               // 30: quota.v1.PoolDemand
+	(*PlannedMove)(nil),              // 31: quota.v1.PlannedMove
+	(*RebalanceResponse)(nil),        // 32: quota.v1.RebalanceResponse
+	(*PlanRebalanceRequest)(nil),     // 33: quota.v1.PlanRebalanceRequest
+	(*PoolPlan)(nil),                 // 34: quota.v1.PoolPlan
+	(*SkuPlan)(nil),                  // 35: quota.v1.SkuPlan
+	(*PlanRebalanceResponse)(nil),    // 36: quota.v1.PlanRebalanceResponse
+	(*PauseSaleRequest)(nil),         // 37: quota.v1.PauseSaleRequest
+	(*PauseSaleResponse)(nil),        // 38: quota.v1.PauseSaleResponse
+	(*ResumeSaleRequest)(nil),        // 39: quota.v1.ResumeSaleRequest
+	(*ResumeSaleResponse)(nil),       // 40: quota.v1.ResumeSaleResponse
+	(*AuditHistoryRequest)(nil),      // 41: quota.v1.AuditHistoryRequest
+	(*AuditRoundSale)(nil),           // 42: quota.v1.AuditRoundSale
+	(*AuditRound)(nil),               // 43: quota.v1.AuditRound
+	(*AuditHistoryResponse)(nil),     // 44: quota.v1.AuditHistoryResponse
+	(*AuditLimitsRequest)(nil),       // 45: quota.v1.AuditLimitsRequest
+	(*LimitOffender)(nil),            // 46: quota.v1.LimitOffender
+	(*AuditLimitsResponse)(nil),      // 47: quota.v1.AuditLimitsResponse
+	(*ListLatePaymentsRequest)(nil),  // 48: quota.v1.ListLatePaymentsRequest
+	(*LatePayment)(nil),              // 49: quota.v1.LatePayment
+	(*ListLatePaymentsResponse)(nil), // 50: quota.v1.ListLatePaymentsResponse
+	nil,                              // 51: quota.v1.SkuLedger.AllocatedEntry
+	nil,                              // 52: quota.v1.LimitOffender.ByRegionEntry
+	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	46, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	46, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	53, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	53, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	46, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	53, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	46, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	45, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	53, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	51, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	46, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	53, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	46, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	53, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -3470,51 +4022,64 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
 	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
 	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
-	46, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	53, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
 	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
 	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
 	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	46, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
+	53, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
 	18, // 35: quota.v1.AuditRoundSale.skus:type_name -> quota.v1.SkuAudit
-	46, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
+	53, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
 	19, // 37: quota.v1.AuditRound.violations:type_name -> quota.v1.Violation
 	42, // 38: quota.v1.AuditRound.sales:type_name -> quota.v1.AuditRoundSale
 	43, // 39: quota.v1.AuditHistoryResponse.rounds:type_name -> quota.v1.AuditRound
-	1,  // 40: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 41: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 42: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 43: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 44: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 45: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 46: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 47: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 48: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 49: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 50: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
-	37, // 51: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	39, // 52: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	41, // 53: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
-	6,  // 54: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 55: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 56: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 57: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 58: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 59: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 60: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 61: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 62: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 63: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	36, // 64: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
-	38, // 65: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	40, // 66: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	44, // 67: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
-	54, // [54:68] is the sub-list for method output_type
-	40, // [40:54] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	52, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
+	53, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
+	46, // 42: quota.v1.AuditLimitsResponse.offenders:type_name -> quota.v1.LimitOffender
+	4,  // 43: quota.v1.AuditLimitsResponse.unreadable:type_name -> quota.v1.RegionFailure
+	53, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
+	53, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
+	49, // 47: quota.v1.ListLatePaymentsResponse.payments:type_name -> quota.v1.LatePayment
+	4,  // 48: quota.v1.ListLatePaymentsResponse.unreadable:type_name -> quota.v1.RegionFailure
+	1,  // 49: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 50: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 51: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 52: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 53: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 54: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 55: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 56: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 57: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 58: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 59: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 60: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 61: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	41, // 62: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
+	45, // 63: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
+	48, // 64: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
+	6,  // 65: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 66: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 67: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 68: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 69: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 70: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 71: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 72: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 73: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 74: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 75: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 76: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 77: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	44, // 78: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
+	47, // 79: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
+	50, // 80: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
+	65, // [65:81] is the sub-list for method output_type
+	49, // [49:65] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -3528,7 +4093,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

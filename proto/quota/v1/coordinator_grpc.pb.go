@@ -19,20 +19,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CoordinatorService_CreateSale_FullMethodName      = "/quota.v1.CoordinatorService/CreateSale"
-	CoordinatorService_GetSale_FullMethodName         = "/quota.v1.CoordinatorService/GetSale"
-	CoordinatorService_Allocate_FullMethodName        = "/quota.v1.CoordinatorService/Allocate"
-	CoordinatorService_ListRegions_FullMethodName     = "/quota.v1.CoordinatorService/ListRegions"
-	CoordinatorService_Audit_FullMethodName           = "/quota.v1.CoordinatorService/Audit"
-	CoordinatorService_Transfer_FullMethodName        = "/quota.v1.CoordinatorService/Transfer"
-	CoordinatorService_GetTransfer_FullMethodName     = "/quota.v1.CoordinatorService/GetTransfer"
-	CoordinatorService_ListTransfers_FullMethodName   = "/quota.v1.CoordinatorService/ListTransfers"
-	CoordinatorService_ResolveTransfer_FullMethodName = "/quota.v1.CoordinatorService/ResolveTransfer"
-	CoordinatorService_Rebalance_FullMethodName       = "/quota.v1.CoordinatorService/Rebalance"
-	CoordinatorService_PlanRebalance_FullMethodName   = "/quota.v1.CoordinatorService/PlanRebalance"
-	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
-	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
-	CoordinatorService_AuditHistory_FullMethodName    = "/quota.v1.CoordinatorService/AuditHistory"
+	CoordinatorService_CreateSale_FullMethodName       = "/quota.v1.CoordinatorService/CreateSale"
+	CoordinatorService_GetSale_FullMethodName          = "/quota.v1.CoordinatorService/GetSale"
+	CoordinatorService_Allocate_FullMethodName         = "/quota.v1.CoordinatorService/Allocate"
+	CoordinatorService_ListRegions_FullMethodName      = "/quota.v1.CoordinatorService/ListRegions"
+	CoordinatorService_Audit_FullMethodName            = "/quota.v1.CoordinatorService/Audit"
+	CoordinatorService_Transfer_FullMethodName         = "/quota.v1.CoordinatorService/Transfer"
+	CoordinatorService_GetTransfer_FullMethodName      = "/quota.v1.CoordinatorService/GetTransfer"
+	CoordinatorService_ListTransfers_FullMethodName    = "/quota.v1.CoordinatorService/ListTransfers"
+	CoordinatorService_ResolveTransfer_FullMethodName  = "/quota.v1.CoordinatorService/ResolveTransfer"
+	CoordinatorService_Rebalance_FullMethodName        = "/quota.v1.CoordinatorService/Rebalance"
+	CoordinatorService_PlanRebalance_FullMethodName    = "/quota.v1.CoordinatorService/PlanRebalance"
+	CoordinatorService_PauseSale_FullMethodName        = "/quota.v1.CoordinatorService/PauseSale"
+	CoordinatorService_ResumeSale_FullMethodName       = "/quota.v1.CoordinatorService/ResumeSale"
+	CoordinatorService_AuditHistory_FullMethodName     = "/quota.v1.CoordinatorService/AuditHistory"
+	CoordinatorService_AuditLimits_FullMethodName      = "/quota.v1.CoordinatorService/AuditLimits"
+	CoordinatorService_ListLatePayments_FullMethodName = "/quota.v1.CoordinatorService/ListLatePayments"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -76,6 +78,13 @@ type CoordinatorServiceClient interface {
 	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
 	// the result of every SKU it audited and the evidence of each violation.
 	AuditHistory(ctx context.Context, in *AuditHistoryRequest, opts ...grpc.CallOption) (*AuditHistoryResponse, error)
+	// AuditLimits sums every buyer's units of every SKU (held and sold) over every region's
+	// records and lists each buyer above the sale's per-user limit, with the region etcd binds
+	// them to.
+	AuditLimits(ctx context.Context, in *AuditLimitsRequest, opts ...grpc.CallOption) (*AuditLimitsResponse, error)
+	// ListLatePayments lists, from every region's records, the payments that came for a hold
+	// no longer live: the storefront was told to refund them.
+	ListLatePayments(ctx context.Context, in *ListLatePaymentsRequest, opts ...grpc.CallOption) (*ListLatePaymentsResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -226,6 +235,26 @@ func (c *coordinatorServiceClient) AuditHistory(ctx context.Context, in *AuditHi
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) AuditLimits(ctx context.Context, in *AuditLimitsRequest, opts ...grpc.CallOption) (*AuditLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditLimitsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_AuditLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ListLatePayments(ctx context.Context, in *ListLatePaymentsRequest, opts ...grpc.CallOption) (*ListLatePaymentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLatePaymentsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListLatePayments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -267,6 +296,13 @@ type CoordinatorServiceServer interface {
 	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
 	// the result of every SKU it audited and the evidence of each violation.
 	AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error)
+	// AuditLimits sums every buyer's units of every SKU (held and sold) over every region's
+	// records and lists each buyer above the sale's per-user limit, with the region etcd binds
+	// them to.
+	AuditLimits(context.Context, *AuditLimitsRequest) (*AuditLimitsResponse, error)
+	// ListLatePayments lists, from every region's records, the payments that came for a hold
+	// no longer live: the storefront was told to refund them.
+	ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -318,6 +354,12 @@ func (UnimplementedCoordinatorServiceServer) ResumeSale(context.Context, *Resume
 }
 func (UnimplementedCoordinatorServiceServer) AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AuditHistory not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) AuditLimits(context.Context, *AuditLimitsRequest) (*AuditLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AuditLimits not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLatePayments not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -592,6 +634,42 @@ func _CoordinatorService_AuditHistory_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_AuditLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).AuditLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_AuditLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).AuditLimits(ctx, req.(*AuditLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ListLatePayments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLatePaymentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListLatePayments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListLatePayments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListLatePayments(ctx, req.(*ListLatePaymentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -654,6 +732,14 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AuditHistory",
 			Handler:    _CoordinatorService_AuditHistory_Handler,
+		},
+		{
+			MethodName: "AuditLimits",
+			Handler:    _CoordinatorService_AuditLimits_Handler,
+		},
+		{
+			MethodName: "ListLatePayments",
+			Handler:    _CoordinatorService_ListLatePayments_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
