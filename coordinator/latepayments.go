@@ -28,7 +28,7 @@ type LatePaymentsReport struct {
 // LatePayments lists the payments every region received for a hold no longer live, which
 // the storefront was told to refund (outcome REFUND): up to limit (1..MaxLatePayments) per
 // region, of sale or of every sale, read from each region's database directly.
-func (c *Coordinator) LatePayments(ctx context.Context, sale string, limit int) (LatePaymentsReport, error) {
+func (r Records) LatePayments(ctx context.Context, sale string, limit int) (LatePaymentsReport, error) {
 	if sale != "" {
 		if err := checkSaleID(sale); err != nil {
 			return LatePaymentsReport{}, err
@@ -38,20 +38,20 @@ func (c *Coordinator) LatePayments(ctx context.Context, sale string, limit int) 
 		return LatePaymentsReport{}, apierr.Invalid("limit", "must be 1..%d, got %d", MaxLatePayments, limit)
 	}
 	var rep LatePaymentsReport
-	for _, r := range c.cfg.Regions {
-		if r.LatePayments == nil {
-			rep.Unreadable = append(rep.Unreadable, RegionFailure{Region: r.Name, Error: "no reader of its late payments"})
+	for _, link := range r.c.cfg.Regions {
+		if link.LatePayments == nil {
+			rep.Unreadable = append(rep.Unreadable, RegionFailure{Region: link.Name, Error: "no reader of its late payments"})
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, booksTimeout)
-		ls, err := r.LatePayments(rctx, sale, limit+1)
+		ls, err := link.LatePayments(rctx, sale, limit+1)
 		cancel()
 		if err != nil {
-			rep.Unreadable = append(rep.Unreadable, RegionFailure{Region: r.Name, Error: err.Error()})
+			rep.Unreadable = append(rep.Unreadable, RegionFailure{Region: link.Name, Error: err.Error()})
 			continue
 		}
 		if len(ls) > limit {
-			ls, rep.Truncated = ls[:limit], append(rep.Truncated, r.Name)
+			ls, rep.Truncated = ls[:limit], append(rep.Truncated, link.Name)
 		}
 		rep.Payments = append(rep.Payments, ls...)
 	}

@@ -66,13 +66,13 @@ type buyerKey struct{ sku, user string }
 
 // AuditLimits checks, for one sale or every sale, that no buyer holds and bought more units
 // of a SKU, summed over every region's records, than the sale's per-user limit.
-func (c *Coordinator) AuditLimits(ctx context.Context, sale string) (LimitsReport, error) {
+func (r Records) AuditLimits(ctx context.Context, sale string) (LimitsReport, error) {
 	if sale != "" {
 		if err := checkSaleID(sale); err != nil {
 			return LimitsReport{}, err
 		}
 	}
-	limits, err := c.ledger.perUserLimits(ctx, sale)
+	limits, err := r.c.ledger.perUserLimits(ctx, sale)
 	if err != nil {
 		return LimitsReport{}, err
 	}
@@ -81,12 +81,12 @@ func (c *Coordinator) AuditLimits(ctx context.Context, sale string) (LimitsRepor
 	}
 	rep := LimitsReport{OK: true}
 	for _, s := range slices.Sorted(maps.Keys(limits)) {
-		if err := c.auditSaleLimits(ctx, s, limits[s], &rep); err != nil {
+		if err := r.c.auditSaleLimits(ctx, s, limits[s], &rep); err != nil {
 			return LimitsReport{}, err
 		}
 	}
 	rep.OK = rep.Over == 0 && len(rep.Unreadable) == 0
-	rep.At = c.cfg.Clock.Now()
+	rep.At = r.c.cfg.Clock.Now()
 	return rep, nil
 }
 

@@ -65,6 +65,7 @@ type Backend interface {
 	AuditViolations() int64
 	AuditedAt() time.Time
 	AuditHistory(ctx context.Context, q coordinator.AuditHistoryQuery) ([]coordinator.AuditRound, int64, error)
+	RecordAction(ctx context.Context, a transfer.Action) (transfer.Action, error)
 	Generation() (int64, error)
 }
 

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +27,23 @@ import (
 // changes asked of it.
 type fakeBackend struct {
 	resolves, rebalances atomic.Int64
+	mu                   sync.Mutex
+	actions              []transfer.Action
+}
+
+func (f *fakeBackend) RecordAction(_ context.Context, a transfer.Action) (transfer.Action, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	a.Seq = int64(len(f.actions) + 1)
+	f.actions = append(f.actions, a)
+	return a, nil
+}
+
+// recorded is a copy of the actions recorded so far.
+func (f *fakeBackend) recorded() []transfer.Action {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.actions)
 }
 
 func (f *fakeBackend) ListSales(context.Context, int) ([]coordinator.SaleSummary, error) {
@@ -212,6 +231,16 @@ func TestRoleChecks(t *testing.T) {
 	}
 	if n, m := c.b.resolves.Load(), c.b.rebalances.Load(); n != 1 || m != 1 {
 		t.Fatalf("the coordinator was asked %d resolves and %d rebalances; want the operator's one each", n, m)
+	}
+	acts := c.b.recorded() // the operator's two changes, with the login; no refused one
+	if len(acts) != 2 || acts[0].Action != "resolve transfer" || acts[0].Target != "t1" || acts[1].Action != "rebalance" ||
+		acts[1].Target != "s/phone" {
+		t.Fatalf("action log %+v; want the operator's resolve of t1 and rebalance of s/phone", acts)
+	}
+	for _, a := range acts {
+		if a.Via != "console" || a.Role != string(trust.Operator) || a.Actor == "" || a.Result != "ok" {
+			t.Fatalf("action %+v; want the console's operator login, ok", a)
+		}
 	}
 	w := c.do("POST", "/console/api/transfers/t1/resolve", `{}`, au, auCSRF, nil)
 	if code, body := apierr.HTTP(apierr.ErrPermissionDenied); w.Code != code || !strings.Contains(w.Body.String(), body.Error.Code) ||

@@ -14,7 +14,7 @@ const defaultLatePayments = 1000
 
 // AuditLimits implements CoordinatorService.
 func (s *Server) AuditLimits(ctx context.Context, req *quotav1.AuditLimitsRequest) (*quotav1.AuditLimitsResponse, error) {
-	rep, err := s.C.AuditLimits(ctx, req.GetSaleId())
+	rep, err := s.C.Records().AuditLimits(ctx, req.GetSaleId())
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +37,7 @@ func (s *Server) ListLatePayments(ctx context.Context, req *quotav1.ListLatePaym
 	if limit == 0 {
 		limit = defaultLatePayments
 	}
-	rep, err := s.C.LatePayments(ctx, req.GetSaleId(), limit)
+	rep, err := s.C.Records().LatePayments(ctx, req.GetSaleId(), limit)
 	if err != nil {
 		return nil, err
 	}

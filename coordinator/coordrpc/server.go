@@ -5,6 +5,7 @@ package coordrpc
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -17,6 +18,8 @@ import (
 type Server struct {
 	quotav1.UnimplementedCoordinatorServiceServer
 	C *coordinator.Coordinator
+	// Logger logs the action log's records and failures; default slog.Default().
+	Logger *slog.Logger
 }
 
 func saleToProto(s coordinator.Sale) *quotav1.Sale {
@@ -38,7 +41,8 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 }
 
 // CreateSale implements CoordinatorService.
-func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (*quotav1.CreateSaleResponse, error) {
+func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (_ *quotav1.CreateSaleResponse, err error) {
+	defer func() { s.record(ctx, "create sale", req.GetSaleId(), req, err) }()
 	spec, err := saleSpecFromProto(req)
 	if err != nil {
 		return nil, err
@@ -92,7 +96,8 @@ func TransferToProto(t transfer.Transfer) *quotav1.TransferInfo {
 }
 
 // Allocate implements CoordinatorService.
-func (s *Server) Allocate(ctx context.Context, req *quotav1.AllocateRequest) (*quotav1.AllocateResponse, error) {
+func (s *Server) Allocate(ctx context.Context, req *quotav1.AllocateRequest) (_ *quotav1.AllocateResponse, err error) {
+	defer func() { s.record(ctx, "allocate", req.GetSaleId(), req, err) }()
 	ar := coordinator.AllocateRequest{Sale: req.GetSaleId(), RequestID: req.GetRequestId()}
 	for _, w := range req.GetWeights() {
 		ar.Weights = append(ar.Weights, transfer.Weight{Region: w.GetRegion(), Weight: w.GetWeight()})

@@ -55,6 +55,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/AuditHistory":     {Operator, Auditor},
 	"/quota.v1.CoordinatorService/AuditLimits":      {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListLatePayments": {Operator, Auditor},
+	"/quota.v1.CoordinatorService/ListActions":      {Operator, Auditor},
 	"/quota.v1.CoordinatorService/GetTransfer":      {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListTransfers":    {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListRegions":      {Operator, Auditor, Storefront},

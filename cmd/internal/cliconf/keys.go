@@ -15,9 +15,9 @@ var programKeys = map[string]bool{}
 
 func init() {
 	for _, k := range []string{
-		"admit-rate", "allocate", "allocation", "audit-interval", "audit-retention", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
+		"actions", "admit-rate", "after", "allocate", "allocation", "audit-interval", "audit-retention", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
 		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
-		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "from", "gc-percent", "grpc-gateway", "help", "identity",
+		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "expect-head", "from", "gc-percent", "grpc-gateway", "help", "identity",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "lease-ttl", "limit", "limits", "listen",
 		"log-level", "max-batch", "max-connections", "max-connections-per-cert", "max-connections-per-ip", "max-keys-per-user", "max-live-tickets", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",

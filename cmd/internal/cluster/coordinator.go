@@ -173,7 +173,7 @@ func (n *CoordinatorNode) serve() error {
 	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
 		return err
 	}
-	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
+	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C, Logger: n.cfg.Logger})
 	nm.grpc.InitializeMetrics(n.Server.GRPC)
 	n.Server.Start()
 	return nil

@@ -3593,6 +3593,233 @@ func (x *ListLatePaymentsResponse) GetUnreadable() []*RegionFailure {
 	return nil
 }
 
+type ListActionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// after_seq lists the rows after this sequence number (0: from the first).
+	AfterSeq int64 `protobuf:"varint,1,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// limit is the most rows listed, 1..1000 (0: 1000).
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListActionsRequest) Reset() {
+	*x = ListActionsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListActionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListActionsRequest) ProtoMessage() {}
+
+func (x *ListActionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListActionsRequest.ProtoReflect.Descriptor instead.
+func (*ListActionsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListActionsRequest) GetAfterSeq() int64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *ListActionsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ActionRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// role and actor are the caller's certificate role and name, or the console login's.
+	Role  string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
+	// via is grpc or console.
+	Via    string `protobuf:"bytes,5,opt,name=via,proto3" json:"via,omitempty"`
+	Action string `protobuf:"bytes,6,opt,name=action,proto3" json:"action,omitempty"`
+	Target string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	// detail is the request, as JSON for a gRPC call.
+	Detail string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	// result is "ok" or the error.
+	Result string `protobuf:"bytes,9,opt,name=result,proto3" json:"result,omitempty"`
+	// hash is sha256(prev_hash || the row's canonical bytes) (transfer.Action.Canonical).
+	PrevHash      []byte `protobuf:"bytes,10,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
+	Hash          []byte `protobuf:"bytes,11,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActionRecord) Reset() {
+	*x = ActionRecord{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActionRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActionRecord) ProtoMessage() {}
+
+func (x *ActionRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActionRecord.ProtoReflect.Descriptor instead.
+func (*ActionRecord) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ActionRecord) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ActionRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ActionRecord) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetPrevHash() []byte {
+	if x != nil {
+		return x.PrevHash
+	}
+	return nil
+}
+
+func (x *ActionRecord) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+type ListActionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Actions       []*ActionRecord        `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListActionsResponse) Reset() {
+	*x = ListActionsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListActionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListActionsResponse) ProtoMessage() {}
+
+func (x *ListActionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListActionsResponse.ProtoReflect.Descriptor instead.
+func (*ListActionsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListActionsResponse) GetActions() []*ActionRecord {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -3903,7 +4130,26 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x03(\tR\ttruncated\x127\n" +
 	"\n" +
 	"unreadable\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\n" +
-	"unreadable2\xbc\t\n" +
+	"unreadable\"G\n" +
+	"\x12ListActionsRequest\x12\x1b\n" +
+	"\tafter_seq\x18\x01 \x01(\x03R\bafterSeq\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\x99\x02\n" +
+	"\fActionRecord\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x14\n" +
+	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x10\n" +
+	"\x03via\x18\x05 \x01(\tR\x03via\x12\x16\n" +
+	"\x06action\x18\x06 \x01(\tR\x06action\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\x12\x16\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\x12\x16\n" +
+	"\x06result\x18\t \x01(\tR\x06result\x12\x1b\n" +
+	"\tprev_hash\x18\n" +
+	" \x01(\fR\bprevHash\x12\x12\n" +
+	"\x04hash\x18\v \x01(\fR\x04hash\"G\n" +
+	"\x13ListActionsResponse\x120\n" +
+	"\aactions\x18\x01 \x03(\v2\x16.quota.v1.ActionRecordR\aactions2\x88\n" +
+	"\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -3922,7 +4168,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponse\x12M\n" +
 	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponse\x12J\n" +
 	"\vAuditLimits\x12\x1c.quota.v1.AuditLimitsRequest\x1a\x1d.quota.v1.AuditLimitsResponse\x12Y\n" +
-	"\x10ListLatePayments\x12!.quota.v1.ListLatePaymentsRequest\x1a\".quota.v1.ListLatePaymentsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\x10ListLatePayments\x12!.quota.v1.ListLatePaymentsRequest\x1a\".quota.v1.ListLatePaymentsResponse\x12J\n" +
+	"\vListActions\x12\x1c.quota.v1.ListActionsRequest\x1a\x1d.quota.v1.ListActionsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -3936,7 +4183,7 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*SkuTotal)(nil),                 // 0: quota.v1.SkuTotal
 	(*CreateSaleRequest)(nil),        // 1: quota.v1.CreateSaleRequest
@@ -3989,29 +4236,32 @@ var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*ListLatePaymentsRequest)(nil),  // 48: quota.v1.ListLatePaymentsRequest
 	(*LatePayment)(nil),              // 49: quota.v1.LatePayment
 	(*ListLatePaymentsResponse)(nil), // 50: quota.v1.ListLatePaymentsResponse
-	nil,                              // 51: quota.v1.SkuLedger.AllocatedEntry
-	nil,                              // 52: quota.v1.LimitOffender.ByRegionEntry
-	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
+	(*ListActionsRequest)(nil),       // 51: quota.v1.ListActionsRequest
+	(*ActionRecord)(nil),             // 52: quota.v1.ActionRecord
+	(*ListActionsResponse)(nil),      // 53: quota.v1.ListActionsResponse
+	nil,                              // 54: quota.v1.SkuLedger.AllocatedEntry
+	nil,                              // 55: quota.v1.LimitOffender.ByRegionEntry
+	(*timestamppb.Timestamp)(nil),    // 56: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	53, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	53, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	56, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	56, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	53, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	56, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	53, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	51, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	56, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	54, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	53, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	56, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	53, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	56, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -4022,64 +4272,68 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
 	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
 	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
-	53, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	56, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
 	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
 	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
 	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	53, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
+	56, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
 	18, // 35: quota.v1.AuditRoundSale.skus:type_name -> quota.v1.SkuAudit
-	53, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
+	56, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
 	19, // 37: quota.v1.AuditRound.violations:type_name -> quota.v1.Violation
 	42, // 38: quota.v1.AuditRound.sales:type_name -> quota.v1.AuditRoundSale
 	43, // 39: quota.v1.AuditHistoryResponse.rounds:type_name -> quota.v1.AuditRound
-	52, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
-	53, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
+	55, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
+	56, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
 	46, // 42: quota.v1.AuditLimitsResponse.offenders:type_name -> quota.v1.LimitOffender
 	4,  // 43: quota.v1.AuditLimitsResponse.unreadable:type_name -> quota.v1.RegionFailure
-	53, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
-	53, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
+	56, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
+	56, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
 	49, // 47: quota.v1.ListLatePaymentsResponse.payments:type_name -> quota.v1.LatePayment
 	4,  // 48: quota.v1.ListLatePaymentsResponse.unreadable:type_name -> quota.v1.RegionFailure
-	1,  // 49: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 50: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 51: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 52: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 53: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 54: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 55: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 56: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 57: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 58: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 59: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
-	37, // 60: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	39, // 61: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	41, // 62: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
-	45, // 63: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
-	48, // 64: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
-	6,  // 65: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 66: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 67: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 68: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 69: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 70: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 71: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 72: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 73: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 74: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	36, // 75: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
-	38, // 76: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	40, // 77: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	44, // 78: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
-	47, // 79: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
-	50, // 80: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
-	65, // [65:81] is the sub-list for method output_type
-	49, // [49:65] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	56, // 49: quota.v1.ActionRecord.at:type_name -> google.protobuf.Timestamp
+	52, // 50: quota.v1.ListActionsResponse.actions:type_name -> quota.v1.ActionRecord
+	1,  // 51: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 52: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 53: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 54: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 55: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 56: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 57: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 58: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 59: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 60: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 61: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 62: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 63: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	41, // 64: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
+	45, // 65: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
+	48, // 66: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
+	51, // 67: quota.v1.CoordinatorService.ListActions:input_type -> quota.v1.ListActionsRequest
+	6,  // 68: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 69: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 70: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 71: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 72: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 73: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 74: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 75: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 76: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 77: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 78: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 79: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 80: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	44, // 81: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
+	47, // 82: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
+	50, // 83: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
+	53, // 84: quota.v1.CoordinatorService.ListActions:output_type -> quota.v1.ListActionsResponse
+	68, // [68:85] is the sub-list for method output_type
+	51, // [51:68] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -4093,7 +4347,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

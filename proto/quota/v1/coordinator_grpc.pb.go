@@ -35,6 +35,7 @@ const (
 	CoordinatorService_AuditHistory_FullMethodName     = "/quota.v1.CoordinatorService/AuditHistory"
 	CoordinatorService_AuditLimits_FullMethodName      = "/quota.v1.CoordinatorService/AuditLimits"
 	CoordinatorService_ListLatePayments_FullMethodName = "/quota.v1.CoordinatorService/ListLatePayments"
+	CoordinatorService_ListActions_FullMethodName      = "/quota.v1.CoordinatorService/ListActions"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -85,6 +86,9 @@ type CoordinatorServiceClient interface {
 	// ListLatePayments lists, from every region's records, the payments that came for a hold
 	// no longer live: the storefront was told to refund them.
 	ListLatePayments(ctx context.Context, in *ListLatePaymentsRequest, opts ...grpc.CallOption) (*ListLatePaymentsResponse, error)
+	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
+	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
+	ListActions(ctx context.Context, in *ListActionsRequest, opts ...grpc.CallOption) (*ListActionsResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -255,6 +259,16 @@ func (c *coordinatorServiceClient) ListLatePayments(ctx context.Context, in *Lis
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) ListActions(ctx context.Context, in *ListActionsRequest, opts ...grpc.CallOption) (*ListActionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListActionsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListActions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -303,6 +317,9 @@ type CoordinatorServiceServer interface {
 	// ListLatePayments lists, from every region's records, the payments that came for a hold
 	// no longer live: the storefront was told to refund them.
 	ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error)
+	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
+	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
+	ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -360,6 +377,9 @@ func (UnimplementedCoordinatorServiceServer) AuditLimits(context.Context, *Audit
 }
 func (UnimplementedCoordinatorServiceServer) ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLatePayments not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListActions not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -670,6 +690,24 @@ func _CoordinatorService_ListLatePayments_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_ListActions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListActionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListActions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListActions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListActions(ctx, req.(*ListActionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -740,6 +778,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListLatePayments",
 			Handler:    _CoordinatorService_ListLatePayments_Handler,
+		},
+		{
+			MethodName: "ListActions",
+			Handler:    _CoordinatorService_ListActions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
