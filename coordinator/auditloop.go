@@ -39,24 +39,27 @@ func (au *auditor) newTerm() {
 // loop audits every sale every AuditInterval while this coordinator leads, and pauses
 // each SKU whose conservation (I1) the audit finds broken in every region, through the same
 // kill switch as an operator's pause (SetPaused), with the evidence as the pause's reason.
-func (au *auditor) loop(ctx context.Context) {
+// Every round, and the error of one that could not run, is stored in the ledger under gen
+// (audithistory.go), and the rounds older than AuditRetention are pruned.
+func (au *auditor) loop(ctx context.Context, gen int64) {
 	if au.cfg.AuditInterval <= 0 {
 		return
 	}
-	every(ctx, au.cfg.AuditInterval, func() { au.round(ctx) })
+	every(ctx, au.cfg.AuditInterval, func() { au.round(ctx, gen) })
 }
 
 // round is one round of loop.
-func (au *auditor) round(ctx context.Context) {
+func (au *auditor) round(ctx context.Context, gen int64) {
 	start := time.Now()
 	rep, err := au.run(ctx, "")
-	if ctx.Err() == nil { // a round that failed counts too: slow or failing is what it tells
-		au.took.Store(int64(time.Since(start)))
+	took := time.Since(start)
+	if ctx.Err() != nil {
+		return // stepping down: no round to tell of
 	}
+	au.took.Store(int64(took)) // a round that failed counts too: slow or failing is what it tells
+	au.remember(ctx, gen, rep, err, took)
 	if err != nil {
-		if ctx.Err() == nil {
-			au.cfg.Logger.Warn("continuous audit could not run", "err", err)
-		}
+		au.cfg.Logger.Warn("continuous audit could not run", "err", err)
 		return
 	}
 	au.violations.Store(int64(len(rep.Violations)))
@@ -68,6 +71,18 @@ func (au *auditor) round(ctx context.Context) {
 			au.cfg.Logger.Warn("continuous audit: violation", "invariant", v.Invariant, "sale", v.Sale, "sku", v.SKU,
 				"region", v.Region, "evidence", v.Detail)
 		}
+	}
+}
+
+// remember stores the round in the ledger and prunes the expired ones; a failure is logged,
+// and the audit goes on (its pauses matter more than its memory).
+func (au *auditor) remember(ctx context.Context, gen int64, rep Report, runErr error, took time.Duration) {
+	if err := au.record(ctx, gen, rep, runErr, took); err != nil {
+		au.cfg.Logger.Warn("continuous audit: could not store the round", "err", err)
+		return
+	}
+	if err := au.prune(ctx, gen); err != nil {
+		au.cfg.Logger.Warn("continuous audit: could not prune old rounds", "err", err)
 	}
 }
 

@@ -16,6 +16,9 @@ type Bindings struct {
 	Follow func(ctx context.Context, fn func(sale, user, region string)) error
 	// Unbind removes a binding if it still names region, reporting whether it did.
 	Unbind func(ctx context.Context, sale, user, region string) (bool, error)
+	// Bound reads the region a buyer is bound to for a sale, and false when none is recorded
+	// (AuditLimits names it for each offender).
+	Bound func(ctx context.Context, sale, user string) (string, bool, error)
 }
 
 // bindCheckLoop removes, while this coordinator leads, every binding that names no region of

@@ -99,6 +99,11 @@ type RegionLink struct {
 	// (region.WatchStock), so the sold-out loop and the rebalancer read a region's idle sales
 	// only when they change; without it every sale is read every round.
 	Watch ChangeWatcher
+	// BuyerUnits, when set, streams the region's buyers' units of a sale (AuditLimits); a
+	// region without it leaves the per-user limit unproven.
+	BuyerUnits BuyerUnitsReader
+	// LatePayments, when set, lists the region's late payments (LatePayments).
+	LatePayments LatePaymentsReader
 }
 
 // CurrentAddress is where the region's leader answers now, as far as the coordinator knows.
@@ -140,6 +145,9 @@ type Config struct {
 	// intervals) never: quotad passes DefaultAuditInterval unless --audit-interval says
 	// otherwise, and 0 there means never too.
 	AuditInterval time.Duration
+	// AuditRetention is how long the continuous audit's rounds are kept in the ledger
+	// (audithistory.go); 0 is DefaultAuditRetention.
+	AuditRetention time.Duration
 	// Auto tunes the automatic rebalancer; its zero value is off (quotad turns it on unless
 	// --auto-rebalance=false).
 	Auto AutoRebalance
@@ -180,6 +188,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AuditInterval < 0 {
 		return fmt.Errorf("audit interval %s: must not be negative (0: no continuous audit)", c.AuditInterval)
+	}
+	if c.AuditRetention == 0 {
+		c.AuditRetention = DefaultAuditRetention
+	}
+	if c.AuditRetention < 0 {
+		return fmt.Errorf("audit retention %s: must be positive", c.AuditRetention)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -262,7 +276,7 @@ func (c *Coordinator) Lead(ctx context.Context, gen int64) error {
 	c.wg.Go(func() { c.terms.loop(dctx, gen) })
 	c.wg.Go(func() { c.flags.soldOutLoop(dctx, feed) })
 	c.wg.Go(func() { c.pauses.loop(dctx, gen) })
-	c.wg.Go(func() { c.audit.loop(dctx) })
+	c.wg.Go(func() { c.audit.loop(dctx, gen) })
 	c.wg.Go(func() { c.rebal.loop(dctx, gen) })
 	c.cfg.Logger.Info("coordinator leading", "generation", gen)
 	return nil

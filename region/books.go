@@ -178,3 +178,63 @@ const StockChannel = "quota_stock"
 func WatchStock(ctx context.Context, db *pgxpool.Pool, ready func(), changed func(sale string)) error {
 	return pgutil.Listen(ctx, db, StockChannel, ready, changed)
 }
+
+// ReadBuyerUnits calls fn with every buyer's units of every SKU of sale at this region (held
+// and sold holds, and sold holds archived in holds_closed), in one read-only snapshot,
+// ordered by SKU and buyer. Rows are streamed: the caller bounds what it keeps. The auditor
+// reads it from the region's database directly (quotactl audit --limits).
+func ReadBuyerUnits(ctx context.Context, db *pgxpool.Pool, sale string, fn func(transfer.BuyerUnits) error) error {
+	err := pgutil.ReadTx(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT sku, user_id, sum(quantity) FROM (
+				SELECT sku, user_id, quantity FROM holds WHERE sale_id = $1 AND state IN ('held', 'sold')
+				UNION ALL
+				SELECT sku, user_id, quantity FROM holds_closed WHERE sale_id = $1 AND state = 'sold'
+			) u GROUP BY sku, user_id ORDER BY sku, user_id`, sale)
+		if err != nil {
+			return err
+		}
+		var b transfer.BuyerUnits
+		var units int64
+		_, err = pgx.ForEachRow(rows, []any{&b.SKU, &b.User, &units}, func() error {
+			b.Units = transfer.Units(units)
+			return fn(b)
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read buyers' units of sale %s: %w", sale, err)
+	}
+	return nil
+}
+
+// ReadLatePayments lists up to limit late payments at this region (of sale, or of every sale
+// when sale is empty), oldest first, each with its hold as holds or holds_closed keep it.
+func ReadLatePayments(ctx context.Context, db *pgxpool.Pool, region, sale string, limit int) ([]transfer.LatePayment, error) {
+	rows, err := db.Query(ctx, `SELECT l.hold_id, l.payment_id, l.hold_state, l.received_at,
+			coalesce(h.sale_id, c.sale_id, ''), coalesce(h.sku, c.sku, ''), coalesce(h.user_id, c.user_id, ''),
+			coalesce(h.quantity, c.quantity, 0), coalesce(h.expires_at, c.expires_at), coalesce(h.closed_at, c.closed_at)
+		FROM late_payments l LEFT JOIN holds h ON h.hold_id = l.hold_id LEFT JOIN holds_closed c ON c.hold_id = l.hold_id
+		WHERE $1 = '' OR coalesce(h.sale_id, c.sale_id) = $1
+		ORDER BY l.received_at, l.hold_id, l.payment_id LIMIT $2`, sale, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read late payments of region %s: %w", region, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (transfer.LatePayment, error) {
+		l := transfer.LatePayment{Region: region}
+		var qty int64
+		var expires, closed *time.Time
+		err := row.Scan(&l.HoldID, &l.PaymentID, &l.HoldState, &l.ReceivedAt, &l.Sale, &l.SKU, &l.User, &qty, &expires, &closed)
+		l.Quantity = transfer.Units(qty)
+		if expires != nil {
+			l.ExpiresAt = *expires
+		}
+		if closed != nil {
+			l.ClosedAt = *closed
+		}
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read late payments of region %s: %w", region, err)
+	}
+	return out, nil
+}

@@ -13,7 +13,8 @@ func auditCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "audit",
 		Example: `  quotactl audit --sale launch          # exit 1 on any violation
-  quotactl audit -o json                # every sale`,
+  quotactl audit -o json                # every sale
+  quotactl audit --limits --sale launch # no buyer over the per-user limit across regions`,
 		Short: "Check conservation: I1 per SKU, I2/I3 per pool, I5 per transfer; exit 1 on a violation",
 		Long: `audit asks the coordinator to read its ledger and every region's database (read-only,
 so a stopped region process does not block it) and check, per SKU:
@@ -22,11 +23,24 @@ so a stopped region process does not block it) and check, per SKU:
 
 with stranded units reported inside in_flight, and per region pool:
 credited_in − debited_out = available + held + sold, and held/sold equal to the sums of
-the pool's holds. The exit status is 1 when any invariant fails.`,
+the pool's holds. The exit status is 1 when any invariant fails.
+
+--limits checks the per-user limit instead: every buyer's held and sold units of each SKU,
+read from every region's database and summed, must not exceed the sale's limit; each buyer
+over it is listed with their units per region and the region etcd binds them to.
+
+--actions verifies the operators' action log instead (quotactl actions list): it reads every
+row and checks each row's hash and its link to the row before; the first row changed, or
+following a removed one, is reported and the exit status is 1. It prints the head
+(SEQ:HASH); pass it to a later check as --expect-head to find the newest rows removed too.`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runAudit),
 	}
 	cmd.Flags().String("sale", "", "audit only this sale")
+	cmd.Flags().Bool("limits", false, "instead: check from every region's records that no buyer holds and bought more of a SKU than the sale's per-user limit")
+	cmd.Flags().Bool("actions", false, "instead: verify the operators' action log's hash chain; exit 1 at the first row changed or removed")
+	cmd.Flags().String("expect-head", "", "with --actions: the head an earlier check printed (SEQ:HASH), which must still be in the log")
+	cmd.AddCommand(auditHistoryCmd())
 	return cmd
 }
 
@@ -92,6 +106,15 @@ func toAuditJSON(r *quotav1.AuditResponse) auditJSON {
 }
 
 func runAudit(e *env) error {
+	if e.v.GetBool("limits") && e.v.GetBool("actions") {
+		return usage("--limits and --actions: one check at a time")
+	}
+	if e.v.GetBool("limits") {
+		return runAuditLimits(e)
+	}
+	if e.v.GetBool("actions") {
+		return runAuditActions(e)
+	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err

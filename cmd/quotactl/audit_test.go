@@ -56,13 +56,21 @@ func TestMain(m *testing.M) { testcerts.Main(m, &certs) }
 // dropped at the end of the test.
 func startDev(t *testing.T, regions ...string) *cluster.Dev {
 	t.Helper()
+	return startDevWith(t, func(*cluster.DevConfig) {}, regions...)
+}
+
+// startDevWith is startDev with the configuration changed by tune first.
+func startDevWith(t *testing.T, tune func(*cluster.DevConfig), regions ...string) *cluster.Dev {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	prefix := "quota_t_cli_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
-		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler), CertsDir: certs.Dir()})
+	cfg := cluster.DevConfig{Regions: regions, PGURL: testpg.AdminURL(), DBPrefix: prefix,
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: slog.New(slog.DiscardHandler), CertsDir: certs.Dir()}
+	tune(&cfg)
+	d, err := cluster.StartDev(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,12 +68,12 @@ or --config.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: 2, err: err} })
 	pf := root.PersistentFlags()
 	pf.String("coordinator", "127.0.0.1:7400", "coordinator gRPC address")
-	pf.StringP("output", "o", "text", "output format: text or json")
+	pf.StringP("output", "o", "text", "output format: text or json (csv too for audit history and actions list)")
 	pf.Duration("timeout", 30*time.Second, "deadline of all of the command's calls together")
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	addSecurityFlags(root)
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), holdsCmd(), auditCmd(), regionsCmd(), loadCmd(),
-		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), roomLinkCmd(), consoleCmd())
+		transferCmd(), transfersCmd(), paymentsCmd(), actionsCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), roomLinkCmd(), consoleCmd())
 	return root
 }
 
@@ -105,8 +105,10 @@ func newEnv(cmd *cobra.Command) (*env, func(), error) {
 	if err != nil {
 		return nil, nil, usage("%v", err)
 	}
-	if o := v.GetString("output"); o != "text" && o != "json" {
-		return nil, nil, usage("--output %q: must be text or json", o)
+	if o := v.GetString("output"); o == csvOutput && cmd.Annotations[csvOutput] == "" {
+		return nil, nil, usage("--output csv: %s prints text or json only (csv: audit history, actions list)", cmd.CommandPath())
+	} else if o != "text" && o != "json" && o != csvOutput {
+		return nil, nil, usage("--output %q: must be text or json (or csv, where a command says so)", o)
 	}
 	timeout := v.GetDuration("timeout")
 	if timeout <= 0 {

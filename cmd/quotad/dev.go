@@ -83,7 +83,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 		Regions: v.GetStringSlice("regions"), PGURL: v.GetString("pg-url"), DBPrefix: v.GetString("db-prefix"),
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
-		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), Limits: limits,
+		AuditInterval: v.GetDuration("audit-interval"), AuditRetention: v.GetDuration("audit-retention"), Auto: rebalanceConfig(v), Limits: limits,
 		EtcdGateway: v.GetBool("grpc-gateway"),
 	}
 	return c, c.Validate()

@@ -195,6 +195,9 @@ func (c *CoordinatorProcessConfig) Validate() error {
 	if len(c.Etcd) == 0 {
 		return fmt.Errorf("etcd: name at least one endpoint")
 	}
+	if c.Node.AuditRetention <= 0 {
+		return fmt.Errorf("audit-retention %s: must be positive", c.Node.AuditRetention)
+	}
 	if c.Node.AuditInterval < 0 {
 		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.Node.AuditInterval)
 	}
@@ -242,10 +245,13 @@ func rebalanceConfig(v *viper.Viper) coordinator.AutoRebalance {
 		MaxInFlight: v.GetInt("rebalance-max-in-flight"), Cooldown: v.GetDuration("rebalance-cooldown")}
 }
 
-// addAuditFlag adds the coordinator's --audit-interval (quotad coordinator and dev).
+// addAuditFlag adds the coordinator's --audit-interval and --audit-retention (quotad
+// coordinator and dev).
 func addAuditFlag(cmd *cobra.Command) {
 	cmd.Flags().Duration("audit-interval", coordinator.DefaultAuditInterval,
 		"how often the leading coordinator audits every sale and pauses each SKU whose conservation (I1) is broken in every region (0: never)")
+	cmd.Flags().Duration("audit-retention", coordinator.DefaultAuditRetention,
+		"how long the ledger keeps each round of the continuous audit (quotactl audit history); older rounds are pruned")
 }
 
 func parseRegions(specs []string) ([]cluster.RegionEndpoint, error) {
@@ -285,7 +291,7 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	}
 	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
-		AuditInterval: v.GetDuration("audit-interval"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
+		AuditInterval: v.GetDuration("audit-interval"), AuditRetention: v.GetDuration("audit-retention"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
 		ConsoleKeys: v.GetString("console-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

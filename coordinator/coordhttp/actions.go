@@ -9,6 +9,7 @@ import (
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
 	"github.com/quotaworks/quota/internal/rpcserve"
+	"github.com/quotaworks/quota/transfer"
 )
 
 // actionTimeout bounds one action: a resolve or a rebalance calls regions.
@@ -29,6 +30,7 @@ func (h *handler) resolve(w http.ResponseWriter, r *http.Request, s session) err
 	t, err := h.b.Resolve(ctx, id, req.Refuse)
 	h.opts.Logger.Info("console resolve", "role", s.role, "name", s.name, "transfer", id, "refuse", req.Refuse,
 		"state", t.State, "stranded", t.Stranded, "err", err)
+	h.record(r.Context(), s, "resolve transfer", id, fmt.Sprintf(`{"transferId":%q,"refuse":%t}`, id, req.Refuse), err)
 	if err != nil {
 		return fmt.Errorf("resolve %s: %w", id, err)
 	}
@@ -65,6 +67,8 @@ func (h *handler) rebalance(w http.ResponseWriter, r *http.Request, s session) e
 		RequestID: "console-" + req.RequestID})
 	h.opts.Logger.Info("console rebalance", "role", s.role, "name", s.name, "sale", sale, "sku", req.SKU,
 		"moves", len(res.Moves), "replayed", res.Replayed, "err", err)
+	h.record(r.Context(), s, "rebalance", sale+"/"+req.SKU, fmt.Sprintf(`{"saleId":%q,"sku":%q,"requestId":%q,"auto":true}`,
+		sale, req.SKU, "console-"+req.RequestID), err)
 	h.views.forget(sale)
 	if err != nil {
 		return fmt.Errorf("rebalance %s %s: %w", sale, req.SKU, err)
@@ -79,4 +83,23 @@ func (h *handler) rebalance(w http.ResponseWriter, r *http.Request, s session) e
 	}
 	rpcserve.WriteJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// record writes one console action to the coordinator's action log (Backend.RecordAction),
+// with the session's role and login name, after the action and whatever its result; a log
+// that cannot be written is logged at error level.
+func (h *handler) record(ctx context.Context, s session, action, target, detail string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error: " + err.Error()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	a, rerr := h.b.RecordAction(rctx, transfer.Action{Role: string(s.role), Actor: s.name, Via: "console", Action: action,
+		Target: target, Detail: detail, Result: result})
+	if rerr != nil {
+		h.opts.Logger.Error("the action log could not record a console action", "action", action, "target", target, "name", s.name, "err", rerr)
+		return
+	}
+	h.opts.Logger.Info("action recorded", "seq", a.Seq, "action", action, "target", target, "name", s.name, "role", s.role)
 }

@@ -64,6 +64,8 @@ type Backend interface {
 	Audit(ctx context.Context, sale string) (coordinator.Report, error)
 	AuditViolations() int64
 	AuditedAt() time.Time
+	AuditHistory(ctx context.Context, q coordinator.AuditHistoryQuery) ([]coordinator.AuditRound, int64, error)
+	RecordAction(ctx context.Context, a transfer.Action) (transfer.Action, error)
 	Generation() (int64, error)
 }
 

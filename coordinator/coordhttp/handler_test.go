@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +27,23 @@ import (
 // changes asked of it.
 type fakeBackend struct {
 	resolves, rebalances atomic.Int64
+	mu                   sync.Mutex
+	actions              []transfer.Action
+}
+
+func (f *fakeBackend) RecordAction(_ context.Context, a transfer.Action) (transfer.Action, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	a.Seq = int64(len(f.actions) + 1)
+	f.actions = append(f.actions, a)
+	return a, nil
+}
+
+// recorded is a copy of the actions recorded so far.
+func (f *fakeBackend) recorded() []transfer.Action {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.actions)
 }
 
 func (f *fakeBackend) ListSales(context.Context, int) ([]coordinator.SaleSummary, error) {
@@ -78,6 +97,14 @@ func (f *fakeBackend) Resolve(_ context.Context, id string, _ bool) (transfer.Tr
 
 func (f *fakeBackend) Audit(context.Context, string) (coordinator.Report, error) {
 	return coordinator.Report{OK: true, At: time.Now()}, nil
+}
+
+func (f *fakeBackend) AuditHistory(_ context.Context, q coordinator.AuditHistoryQuery) ([]coordinator.AuditRound, int64, error) {
+	if !q.RoundsOnly || q.Limit < 1 {
+		return nil, 0, apierr.Invalid("limit", "the overview asks for a few rounds without their sales")
+	}
+	return []coordinator.AuditRound{{ID: 7, At: time.Now(), SKUs: 1, Violations: []coordinator.Violation{{Invariant: "I1", Sale: "s",
+		SKU: "phone", Detail: "total 100 != 101"}}}, {ID: 6, At: time.Now().Add(-time.Second), OK: true, SKUs: 1}}, 0, nil
 }
 
 func (f *fakeBackend) AuditViolations() int64     { return 0 }
@@ -204,6 +231,16 @@ func TestRoleChecks(t *testing.T) {
 	}
 	if n, m := c.b.resolves.Load(), c.b.rebalances.Load(); n != 1 || m != 1 {
 		t.Fatalf("the coordinator was asked %d resolves and %d rebalances; want the operator's one each", n, m)
+	}
+	acts := c.b.recorded() // the operator's two changes, with the login; no refused one
+	if len(acts) != 2 || acts[0].Action != "resolve transfer" || acts[0].Target != "t1" || acts[1].Action != "rebalance" ||
+		acts[1].Target != "s/phone" {
+		t.Fatalf("action log %+v; want the operator's resolve of t1 and rebalance of s/phone", acts)
+	}
+	for _, a := range acts {
+		if a.Via != "console" || a.Role != string(trust.Operator) || a.Actor == "" || a.Result != "ok" {
+			t.Fatalf("action %+v; want the console's operator login, ok", a)
+		}
 	}
 	w := c.do("POST", "/console/api/transfers/t1/resolve", `{}`, au, auCSRF, nil)
 	if code, body := apierr.HTTP(apierr.ErrPermissionDenied); w.Code != code || !strings.Contains(w.Body.String(), body.Error.Code) ||
@@ -387,5 +424,30 @@ func TestSessionEndsWithItsKey(t *testing.T) {
 	cur.Store(k)
 	if w := c.do("GET", "/console/api/session", "", cookie, "", nil); w.Code != 401 {
 		t.Fatalf("the session came back with its key: %d; want it ended for good", w.Code)
+	}
+}
+
+// TestOverviewShowsTheLastAuditRounds: the overview lists the continuous audit's last stored
+// rounds, newest first, each violation with its evidence.
+func TestOverviewShowsTheLastAuditRounds(t *testing.T) {
+	c := newConsole(t, true)
+	rec := httptest.NewRecorder()
+	c.h.ServeHTTP(rec, httptest.NewRequest("GET", "/console/api/overview", nil))
+	var o struct {
+		Rounds []struct {
+			Round      int64 `json:"round_id"`
+			OK         bool  `json:"ok"`
+			Violations []struct {
+				SKU      string `json:"sku"`
+				Evidence string `json:"evidence"`
+			} `json:"violations"`
+		} `json:"rounds"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &o); err != nil || rec.Code != 200 {
+		t.Fatalf("overview: %d %v\n%s", rec.Code, err, rec.Body)
+	}
+	if len(o.Rounds) != 2 || o.Rounds[0].Round != 7 || o.Rounds[0].OK || len(o.Rounds[0].Violations) != 1 ||
+		o.Rounds[0].Violations[0].SKU != "s/phone" || o.Rounds[0].Violations[0].Evidence != "total 100 != 101" || !o.Rounds[1].OK {
+		t.Fatalf("overview's rounds: %+v", o.Rounds)
 	}
 }

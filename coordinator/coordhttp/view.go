@@ -28,6 +28,8 @@ const (
 	maxTransfers = 200
 	// maxSales bounds the overview's sales (newest first).
 	maxSales = 200
+	// lastRounds is how many of the continuous audit's stored rounds the overview shows.
+	lastRounds = 5
 	// readTimeout bounds one view's reads.
 	readTimeout = 10 * time.Second
 )
@@ -75,6 +77,18 @@ type overviewJSON struct {
 	Leading bool           `json:"leading"`
 	Audit   continuousJS   `json:"continuous_audit"`
 	Sales   []saleLineJSON `json:"sales"`
+	// Rounds are the continuous audit's last stored rounds, newest first.
+	Rounds []roundJSON `json:"rounds"`
+}
+
+// roundJSON is one stored round of the continuous audit, with its violations' evidence.
+type roundJSON struct {
+	Round      int64           `json:"round_id"`
+	At         time.Time       `json:"at"`
+	OK         bool            `json:"ok"`
+	SKUs       int             `json:"skus"`
+	Error      string          `json:"error,omitempty"`
+	Violations []violationJSON `json:"violations"`
 }
 
 type continuousJS struct {
@@ -103,6 +117,9 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request, _ session) er
 	out := overviewJSON{Leading: gerr == nil, Audit: continuousJS{h.b.AuditViolations(), h.b.AuditedAt()}, Sales: []saleLineJSON{}}
 	for _, s := range sales {
 		out.Sales = append(out.Sales, saleLineJSON{s.Sale, s.CreatedAt, s.OpensAt, s.SKUs, int64(s.Total), int64(s.Unallocated), s.Paused})
+	}
+	if out.Rounds, err = h.lastRounds(ctx); err != nil {
+		return err
 	}
 	rpcserve.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -269,4 +286,21 @@ func (h *handler) readAudit(ctx context.Context, sale string) *auditJSON {
 			int64(k.Sold), int64(k.InFlight), int64(k.Stranded), k.OK})
 	}
 	return a
+}
+
+// lastRounds reads the continuous audit's last stored rounds, without their sales.
+func (h *handler) lastRounds(ctx context.Context) ([]roundJSON, error) {
+	rounds, _, err := h.b.AuditHistory(ctx, coordinator.AuditHistoryQuery{Limit: lastRounds, RoundsOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]roundJSON, 0, len(rounds))
+	for _, r := range rounds {
+		rj := roundJSON{Round: r.ID, At: r.At, OK: r.OK, SKUs: r.SKUs, Error: r.Error, Violations: []violationJSON{}}
+		for _, v := range r.Violations {
+			rj.Violations = append(rj.Violations, violationJSON{v.Invariant, v.Sale + "/" + v.SKU, v.Region, v.Detail})
+		}
+		out = append(out, rj)
+	}
+	return out, nil
 }

@@ -23,7 +23,8 @@ func failuresToProto(fs []coordinator.RegionFailure) []*quotav1.RegionFailure {
 }
 
 // PauseSale implements CoordinatorService.
-func (s *Server) PauseSale(ctx context.Context, req *quotav1.PauseSaleRequest) (*quotav1.PauseSaleResponse, error) {
+func (s *Server) PauseSale(ctx context.Context, req *quotav1.PauseSaleRequest) (_ *quotav1.PauseSaleResponse, err error) {
+	defer func() { s.record(ctx, "pause", req.GetSaleId()+"/"+req.GetSku(), req, err) }()
 	res, err := s.C.SetPaused(ctx, coordinator.PauseChange{Sale: req.GetSaleId(), SKU: req.GetSku(), Paused: true, Reason: req.GetReason()})
 	if err != nil {
 		return nil, err
@@ -32,7 +33,8 @@ func (s *Server) PauseSale(ctx context.Context, req *quotav1.PauseSaleRequest) (
 }
 
 // ResumeSale implements CoordinatorService.
-func (s *Server) ResumeSale(ctx context.Context, req *quotav1.ResumeSaleRequest) (*quotav1.ResumeSaleResponse, error) {
+func (s *Server) ResumeSale(ctx context.Context, req *quotav1.ResumeSaleRequest) (_ *quotav1.ResumeSaleResponse, err error) {
+	defer func() { s.record(ctx, "resume", req.GetSaleId()+"/"+req.GetSku(), req, err) }()
 	res, err := s.C.SetPaused(ctx, coordinator.PauseChange{Sale: req.GetSaleId(), SKU: req.GetSku()})
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ package coordrpc
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -17,6 +18,8 @@ import (
 type Server struct {
 	quotav1.UnimplementedCoordinatorServiceServer
 	C *coordinator.Coordinator
+	// Logger logs the action log's records and failures; default slog.Default().
+	Logger *slog.Logger
 }
 
 func saleToProto(s coordinator.Sale) *quotav1.Sale {
@@ -38,7 +41,8 @@ func saleToProto(s coordinator.Sale) *quotav1.Sale {
 }
 
 // CreateSale implements CoordinatorService.
-func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (*quotav1.CreateSaleResponse, error) {
+func (s *Server) CreateSale(ctx context.Context, req *quotav1.CreateSaleRequest) (_ *quotav1.CreateSaleResponse, err error) {
+	defer func() { s.record(ctx, "create sale", req.GetSaleId(), req, err) }()
 	spec, err := saleSpecFromProto(req)
 	if err != nil {
 		return nil, err
@@ -92,7 +96,8 @@ func TransferToProto(t transfer.Transfer) *quotav1.TransferInfo {
 }
 
 // Allocate implements CoordinatorService.
-func (s *Server) Allocate(ctx context.Context, req *quotav1.AllocateRequest) (*quotav1.AllocateResponse, error) {
+func (s *Server) Allocate(ctx context.Context, req *quotav1.AllocateRequest) (_ *quotav1.AllocateResponse, err error) {
+	defer func() { s.record(ctx, "allocate", req.GetSaleId(), req, err) }()
 	ar := coordinator.AllocateRequest{Sale: req.GetSaleId(), RequestID: req.GetRequestId()}
 	for _, w := range req.GetWeights() {
 		ar.Weights = append(ar.Weights, transfer.Weight{Region: w.GetRegion(), Weight: w.GetWeight()})
@@ -131,14 +136,7 @@ func (s *Server) Audit(ctx context.Context, req *quotav1.AuditRequest) (*quotav1
 func auditToProto(rep coordinator.Report) *quotav1.AuditResponse {
 	out := &quotav1.AuditResponse{Ok: rep.OK, At: timestamppb.New(rep.At)}
 	for _, a := range rep.SKUs {
-		sa := &quotav1.SkuAudit{SaleId: a.Sale, Sku: a.SKU, Total: int64(a.Total), Unallocated: int64(a.Unallocated),
-			Available: int64(a.Available), Held: int64(a.Held), Sold: int64(a.Sold), InFlight: int64(a.InFlight),
-			Stranded: int64(a.Stranded), Ok: a.OK}
-		for _, r := range a.Regions {
-			sa.Regions = append(sa.Regions, &quotav1.RegionAudit{Region: r.Region, Available: int64(r.Available), Held: int64(r.Held),
-				Sold: int64(r.Sold), CreditedIn: int64(r.CreditedIn), DebitedOut: int64(r.DebitedOut), Reachable: r.Reachable, Error: r.Error})
-		}
-		out.Skus = append(out.Skus, sa)
+		out.Skus = append(out.Skus, skuAuditToProto(a))
 	}
 	for _, v := range rep.Violations {
 		out.Violations = append(out.Violations, &quotav1.Violation{Invariant: v.Invariant, SaleId: v.Sale, Sku: v.SKU, Region: v.Region, Detail: v.Detail})
@@ -147,4 +145,16 @@ func auditToProto(rep coordinator.Report) *quotav1.AuditResponse {
 		out.Pauses = append(out.Pauses, PauseToProto(p))
 	}
 	return out
+}
+
+// skuAuditToProto is one SKU's audit with its regions' pools.
+func skuAuditToProto(a coordinator.SKUAudit) *quotav1.SkuAudit {
+	sa := &quotav1.SkuAudit{SaleId: a.Sale, Sku: a.SKU, Total: int64(a.Total), Unallocated: int64(a.Unallocated),
+		Available: int64(a.Available), Held: int64(a.Held), Sold: int64(a.Sold), InFlight: int64(a.InFlight),
+		Stranded: int64(a.Stranded), Ok: a.OK}
+	for _, r := range a.Regions {
+		sa.Regions = append(sa.Regions, &quotav1.RegionAudit{Region: r.Region, Available: int64(r.Available), Held: int64(r.Held),
+			Sold: int64(r.Sold), CreditedIn: int64(r.CreditedIn), DebitedOut: int64(r.DebitedOut), Reachable: r.Reachable, Error: r.Error})
+	}
+	return sa
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // Transfer implements CoordinatorService.
-func (s *Server) Transfer(ctx context.Context, req *quotav1.TransferRequest) (*quotav1.TransferResponse, error) {
+func (s *Server) Transfer(ctx context.Context, req *quotav1.TransferRequest) (_ *quotav1.TransferResponse, err error) {
+	defer func() { s.record(ctx, "transfer", req.GetSaleId()+"/"+req.GetSku(), req, err) }()
 	t, replayed, err := s.C.Transfer(ctx, coordinator.TransferRequest{Sale: req.GetSaleId(), SKU: req.GetSku(), From: req.GetFrom(),
 		To: req.GetTo(), Units: transfer.Units(req.GetUnits()), RequestID: req.GetRequestId()})
 	if err != nil {
@@ -46,7 +47,8 @@ func (s *Server) ListTransfers(ctx context.Context, req *quotav1.ListTransfersRe
 }
 
 // ResolveTransfer implements CoordinatorService.
-func (s *Server) ResolveTransfer(ctx context.Context, req *quotav1.ResolveTransferRequest) (*quotav1.ResolveTransferResponse, error) {
+func (s *Server) ResolveTransfer(ctx context.Context, req *quotav1.ResolveTransferRequest) (_ *quotav1.ResolveTransferResponse, err error) {
+	defer func() { s.record(ctx, "resolve transfer", req.GetTransferId(), req, err) }()
 	t, err := s.C.Resolve(ctx, req.GetTransferId(), req.GetRefuse())
 	if err != nil {
 		return nil, err
@@ -55,7 +57,10 @@ func (s *Server) ResolveTransfer(ctx context.Context, req *quotav1.ResolveTransf
 }
 
 // Rebalance implements CoordinatorService.
-func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (*quotav1.RebalanceResponse, error) {
+func (s *Server) Rebalance(ctx context.Context, req *quotav1.RebalanceRequest) (_ *quotav1.RebalanceResponse, err error) {
+	if !req.GetDryRun() { // a dry run changes nothing
+		defer func() { s.record(ctx, "rebalance", req.GetSaleId()+"/"+req.GetSku(), req, err) }()
+	}
 	p, err := policyFromProto(req)
 	if err != nil {
 		return nil, err

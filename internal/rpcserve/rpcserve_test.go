@@ -110,9 +110,9 @@ func TestMatrix(t *testing.T) {
 		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
 			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",
-			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
+			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
 			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
-		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
+		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
 			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
 	}
 	for role, allowed := range want {

@@ -15,14 +15,14 @@ var programKeys = map[string]bool{}
 
 func init() {
 	for _, k := range []string{
-		"admit-rate", "allocate", "allocation", "audit-interval", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
+		"actions", "admit-rate", "after", "allocate", "allocation", "audit-interval", "audit-retention", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
 		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
-		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "from", "gc-percent", "grpc-gateway", "help", "identity",
-		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "lease-ttl", "listen",
+		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "expect-head", "from", "gc-percent", "grpc-gateway", "help", "identity",
+		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "lease-ttl", "limit", "limits", "listen",
 		"log-level", "max-batch", "max-connections", "max-connections-per-cert", "max-connections-per-ip", "max-keys-per-user", "max-live-tickets", "memory-limit", "memprofile", "min-units", "name",
 		"opens-at", "operator-after", "output", "overwrite", "payment", "peer-url", "per-user-limit", "plan", "pg-url", "probe-ops",
 		"quantity", "rate", "reason", "rebalance", "rebalance-cooldown", "rebalance-every", "rebalance-horizon", "rebalance-max-in-flight",
-		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-key", "role", "room", "room-listen", "room-return-url", "rounds", "sale", "seed",
+		"rebalance-min-units", "rebalance-window", "redis-server", "refuse", "region", "regions", "release", "retain-closed", "request-key", "role", "room", "room-listen", "room-return-url", "rounds", "sale", "seed", "since",
 		"skew", "sku", "sql-conns", "standby-refresh", "stock", "strand-after", "sweep-interval", "ticket-keys", "ticket-ttl", "timeout", "to", "ttl",
 		"unfinished", "units", "user", "user-prefix", "variants", "verify", "wait", "waitlist", "warmup",
 		"warmup-ops", "window",

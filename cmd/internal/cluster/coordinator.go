@@ -45,6 +45,9 @@ type CoordinatorConfig struct {
 	// conservation (I1) is broken; 0: never (quotad's --audit-interval defaults to
 	// coordinator.DefaultAuditInterval).
 	AuditInterval time.Duration
+	// AuditRetention is how long the continuous audit's rounds are kept in the ledger; 0 is
+	// coordinator.DefaultAuditRetention.
+	AuditRetention time.Duration
 	// Auto is the automatic rebalancer (coordinator.Config.Auto); its zero value is off.
 	Auto coordinator.AutoRebalance
 	// FollowLeaders makes the coordinator reach each region at the address its current
@@ -117,7 +120,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 		return nil, err
 	}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
-		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, Logger: cfg.Logger, Auto: cfg.Auto,
+		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, AuditRetention: cfg.AuditRetention, Logger: cfg.Logger, Auto: cfg.Auto,
 		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
 			return fencing.SetFlag(ctx, etcd, f, sale, sku, on)
 		},
@@ -130,6 +133,9 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 			},
 			Unbind: func(ctx context.Context, sale, user, region string) (bool, error) {
 				return fencing.Unbind(ctx, etcd, sale, user, region)
+			},
+			Bound: func(ctx context.Context, sale, user string) (string, bool, error) {
+				return fencing.Bound(ctx, etcd, sale, user)
 			}}}, n.DB)
 	if err != nil {
 		return nil, err
@@ -167,7 +173,7 @@ func (n *CoordinatorNode) serve() error {
 	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
 		return err
 	}
-	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C})
+	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C, Logger: n.cfg.Logger})
 	nm.grpc.InitializeMetrics(n.Server.GRPC)
 	n.Server.Start()
 	return nil
@@ -216,6 +222,12 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 			},
 			Watch: func(ctx context.Context, ready func(), changed func(string)) error {
 				return region.WatchStock(ctx, db, ready, changed)
+			},
+			BuyerUnits: func(ctx context.Context, sale string, fn func(transfer.BuyerUnits) error) error {
+				return region.ReadBuyerUnits(ctx, db, sale, fn)
+			},
+			LatePayments: func(ctx context.Context, sale string, limit int) ([]transfer.LatePayment, error) {
+				return region.ReadLatePayments(ctx, db, name, sale, limit)
 			}})
 	}
 	return links, nil

@@ -47,6 +47,8 @@ type DevConfig struct {
 	// AuditInterval is the coordinator's continuous audit (CoordinatorConfig.AuditInterval);
 	// 0: none.
 	AuditInterval time.Duration
+	// AuditRetention is how long the coordinator keeps the audit's rounds (0: the default).
+	AuditRetention time.Duration
 	// NoMetrics runs the regions without their metrics (RegionConfig.NoMetrics).
 	NoMetrics bool
 	// Limits bound what every listener accepts (zero fields: the defaults).
@@ -108,6 +110,9 @@ func (c *DevConfig) Validate() error {
 	}
 	if c.AuditInterval < 0 {
 		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.AuditInterval)
+	}
+	if c.AuditRetention < 0 {
+		return fmt.Errorf("audit-retention %s: must be positive (0: the default)", c.AuditRetention)
 	}
 	if c.TicketKeys == "" {
 		c.TicketKeys = filepath.Join(c.DataDir, TicketKeysFile)
@@ -316,7 +321,7 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			return err
 		}
 		d.Coordinator, err = StartCoordinator(ctx, CoordinatorConfig{Listen: cfg.listen(0), HTTPListen: cfg.listen(1000), DBURL: d.DBURLs["coordinator"],
-			Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
+			Regions: eps, LeaseTTL: cfg.LeaseTTL, AuditInterval: cfg.AuditInterval, AuditRetention: cfg.AuditRetention, Auto: cfg.Auto, TLS: d.TLS, Logger: cfg.Logger, FollowLeaders: true,
 			ConsoleKeys: d.ConsoleKeys, Limits: cfg.Limits}, etcd)
 		return err
 	})

@@ -140,8 +140,18 @@ async function drawOverview() {
         : flag('no round yet'), audit.at ? ' at ' + new Date(audit.at).toLocaleTimeString() : ''),
     rows.length ? el('table', { id: 'sales' }, el('tr', {}, el('th', {}, 'sale'), el('th', { class: 'num' }, 'SKUs'),
       el('th', { class: 'num' }, 'total'), el('th', { class: 'num' }, 'unallocated'), el('th', {}, ''), el('th', {}, 'created')), rows)
-      : el('p', { class: 'muted' }, 'No sales yet (quotactl sale create).'));
+      : el('p', { class: 'muted' }, 'No sales yet (quotactl sale create).'),
+    el('h2', {}, 'Last audit rounds'), roundsTable(o.rounds));
   status('updated ' + new Date().toLocaleTimeString());
+}
+
+function roundsTable(rounds) {
+  if (!rounds.length) return el('p', { class: 'muted' }, 'No round stored yet (quotactl audit history).');
+  return el('table', { id: 'rounds' }, el('tr', {}, ['round', 'at', 'result', 'evidence'].map(h => el('th', {}, h))),
+    rounds.map(r => el('tr', { class: 'round', 'data-ok': r.ok },
+      el('td', { class: 'num' }, r.round_id), el('td', {}, new Date(r.at).toLocaleTimeString()),
+      el('td', {}, r.error ? flag('could not run', 'bad') : (r.ok ? flag(r.skus + ' SKUs ok', 'ok') : flag(r.violations.length + ' violations', 'bad'))),
+      el('td', { class: 'evidence' }, r.error || r.violations.map(v => v.invariant + ' ' + v.sku + (v.region ? ' ' + v.region : '') + ': ' + v.evidence).join('; ')))));
 }
 
 function poolRow(sku, p) {

@@ -2834,6 +2834,1012 @@ func (x *ResumeSaleResponse) GetUnreached() []*RegionFailure {
 	return nil
 }
 
+type AuditHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id, when set, keeps the rounds that audited that sale (and those that could not
+	// run), with that sale's results alone.
+	SaleId string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// since, when set, keeps the rounds at or after it.
+	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// before_round, when positive, keeps the rounds older than it: the next page.
+	BeforeRound int64 `protobuf:"varint,3,opt,name=before_round,json=beforeRound,proto3" json:"before_round,omitempty"`
+	// limit is the most rounds answered, 1..200 (0: 200).
+	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditHistoryRequest) Reset() {
+	*x = AuditHistoryRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditHistoryRequest) ProtoMessage() {}
+
+func (x *AuditHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditHistoryRequest.ProtoReflect.Descriptor instead.
+func (*AuditHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AuditHistoryRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *AuditHistoryRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *AuditHistoryRequest) GetBeforeRound() int64 {
+	if x != nil {
+		return x.BeforeRound
+	}
+	return 0
+}
+
+func (x *AuditHistoryRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type AuditRoundSale struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Ok     bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// skus are the sale's SKUs' I1 terms; regions are filled for a SKU that was not ok.
+	Skus          []*SkuAudit `protobuf:"bytes,3,rep,name=skus,proto3" json:"skus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRoundSale) Reset() {
+	*x = AuditRoundSale{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRoundSale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRoundSale) ProtoMessage() {}
+
+func (x *AuditRoundSale) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRoundSale.ProtoReflect.Descriptor instead.
+func (*AuditRoundSale) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *AuditRoundSale) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *AuditRoundSale) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditRoundSale) GetSkus() []*SkuAudit {
+	if x != nil {
+		return x.Skus
+	}
+	return nil
+}
+
+type AuditRound struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RoundId int64                  `protobuf:"varint,1,opt,name=round_id,json=roundId,proto3" json:"round_id,omitempty"`
+	At      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	TookMs  int64                  `protobuf:"varint,3,opt,name=took_ms,json=tookMs,proto3" json:"took_ms,omitempty"`
+	Ok      bool                   `protobuf:"varint,4,opt,name=ok,proto3" json:"ok,omitempty"`
+	// skus is how many SKUs the round audited; error why it could not run.
+	Skus          int32             `protobuf:"varint,5,opt,name=skus,proto3" json:"skus,omitempty"`
+	Error         string            `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Violations    []*Violation      `protobuf:"bytes,7,rep,name=violations,proto3" json:"violations,omitempty"`
+	Sales         []*AuditRoundSale `protobuf:"bytes,8,rep,name=sales,proto3" json:"sales,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRound) Reset() {
+	*x = AuditRound{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRound) ProtoMessage() {}
+
+func (x *AuditRound) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRound.ProtoReflect.Descriptor instead.
+func (*AuditRound) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AuditRound) GetRoundId() int64 {
+	if x != nil {
+		return x.RoundId
+	}
+	return 0
+}
+
+func (x *AuditRound) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditRound) GetTookMs() int64 {
+	if x != nil {
+		return x.TookMs
+	}
+	return 0
+}
+
+func (x *AuditRound) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditRound) GetSkus() int32 {
+	if x != nil {
+		return x.Skus
+	}
+	return 0
+}
+
+func (x *AuditRound) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *AuditRound) GetViolations() []*Violation {
+	if x != nil {
+		return x.Violations
+	}
+	return nil
+}
+
+func (x *AuditRound) GetSales() []*AuditRoundSale {
+	if x != nil {
+		return x.Sales
+	}
+	return nil
+}
+
+type AuditHistoryResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Rounds []*AuditRound          `protobuf:"bytes,1,rep,name=rounds,proto3" json:"rounds,omitempty"`
+	// next_before_round, when positive, asks for the next (older) page as before_round.
+	NextBeforeRound int64 `protobuf:"varint,2,opt,name=next_before_round,json=nextBeforeRound,proto3" json:"next_before_round,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AuditHistoryResponse) Reset() {
+	*x = AuditHistoryResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditHistoryResponse) ProtoMessage() {}
+
+func (x *AuditHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditHistoryResponse.ProtoReflect.Descriptor instead.
+func (*AuditHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *AuditHistoryResponse) GetRounds() []*AuditRound {
+	if x != nil {
+		return x.Rounds
+	}
+	return nil
+}
+
+func (x *AuditHistoryResponse) GetNextBeforeRound() int64 {
+	if x != nil {
+		return x.NextBeforeRound
+	}
+	return 0
+}
+
+type AuditLimitsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id empty audits every sale.
+	SaleId        string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLimitsRequest) Reset() {
+	*x = AuditLimitsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLimitsRequest) ProtoMessage() {}
+
+func (x *AuditLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLimitsRequest.ProtoReflect.Descriptor instead.
+func (*AuditLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *AuditLimitsRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+type LimitOffender struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku    string                 `protobuf:"bytes,2,opt,name=sku,proto3" json:"sku,omitempty"`
+	UserId string                 `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Limit  int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// units is the buyer's held and sold units of the SKU summed over every region.
+	Units    int64            `protobuf:"varint,5,opt,name=units,proto3" json:"units,omitempty"`
+	ByRegion map[string]int64 `protobuf:"bytes,6,rep,name=by_region,json=byRegion,proto3" json:"by_region,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// bound is the region the buyer's binding names ("" when none); bound_error why it could
+	// not be read.
+	Bound         string `protobuf:"bytes,7,opt,name=bound,proto3" json:"bound,omitempty"`
+	BoundError    string `protobuf:"bytes,8,opt,name=bound_error,json=boundError,proto3" json:"bound_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitOffender) Reset() {
+	*x = LimitOffender{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitOffender) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitOffender) ProtoMessage() {}
+
+func (x *LimitOffender) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitOffender.ProtoReflect.Descriptor instead.
+func (*LimitOffender) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *LimitOffender) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LimitOffender) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+func (x *LimitOffender) GetByRegion() map[string]int64 {
+	if x != nil {
+		return x.ByRegion
+	}
+	return nil
+}
+
+func (x *LimitOffender) GetBound() string {
+	if x != nil {
+		return x.Bound
+	}
+	return ""
+}
+
+func (x *LimitOffender) GetBoundError() string {
+	if x != nil {
+		return x.BoundError
+	}
+	return ""
+}
+
+type AuditLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ok    bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	Sales []string               `protobuf:"bytes,3,rep,name=sales,proto3" json:"sales,omitempty"`
+	// buyers counts the buyer-and-SKU pairs summed.
+	Buyers int64 `protobuf:"varint,4,opt,name=buyers,proto3" json:"buyers,omitempty"`
+	// over counts the offenders; offenders lists the first 1,000.
+	Over      int64            `protobuf:"varint,5,opt,name=over,proto3" json:"over,omitempty"`
+	Offenders []*LimitOffender `protobuf:"bytes,6,rep,name=offenders,proto3" json:"offenders,omitempty"`
+	// unreadable are the regions whose records could not be read: the limit is unproven.
+	Unreadable    []*RegionFailure `protobuf:"bytes,7,rep,name=unreadable,proto3" json:"unreadable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLimitsResponse) Reset() {
+	*x = AuditLimitsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLimitsResponse) ProtoMessage() {}
+
+func (x *AuditLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLimitsResponse.ProtoReflect.Descriptor instead.
+func (*AuditLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *AuditLimitsResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditLimitsResponse) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetSales() []string {
+	if x != nil {
+		return x.Sales
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetBuyers() int64 {
+	if x != nil {
+		return x.Buyers
+	}
+	return 0
+}
+
+func (x *AuditLimitsResponse) GetOver() int64 {
+	if x != nil {
+		return x.Over
+	}
+	return 0
+}
+
+func (x *AuditLimitsResponse) GetOffenders() []*LimitOffender {
+	if x != nil {
+		return x.Offenders
+	}
+	return nil
+}
+
+func (x *AuditLimitsResponse) GetUnreadable() []*RegionFailure {
+	if x != nil {
+		return x.Unreadable
+	}
+	return nil
+}
+
+type ListLatePaymentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sale_id empty lists every sale's.
+	SaleId string `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// limit is the most listed per region, 1..10000 (0: 1000).
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLatePaymentsRequest) Reset() {
+	*x = ListLatePaymentsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLatePaymentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLatePaymentsRequest) ProtoMessage() {}
+
+func (x *ListLatePaymentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLatePaymentsRequest.ProtoReflect.Descriptor instead.
+func (*ListLatePaymentsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListLatePaymentsRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *ListLatePaymentsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type LatePayment struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Region    string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	HoldId    string                 `protobuf:"bytes,2,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	PaymentId string                 `protobuf:"bytes,3,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
+	// hold_state is the hold's state when the payment came: expired or released.
+	HoldState     string                 `protobuf:"bytes,4,opt,name=hold_state,json=holdState,proto3" json:"hold_state,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	ReceivedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=received_at,json=receivedAt,proto3" json:"received_at,omitempty"`
+	SaleId        string                 `protobuf:"bytes,7,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Sku           string                 `protobuf:"bytes,8,opt,name=sku,proto3" json:"sku,omitempty"`
+	UserId        string                 `protobuf:"bytes,9,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Quantity      int64                  `protobuf:"varint,10,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ClosedAt      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=closed_at,json=closedAt,proto3" json:"closed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LatePayment) Reset() {
+	*x = LatePayment{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatePayment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatePayment) ProtoMessage() {}
+
+func (x *LatePayment) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatePayment.ProtoReflect.Descriptor instead.
+func (*LatePayment) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *LatePayment) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *LatePayment) GetHoldId() string {
+	if x != nil {
+		return x.HoldId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetPaymentId() string {
+	if x != nil {
+		return x.PaymentId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetHoldState() string {
+	if x != nil {
+		return x.HoldState
+	}
+	return ""
+}
+
+func (x *LatePayment) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LatePayment) GetReceivedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceivedAt
+	}
+	return nil
+}
+
+func (x *LatePayment) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *LatePayment) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *LatePayment) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
+func (x *LatePayment) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *LatePayment) GetClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClosedAt
+	}
+	return nil
+}
+
+type ListLatePaymentsResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Payments []*LatePayment         `protobuf:"bytes,1,rep,name=payments,proto3" json:"payments,omitempty"`
+	// truncated names the regions that have more than the limit.
+	Truncated     []string         `protobuf:"bytes,2,rep,name=truncated,proto3" json:"truncated,omitempty"`
+	Unreadable    []*RegionFailure `protobuf:"bytes,3,rep,name=unreadable,proto3" json:"unreadable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLatePaymentsResponse) Reset() {
+	*x = ListLatePaymentsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLatePaymentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLatePaymentsResponse) ProtoMessage() {}
+
+func (x *ListLatePaymentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLatePaymentsResponse.ProtoReflect.Descriptor instead.
+func (*ListLatePaymentsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListLatePaymentsResponse) GetPayments() []*LatePayment {
+	if x != nil {
+		return x.Payments
+	}
+	return nil
+}
+
+func (x *ListLatePaymentsResponse) GetTruncated() []string {
+	if x != nil {
+		return x.Truncated
+	}
+	return nil
+}
+
+func (x *ListLatePaymentsResponse) GetUnreadable() []*RegionFailure {
+	if x != nil {
+		return x.Unreadable
+	}
+	return nil
+}
+
+type ListActionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// after_seq lists the rows after this sequence number (0: from the first).
+	AfterSeq int64 `protobuf:"varint,1,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// limit is the most rows listed, 1..1000 (0: 1000).
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListActionsRequest) Reset() {
+	*x = ListActionsRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListActionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListActionsRequest) ProtoMessage() {}
+
+func (x *ListActionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListActionsRequest.ProtoReflect.Descriptor instead.
+func (*ListActionsRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListActionsRequest) GetAfterSeq() int64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *ListActionsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ActionRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// role and actor are the caller's certificate role and name, or the console login's.
+	Role  string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
+	// via is grpc or console.
+	Via    string `protobuf:"bytes,5,opt,name=via,proto3" json:"via,omitempty"`
+	Action string `protobuf:"bytes,6,opt,name=action,proto3" json:"action,omitempty"`
+	Target string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	// detail is the request, as JSON for a gRPC call.
+	Detail string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	// result is "ok" or the error.
+	Result string `protobuf:"bytes,9,opt,name=result,proto3" json:"result,omitempty"`
+	// hash is sha256(prev_hash || the row's canonical bytes) (transfer.Action.Canonical).
+	PrevHash      []byte `protobuf:"bytes,10,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
+	Hash          []byte `protobuf:"bytes,11,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActionRecord) Reset() {
+	*x = ActionRecord{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActionRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActionRecord) ProtoMessage() {}
+
+func (x *ActionRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActionRecord.ProtoReflect.Descriptor instead.
+func (*ActionRecord) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ActionRecord) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ActionRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ActionRecord) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *ActionRecord) GetPrevHash() []byte {
+	if x != nil {
+		return x.PrevHash
+	}
+	return nil
+}
+
+func (x *ActionRecord) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+type ListActionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Actions       []*ActionRecord        `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListActionsResponse) Reset() {
+	*x = ListActionsResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListActionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListActionsResponse) ProtoMessage() {}
+
+func (x *ListActionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListActionsResponse.ProtoReflect.Descriptor instead.
+func (*ListActionsResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListActionsResponse) GetActions() []*ActionRecord {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -3071,7 +4077,102 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\x12ResumeSaleResponse\x12\"\n" +
 	"\x04sale\x18\x01 \x01(\v2\x0e.quota.v1.SaleR\x04sale\x12\x18\n" +
 	"\areached\x18\x02 \x03(\tR\areached\x125\n" +
-	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached2\xc6\a\n" +
+	"\tunreached\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\tunreached\"\x99\x01\n" +
+	"\x13AuditHistoryRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12!\n" +
+	"\fbefore_round\x18\x03 \x01(\x03R\vbeforeRound\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"a\n" +
+	"\x0eAuditRoundSale\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12&\n" +
+	"\x04skus\x18\x03 \x03(\v2\x12.quota.v1.SkuAuditR\x04skus\"\x8b\x02\n" +
+	"\n" +
+	"AuditRound\x12\x19\n" +
+	"\bround_id\x18\x01 \x01(\x03R\aroundId\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x17\n" +
+	"\atook_ms\x18\x03 \x01(\x03R\x06tookMs\x12\x0e\n" +
+	"\x02ok\x18\x04 \x01(\bR\x02ok\x12\x12\n" +
+	"\x04skus\x18\x05 \x01(\x05R\x04skus\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x123\n" +
+	"\n" +
+	"violations\x18\a \x03(\v2\x13.quota.v1.ViolationR\n" +
+	"violations\x12.\n" +
+	"\x05sales\x18\b \x03(\v2\x18.quota.v1.AuditRoundSaleR\x05sales\"p\n" +
+	"\x14AuditHistoryResponse\x12,\n" +
+	"\x06rounds\x18\x01 \x03(\v2\x14.quota.v1.AuditRoundR\x06rounds\x12*\n" +
+	"\x11next_before_round\x18\x02 \x01(\x03R\x0fnextBeforeRound\"-\n" +
+	"\x12AuditLimitsRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\"\xb7\x02\n" +
+	"\rLimitOffender\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x17\n" +
+	"\auser_id\x18\x03 \x01(\tR\x06userId\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05units\x18\x05 \x01(\x03R\x05units\x12B\n" +
+	"\tby_region\x18\x06 \x03(\v2%.quota.v1.LimitOffender.ByRegionEntryR\bbyRegion\x12\x14\n" +
+	"\x05bound\x18\a \x01(\tR\x05bound\x12\x1f\n" +
+	"\vbound_error\x18\b \x01(\tR\n" +
+	"boundError\x1a;\n" +
+	"\rByRegionEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x83\x02\n" +
+	"\x13AuditLimitsResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
+	"\x05sales\x18\x03 \x03(\tR\x05sales\x12\x16\n" +
+	"\x06buyers\x18\x04 \x01(\x03R\x06buyers\x12\x12\n" +
+	"\x04over\x18\x05 \x01(\x03R\x04over\x125\n" +
+	"\toffenders\x18\x06 \x03(\v2\x17.quota.v1.LimitOffenderR\toffenders\x127\n" +
+	"\n" +
+	"unreadable\x18\a \x03(\v2\x17.quota.v1.RegionFailureR\n" +
+	"unreadable\"H\n" +
+	"\x17ListLatePaymentsRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xa5\x03\n" +
+	"\vLatePayment\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\ahold_id\x18\x02 \x01(\tR\x06holdId\x12\x1d\n" +
+	"\n" +
+	"payment_id\x18\x03 \x01(\tR\tpaymentId\x12\x1d\n" +
+	"\n" +
+	"hold_state\x18\x04 \x01(\tR\tholdState\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12;\n" +
+	"\vreceived_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"receivedAt\x12\x17\n" +
+	"\asale_id\x18\a \x01(\tR\x06saleId\x12\x10\n" +
+	"\x03sku\x18\b \x01(\tR\x03sku\x12\x17\n" +
+	"\auser_id\x18\t \x01(\tR\x06userId\x12\x1a\n" +
+	"\bquantity\x18\n" +
+	" \x01(\x03R\bquantity\x129\n" +
+	"\n" +
+	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x127\n" +
+	"\tclosed_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bclosedAt\"\xa4\x01\n" +
+	"\x18ListLatePaymentsResponse\x121\n" +
+	"\bpayments\x18\x01 \x03(\v2\x15.quota.v1.LatePaymentR\bpayments\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x03(\tR\ttruncated\x127\n" +
+	"\n" +
+	"unreadable\x18\x03 \x03(\v2\x17.quota.v1.RegionFailureR\n" +
+	"unreadable\"G\n" +
+	"\x12ListActionsRequest\x12\x1b\n" +
+	"\tafter_seq\x18\x01 \x01(\x03R\bafterSeq\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\x99\x02\n" +
+	"\fActionRecord\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x14\n" +
+	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x10\n" +
+	"\x03via\x18\x05 \x01(\tR\x03via\x12\x16\n" +
+	"\x06action\x18\x06 \x01(\tR\x06action\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\x12\x16\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\x12\x16\n" +
+	"\x06result\x18\t \x01(\tR\x06result\x12\x1b\n" +
+	"\tprev_hash\x18\n" +
+	" \x01(\fR\bprevHash\x12\x12\n" +
+	"\x04hash\x18\v \x01(\fR\x04hash\"G\n" +
+	"\x13ListActionsResponse\x120\n" +
+	"\aactions\x18\x01 \x03(\v2\x16.quota.v1.ActionRecordR\aactions2\x88\n" +
+	"\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
 	"CreateSale\x12\x1b.quota.v1.CreateSaleRequest\x1a\x1c.quota.v1.CreateSaleResponse\x12>\n" +
@@ -3087,7 +4188,11 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\rPlanRebalance\x12\x1e.quota.v1.PlanRebalanceRequest\x1a\x1f.quota.v1.PlanRebalanceResponse\x12D\n" +
 	"\tPauseSale\x12\x1a.quota.v1.PauseSaleRequest\x1a\x1b.quota.v1.PauseSaleResponse\x12G\n" +
 	"\n" +
-	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"ResumeSale\x12\x1b.quota.v1.ResumeSaleRequest\x1a\x1c.quota.v1.ResumeSaleResponse\x12M\n" +
+	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponse\x12J\n" +
+	"\vAuditLimits\x12\x1c.quota.v1.AuditLimitsRequest\x1a\x1d.quota.v1.AuditLimitsResponse\x12Y\n" +
+	"\x10ListLatePayments\x12!.quota.v1.ListLatePaymentsRequest\x1a\".quota.v1.ListLatePaymentsResponse\x12J\n" +
+	"\vListActions\x12\x1c.quota.v1.ListActionsRequest\x1a\x1d.quota.v1.ListActionsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -3101,71 +4206,85 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_quota_v1_coordinator_proto_goTypes = []any{
-	(*SkuTotal)(nil),                // 0: quota.v1.SkuTotal
-	(*CreateSaleRequest)(nil),       // 1: quota.v1.CreateSaleRequest
-	(*Sale)(nil),                    // 2: quota.v1.Sale
-	(*Pause)(nil),                   // 3: quota.v1.Pause
-	(*RegionFailure)(nil),           // 4: quota.v1.RegionFailure
-	(*SkuLedger)(nil),               // 5: quota.v1.SkuLedger
-	(*CreateSaleResponse)(nil),      // 6: quota.v1.CreateSaleResponse
-	(*GetSaleRequest)(nil),          // 7: quota.v1.GetSaleRequest
-	(*GetSaleResponse)(nil),         // 8: quota.v1.GetSaleResponse
-	(*RegionWeight)(nil),            // 9: quota.v1.RegionWeight
-	(*AllocateRequest)(nil),         // 10: quota.v1.AllocateRequest
-	(*TransferInfo)(nil),            // 11: quota.v1.TransferInfo
-	(*AllocateResponse)(nil),        // 12: quota.v1.AllocateResponse
-	(*ListRegionsRequest)(nil),      // 13: quota.v1.ListRegionsRequest
-	(*RegionInfo)(nil),              // 14: quota.v1.RegionInfo
-	(*ListRegionsResponse)(nil),     // 15: quota.v1.ListRegionsResponse
-	(*AuditRequest)(nil),            // 16: quota.v1.AuditRequest
-	(*RegionAudit)(nil),             // 17: quota.v1.RegionAudit
-	(*SkuAudit)(nil),                // 18: quota.v1.SkuAudit
-	(*Violation)(nil),               // 19: quota.v1.Violation
-	(*AuditResponse)(nil),           // 20: quota.v1.AuditResponse
-	(*TransferRequest)(nil),         // 21: quota.v1.TransferRequest
-	(*TransferResponse)(nil),        // 22: quota.v1.TransferResponse
-	(*GetTransferRequest)(nil),      // 23: quota.v1.GetTransferRequest
-	(*GetTransferResponse)(nil),     // 24: quota.v1.GetTransferResponse
-	(*ListTransfersRequest)(nil),    // 25: quota.v1.ListTransfersRequest
-	(*ListTransfersResponse)(nil),   // 26: quota.v1.ListTransfersResponse
-	(*ResolveTransferRequest)(nil),  // 27: quota.v1.ResolveTransferRequest
-	(*ResolveTransferResponse)(nil), // 28: quota.v1.ResolveTransferResponse
-	(*RebalanceRequest)(nil),        // 29: quota.v1.RebalanceRequest
-	(*PoolDemand)(nil),              // 30: quota.v1.PoolDemand
-	(*PlannedMove)(nil),             // 31: quota.v1.PlannedMove
-	(*RebalanceResponse)(nil),       // 32: quota.v1.RebalanceResponse
-	(*PlanRebalanceRequest)(nil),    // 33: quota.v1.PlanRebalanceRequest
-	(*PoolPlan)(nil),                // 34: quota.v1.PoolPlan
-	(*SkuPlan)(nil),                 // 35: quota.v1.SkuPlan
-	(*PlanRebalanceResponse)(nil),   // 36: quota.v1.PlanRebalanceResponse
-	(*PauseSaleRequest)(nil),        // 37: quota.v1.PauseSaleRequest
-	(*PauseSaleResponse)(nil),       // 38: quota.v1.PauseSaleResponse
-	(*ResumeSaleRequest)(nil),       // 39: quota.v1.ResumeSaleRequest
-	(*ResumeSaleResponse)(nil),      // 40: quota.v1.ResumeSaleResponse
-	nil,                             // 41: quota.v1.SkuLedger.AllocatedEntry
-	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
+	(*SkuTotal)(nil),                 // 0: quota.v1.SkuTotal
+	(*CreateSaleRequest)(nil),        // 1: quota.v1.CreateSaleRequest
+	(*Sale)(nil),                     // 2: quota.v1.Sale
+	(*Pause)(nil),                    // 3: quota.v1.Pause
+	(*RegionFailure)(nil),            // 4: quota.v1.RegionFailure
+	(*SkuLedger)(nil),                // 5: quota.v1.SkuLedger
+	(*CreateSaleResponse)(nil),       // 6: quota.v1.CreateSaleResponse
+	(*GetSaleRequest)(nil),           // 7: quota.v1.GetSaleRequest
+	(*GetSaleResponse)(nil),          // 8: quota.v1.GetSaleResponse
+	(*RegionWeight)(nil),             // 9: quota.v1.RegionWeight
+	(*AllocateRequest)(nil),          // 10: quota.v1.AllocateRequest
+	(*TransferInfo)(nil),             // 11: quota.v1.TransferInfo
+	(*AllocateResponse)(nil),         // 12: quota.v1.AllocateResponse
+	(*ListRegionsRequest)(nil),       // 13: quota.v1.ListRegionsRequest
+	(*RegionInfo)(nil),               // 14: quota.v1.RegionInfo
+	(*ListRegionsResponse)(nil),      // 15: quota.v1.ListRegionsResponse
+	(*AuditRequest)(nil),             // 16: quota.v1.AuditRequest
+	(*RegionAudit)(nil),              // 17: quota.v1.RegionAudit
+	(*SkuAudit)(nil),                 // 18: quota.v1.SkuAudit
+	(*Violation)(nil),                // 19: quota.v1.Violation
+	(*AuditResponse)(nil),            // 20: quota.v1.AuditResponse
+	(*TransferRequest)(nil),          // 21: quota.v1.TransferRequest
+	(*TransferResponse)(nil),         // 22: quota.v1.TransferResponse
+	(*GetTransferRequest)(nil),       // 23: quota.v1.GetTransferRequest
+	(*GetTransferResponse)(nil),      // 24: quota.v1.GetTransferResponse
+	(*ListTransfersRequest)(nil),     // 25: quota.v1.ListTransfersRequest
+	(*ListTransfersResponse)(nil),    // 26: quota.v1.ListTransfersResponse
+	(*ResolveTransferRequest)(nil),   // 27: quota.v1.ResolveTransferRequest
+	(*ResolveTransferResponse)(nil),  // 28: quota.v1.ResolveTransferResponse
+	(*RebalanceRequest)(nil),         // 29: quota.v1.RebalanceRequest
+	(*PoolDemand)(nil),               // 30: quota.v1.PoolDemand
+	(*PlannedMove)(nil),              // 31: quota.v1.PlannedMove
+	(*RebalanceResponse)(nil),        // 32: quota.v1.RebalanceResponse
+	(*PlanRebalanceRequest)(nil),     // 33: quota.v1.PlanRebalanceRequest
+	(*PoolPlan)(nil),                 // 34: quota.v1.PoolPlan
+	(*SkuPlan)(nil),                  // 35: quota.v1.SkuPlan
+	(*PlanRebalanceResponse)(nil),    // 36: quota.v1.PlanRebalanceResponse
+	(*PauseSaleRequest)(nil),         // 37: quota.v1.PauseSaleRequest
+	(*PauseSaleResponse)(nil),        // 38: quota.v1.PauseSaleResponse
+	(*ResumeSaleRequest)(nil),        // 39: quota.v1.ResumeSaleRequest
+	(*ResumeSaleResponse)(nil),       // 40: quota.v1.ResumeSaleResponse
+	(*AuditHistoryRequest)(nil),      // 41: quota.v1.AuditHistoryRequest
+	(*AuditRoundSale)(nil),           // 42: quota.v1.AuditRoundSale
+	(*AuditRound)(nil),               // 43: quota.v1.AuditRound
+	(*AuditHistoryResponse)(nil),     // 44: quota.v1.AuditHistoryResponse
+	(*AuditLimitsRequest)(nil),       // 45: quota.v1.AuditLimitsRequest
+	(*LimitOffender)(nil),            // 46: quota.v1.LimitOffender
+	(*AuditLimitsResponse)(nil),      // 47: quota.v1.AuditLimitsResponse
+	(*ListLatePaymentsRequest)(nil),  // 48: quota.v1.ListLatePaymentsRequest
+	(*LatePayment)(nil),              // 49: quota.v1.LatePayment
+	(*ListLatePaymentsResponse)(nil), // 50: quota.v1.ListLatePaymentsResponse
+	(*ListActionsRequest)(nil),       // 51: quota.v1.ListActionsRequest
+	(*ActionRecord)(nil),             // 52: quota.v1.ActionRecord
+	(*ListActionsResponse)(nil),      // 53: quota.v1.ListActionsResponse
+	nil,                              // 54: quota.v1.SkuLedger.AllocatedEntry
+	nil,                              // 55: quota.v1.LimitOffender.ByRegionEntry
+	(*timestamppb.Timestamp)(nil),    // 56: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	42, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	42, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	56, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	56, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	42, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	56, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	42, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	41, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	56, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	54, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	42, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	56, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	42, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	56, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -3176,43 +4295,68 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
 	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
 	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
-	42, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	56, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
 	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
 	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
 	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	1,  // 34: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 35: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 36: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 37: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 38: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 39: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 40: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 41: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 42: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 43: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 44: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
-	37, // 45: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	39, // 46: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	6,  // 47: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 48: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 49: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 50: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 51: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 52: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 53: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 54: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 55: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 56: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	36, // 57: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
-	38, // 58: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	40, // 59: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	47, // [47:60] is the sub-list for method output_type
-	34, // [34:47] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	56, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
+	18, // 35: quota.v1.AuditRoundSale.skus:type_name -> quota.v1.SkuAudit
+	56, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
+	19, // 37: quota.v1.AuditRound.violations:type_name -> quota.v1.Violation
+	42, // 38: quota.v1.AuditRound.sales:type_name -> quota.v1.AuditRoundSale
+	43, // 39: quota.v1.AuditHistoryResponse.rounds:type_name -> quota.v1.AuditRound
+	55, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
+	56, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
+	46, // 42: quota.v1.AuditLimitsResponse.offenders:type_name -> quota.v1.LimitOffender
+	4,  // 43: quota.v1.AuditLimitsResponse.unreadable:type_name -> quota.v1.RegionFailure
+	56, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
+	56, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
+	49, // 47: quota.v1.ListLatePaymentsResponse.payments:type_name -> quota.v1.LatePayment
+	4,  // 48: quota.v1.ListLatePaymentsResponse.unreadable:type_name -> quota.v1.RegionFailure
+	56, // 49: quota.v1.ActionRecord.at:type_name -> google.protobuf.Timestamp
+	52, // 50: quota.v1.ListActionsResponse.actions:type_name -> quota.v1.ActionRecord
+	1,  // 51: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 52: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 53: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 54: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 55: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 56: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 57: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 58: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 59: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 60: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 61: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 62: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 63: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	41, // 64: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
+	45, // 65: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
+	48, // 66: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
+	51, // 67: quota.v1.CoordinatorService.ListActions:input_type -> quota.v1.ListActionsRequest
+	6,  // 68: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 69: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 70: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 71: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 72: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 73: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 74: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 75: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 76: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 77: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 78: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 79: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 80: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	44, // 81: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
+	47, // 82: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
+	50, // 83: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
+	53, // 84: quota.v1.CoordinatorService.ListActions:output_type -> quota.v1.ListActionsResponse
+	68, // [68:85] is the sub-list for method output_type
+	51, // [51:68] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -3226,7 +4370,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,19 +19,23 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CoordinatorService_CreateSale_FullMethodName      = "/quota.v1.CoordinatorService/CreateSale"
-	CoordinatorService_GetSale_FullMethodName         = "/quota.v1.CoordinatorService/GetSale"
-	CoordinatorService_Allocate_FullMethodName        = "/quota.v1.CoordinatorService/Allocate"
-	CoordinatorService_ListRegions_FullMethodName     = "/quota.v1.CoordinatorService/ListRegions"
-	CoordinatorService_Audit_FullMethodName           = "/quota.v1.CoordinatorService/Audit"
-	CoordinatorService_Transfer_FullMethodName        = "/quota.v1.CoordinatorService/Transfer"
-	CoordinatorService_GetTransfer_FullMethodName     = "/quota.v1.CoordinatorService/GetTransfer"
-	CoordinatorService_ListTransfers_FullMethodName   = "/quota.v1.CoordinatorService/ListTransfers"
-	CoordinatorService_ResolveTransfer_FullMethodName = "/quota.v1.CoordinatorService/ResolveTransfer"
-	CoordinatorService_Rebalance_FullMethodName       = "/quota.v1.CoordinatorService/Rebalance"
-	CoordinatorService_PlanRebalance_FullMethodName   = "/quota.v1.CoordinatorService/PlanRebalance"
-	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
-	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
+	CoordinatorService_CreateSale_FullMethodName       = "/quota.v1.CoordinatorService/CreateSale"
+	CoordinatorService_GetSale_FullMethodName          = "/quota.v1.CoordinatorService/GetSale"
+	CoordinatorService_Allocate_FullMethodName         = "/quota.v1.CoordinatorService/Allocate"
+	CoordinatorService_ListRegions_FullMethodName      = "/quota.v1.CoordinatorService/ListRegions"
+	CoordinatorService_Audit_FullMethodName            = "/quota.v1.CoordinatorService/Audit"
+	CoordinatorService_Transfer_FullMethodName         = "/quota.v1.CoordinatorService/Transfer"
+	CoordinatorService_GetTransfer_FullMethodName      = "/quota.v1.CoordinatorService/GetTransfer"
+	CoordinatorService_ListTransfers_FullMethodName    = "/quota.v1.CoordinatorService/ListTransfers"
+	CoordinatorService_ResolveTransfer_FullMethodName  = "/quota.v1.CoordinatorService/ResolveTransfer"
+	CoordinatorService_Rebalance_FullMethodName        = "/quota.v1.CoordinatorService/Rebalance"
+	CoordinatorService_PlanRebalance_FullMethodName    = "/quota.v1.CoordinatorService/PlanRebalance"
+	CoordinatorService_PauseSale_FullMethodName        = "/quota.v1.CoordinatorService/PauseSale"
+	CoordinatorService_ResumeSale_FullMethodName       = "/quota.v1.CoordinatorService/ResumeSale"
+	CoordinatorService_AuditHistory_FullMethodName     = "/quota.v1.CoordinatorService/AuditHistory"
+	CoordinatorService_AuditLimits_FullMethodName      = "/quota.v1.CoordinatorService/AuditLimits"
+	CoordinatorService_ListLatePayments_FullMethodName = "/quota.v1.CoordinatorService/ListLatePayments"
+	CoordinatorService_ListActions_FullMethodName      = "/quota.v1.CoordinatorService/ListActions"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -72,6 +76,19 @@ type CoordinatorServiceClient interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(ctx context.Context, in *ResumeSaleRequest, opts ...grpc.CallOption) (*ResumeSaleResponse, error)
+	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
+	// the result of every SKU it audited and the evidence of each violation.
+	AuditHistory(ctx context.Context, in *AuditHistoryRequest, opts ...grpc.CallOption) (*AuditHistoryResponse, error)
+	// AuditLimits sums every buyer's units of every SKU (held and sold) over every region's
+	// records and lists each buyer above the sale's per-user limit, with the region etcd binds
+	// them to.
+	AuditLimits(ctx context.Context, in *AuditLimitsRequest, opts ...grpc.CallOption) (*AuditLimitsResponse, error)
+	// ListLatePayments lists, from every region's records, the payments that came for a hold
+	// no longer live: the storefront was told to refund them.
+	ListLatePayments(ctx context.Context, in *ListLatePaymentsRequest, opts ...grpc.CallOption) (*ListLatePaymentsResponse, error)
+	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
+	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
+	ListActions(ctx context.Context, in *ListActionsRequest, opts ...grpc.CallOption) (*ListActionsResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -212,6 +229,46 @@ func (c *coordinatorServiceClient) ResumeSale(ctx context.Context, in *ResumeSal
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) AuditHistory(ctx context.Context, in *AuditHistoryRequest, opts ...grpc.CallOption) (*AuditHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditHistoryResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_AuditHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) AuditLimits(ctx context.Context, in *AuditLimitsRequest, opts ...grpc.CallOption) (*AuditLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditLimitsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_AuditLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ListLatePayments(ctx context.Context, in *ListLatePaymentsRequest, opts ...grpc.CallOption) (*ListLatePaymentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLatePaymentsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListLatePayments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ListActions(ctx context.Context, in *ListActionsRequest, opts ...grpc.CallOption) (*ListActionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListActionsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListActions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -250,6 +307,19 @@ type CoordinatorServiceServer interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error)
+	// AuditHistory lists the continuous audit's stored rounds, newest first: each round's time,
+	// the result of every SKU it audited and the evidence of each violation.
+	AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error)
+	// AuditLimits sums every buyer's units of every SKU (held and sold) over every region's
+	// records and lists each buyer above the sale's per-user limit, with the region etcd binds
+	// them to.
+	AuditLimits(context.Context, *AuditLimitsRequest) (*AuditLimitsResponse, error)
+	// ListLatePayments lists, from every region's records, the payments that came for a hold
+	// no longer live: the storefront was told to refund them.
+	ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error)
+	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
+	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
+	ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -298,6 +368,18 @@ func (UnimplementedCoordinatorServiceServer) PauseSale(context.Context, *PauseSa
 }
 func (UnimplementedCoordinatorServiceServer) ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSale not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) AuditHistory(context.Context, *AuditHistoryRequest) (*AuditHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AuditHistory not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) AuditLimits(context.Context, *AuditLimitsRequest) (*AuditLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AuditLimits not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListLatePayments(context.Context, *ListLatePaymentsRequest) (*ListLatePaymentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLatePayments not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListActions not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -554,6 +636,78 @@ func _CoordinatorService_ResumeSale_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_AuditHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).AuditHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_AuditHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).AuditHistory(ctx, req.(*AuditHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_AuditLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).AuditLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_AuditLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).AuditLimits(ctx, req.(*AuditLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ListLatePayments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLatePaymentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListLatePayments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListLatePayments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListLatePayments(ctx, req.(*ListLatePaymentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ListActions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListActionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListActions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListActions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListActions(ctx, req.(*ListActionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -612,6 +766,22 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSale",
 			Handler:    _CoordinatorService_ResumeSale_Handler,
+		},
+		{
+			MethodName: "AuditHistory",
+			Handler:    _CoordinatorService_AuditHistory_Handler,
+		},
+		{
+			MethodName: "AuditLimits",
+			Handler:    _CoordinatorService_AuditLimits_Handler,
+		},
+		{
+			MethodName: "ListLatePayments",
+			Handler:    _CoordinatorService_ListLatePayments_Handler,
+		},
+		{
+			MethodName: "ListActions",
+			Handler:    _CoordinatorService_ListActions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
