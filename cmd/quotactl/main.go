@@ -73,7 +73,7 @@ or --config.`,
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	addSecurityFlags(root)
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), auditCmd(), regionsCmd(), loadCmd(),
-		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), consoleCmd())
+		transferCmd(), transfersCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), consoleCmd(), statusCmd())
 	return root
 }
 

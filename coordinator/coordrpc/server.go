@@ -17,6 +17,8 @@ import (
 type Server struct {
 	quotav1.UnimplementedCoordinatorServiceServer
 	C *coordinator.Coordinator
+	// Status gathers the cluster's status (GetStatus); nil answers that there is none.
+	Status func(ctx context.Context) (coordinator.ClusterStatus, error)
 }
 
 func saleToProto(s coordinator.Sale) *quotav1.Sale {

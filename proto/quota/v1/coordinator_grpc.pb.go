@@ -32,6 +32,7 @@ const (
 	CoordinatorService_PlanRebalance_FullMethodName   = "/quota.v1.CoordinatorService/PlanRebalance"
 	CoordinatorService_PauseSale_FullMethodName       = "/quota.v1.CoordinatorService/PauseSale"
 	CoordinatorService_ResumeSale_FullMethodName      = "/quota.v1.CoordinatorService/ResumeSale"
+	CoordinatorService_GetStatus_FullMethodName       = "/quota.v1.CoordinatorService/GetStatus"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -72,6 +73,10 @@ type CoordinatorServiceClient interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(ctx context.Context, in *ResumeSaleRequest, opts ...grpc.CallOption) (*ResumeSaleResponse, error)
+	// GetStatus is the cluster's state as an operator reads it (quotactl status): every
+	// region's leader, epoch and processes, the coordinators, etcd's members, the databases'
+	// roles, unfinished and stranded transfers, pauses, and what needs a person.
+	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -212,6 +217,16 @@ func (c *coordinatorServiceClient) ResumeSale(ctx context.Context, in *ResumeSal
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStatusResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_GetStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -250,6 +265,10 @@ type CoordinatorServiceServer interface {
 	// ResumeSale lifts a pause: without sku, the sale's and every one of its SKUs'; with sku,
 	// that SKU's alone (a pause of the whole sale still holds it). Delivered as PauseSale is.
 	ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error)
+	// GetStatus is the cluster's state as an operator reads it (quotactl status): every
+	// region's leader, epoch and processes, the coordinators, etcd's members, the databases'
+	// roles, unfinished and stranded transfers, pauses, and what needs a person.
+	GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -298,6 +317,9 @@ func (UnimplementedCoordinatorServiceServer) PauseSale(context.Context, *PauseSa
 }
 func (UnimplementedCoordinatorServiceServer) ResumeSale(context.Context, *ResumeSaleRequest) (*ResumeSaleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSale not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStatus not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -554,6 +576,24 @@ func _CoordinatorService_ResumeSale_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_GetStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).GetStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_GetStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).GetStatus(ctx, req.(*GetStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -612,6 +652,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSale",
 			Handler:    _CoordinatorService_ResumeSale_Handler,
+		},
+		{
+			MethodName: "GetStatus",
+			Handler:    _CoordinatorService_GetStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
