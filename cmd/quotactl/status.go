@@ -115,6 +115,10 @@ type certStatus struct {
 }
 
 func runStatus(e *env) error {
+	warn := e.v.GetDuration("cert-warn")
+	if warn < 0 {
+		return usage("--cert-warn %s: must not be negative", warn)
+	}
 	c, err := e.coordinator()
 	if err != nil {
 		return err
@@ -122,10 +126,6 @@ func runStatus(e *env) error {
 	resp, err := c.GetStatus(e.ctx, &quotav1.GetStatusRequest{})
 	if err != nil {
 		return fmt.Errorf("status from coordinator %s: %w", e.v.GetString("coordinator"), err)
-	}
-	warn := e.v.GetDuration("cert-warn")
-	if warn < 0 {
-		return usage("--cert-warn %s: must not be negative", warn)
 	}
 	out := statusFrom(resp)
 	out.Certificates = e.checkCerts(resp, warn)
