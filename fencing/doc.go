@@ -10,10 +10,18 @@
 //	ledger_fence(id int primary key, generation bigint)             -- coordinator: generation of the current leader (one row, id 1)
 package fencing
 
-import "github.com/quotaworks/quota/internal/apierr"
+import (
+	"errors"
+
+	"github.com/quotaworks/quota/internal/apierr"
+)
 
 // ErrFenced is returned when a generation or epoch is below one already recorded.
 var ErrFenced = apierr.ErrFenced
 
 // ErrNotLeader is returned when an operation needs leadership this process does not hold.
 var ErrNotLeader = apierr.ErrNotLeader
+
+// ErrSessionExpired is returned by Campaign when the candidate's etcd session expired while
+// it waited to lead: it was no longer a candidate, and campaigns again under a new session.
+var ErrSessionExpired = errors.New("etcd session expired")

@@ -98,8 +98,24 @@ func Campaign(ctx context.Context, c *Client, role, value string, ttl time.Durat
 		return nil, fmt.Errorf("etcd session: %w", err)
 	}
 	e := concurrency.NewElection(s, electionKey(role))
-	if err := e.Campaign(ctx, value); err != nil {
+	// A candidate's session can expire while it waits (its etcd member paused or cut off
+	// for longer than ttl): its key is then gone, so it is no candidate at all, yet
+	// Election.Campaign would wait on. Give up with the session, so the caller campaigns
+	// again under a new one and is a standby again.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.Done():
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	if err := e.Campaign(cctx, value); err != nil {
 		s.Close()
+		if ctx.Err() == nil && cctx.Err() != nil {
+			err = fmt.Errorf("the etcd session expired while waiting: %w", ErrSessionExpired)
+		}
 		return nil, fmt.Errorf("campaign %s: %w", role, err)
 	}
 	return &Leadership{Generation: e.Rev(), session: s, election: e}, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,9 @@ type warmCopy struct {
 	warmPaused bool
 	warmClosed bool
 	warmCancel context.CancelFunc
+	// refreshedAt is when the copy was last brought up to date (unix nanoseconds; 0: never),
+	// by the clock of Config.Clock: NodeStatus reports a standby's lag from it.
+	refreshedAt atomic.Int64
 }
 
 func newWarmCopy(cfg *Config, pool *pgxpool.Pool) *warmCopy {
@@ -95,7 +99,11 @@ func (r *warmCopy) refreshWarm(ctx context.Context) {
 		r.warmMu.Unlock()
 	}()
 	var err error
+	start := r.cfg.Clock.Now() // the copy shows at least what was stored by then
 	r.warm, err = r.warmed(rctx, r.warm)
+	if err == nil && r.warm != nil {
+		r.refreshedAt.Store(start.UnixNano())
+	}
 	if err != nil && rctx.Err() == nil {
 		r.cfg.Logger.Warn("region standby could not refresh its copy of the state", "region", r.cfg.Name, "err", err)
 	}

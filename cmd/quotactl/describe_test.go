@@ -53,6 +53,7 @@ func TestUsageErrorNamesTheVariable(t *testing.T) {
 		{"QUOTA_OUTPUT", "yaml", []string{"regions"}, "; set by QUOTA_OUTPUT (--output)"},
 		{"QUOTA_TIMEOUT", "-1s", []string{"regions"}, "; set by QUOTA_TIMEOUT (--timeout)"},
 		{"", "", []string{"regions", "--timeout", "-1s"}, "must be positive"}, // typed: nothing added
+		{"QUOTA_CERT_WARN", "-24h", []string{"status"}, "; set by QUOTA_CERT_WARN (--cert-warn)"},
 	} {
 		if tt.env != "" {
 			t.Setenv(tt.env, tt.value)

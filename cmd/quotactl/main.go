@@ -73,7 +73,7 @@ or --config.`,
 	pf.String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	addSecurityFlags(root)
 	root.AddCommand(saleCmd(), stockCmd(), reserveCmd(), confirmCmd(), releaseCmd(), holdCmd(), holdsCmd(), auditCmd(), regionsCmd(), loadCmd(),
-		transferCmd(), transfersCmd(), paymentsCmd(), actionsCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), roomLinkCmd(), consoleCmd())
+		transferCmd(), transfersCmd(), paymentsCmd(), actionsCmd(), rebalanceCmd(), benchCmd(), certCmd(), ticketKeysCmd(), roomLinkCmd(), consoleCmd(), statusCmd())
 	return root
 }
 

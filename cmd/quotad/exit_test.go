@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/quotaworks/quota/cmd/internal/cliconf"
@@ -55,5 +56,27 @@ func TestBadUsageExitsTwo(t *testing.T) {
 func TestConfigKeysListEveryFlag(t *testing.T) {
 	if m := cliconf.MissingKeys(rootCmd()); len(m) > 0 {
 		t.Errorf("flags missing from cliconf's programKeys: %v", m)
+	}
+}
+
+// TestAdvertiseChecked: an --advertise address that others could not dial is refused with
+// the reason; a host name or an IP with a port passes, and so does none.
+func TestAdvertiseChecked(t *testing.T) {
+	for addr, want := range map[string]string{
+		"":                                       "",
+		"quota-region-us-0.quota-region-us:7401": "",
+		"10.0.0.7:7401":                          "",
+		"[2001:db8::1]:7401":                     "",
+		"quota-region-us-0":                      "want host:port",
+		":7401":                                  "the host is empty",
+		"0.0.0.0:7401":                           "is a wildcard",
+		"[::]:7401":                              "is a wildcard",
+		"h:0":                                    "want 1 to 65535",
+		"h:http":                                 "want 1 to 65535",
+	} {
+		err := checkAdvertise(addr)
+		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
+			t.Errorf("--advertise %q: %v, want %q", addr, err, want)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +65,8 @@ func regionCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("name", "", "region name (required)")
 	f.String("listen", "127.0.0.1:7401", "gRPC address")
+	f.String("advertise", "", "the gRPC address (host:port) published in etcd for clients and the coordinator to reach this process,\n"+
+		"when it differs from --listen (a pod's IP, a NAT); empty: the address --listen bound")
 	f.String("http-listen", "", "the storefront HTTP/JSON edge's address (docs/storefront.md), which also serves the region's\n"+
 		"Prometheus metrics at /metrics, e.g. 127.0.0.1:8401; empty: none")
 	f.String("room-listen", "", "the waiting-room page's public HTTPS address, for shoppers' browsers: a server certificate\n"+
@@ -102,6 +106,28 @@ func (c *RegionProcessConfig) Validate() error {
 	if c.Node.RoomListen != "" && c.Node.TicketKeys == "" {
 		return fmt.Errorf("room-listen %s: the waiting-room page needs --ticket-keys", c.Node.RoomListen)
 	}
+	return checkAdvertise(c.Node.Advertise)
+}
+
+// checkAdvertise refuses an --advertise address others could not dial: it must be host:port
+// with a host that is not a wildcard (0.0.0.0, ::) and a port from 1 to 65535. "" is none.
+func checkAdvertise(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("advertise %q: want host:port: %v", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("advertise %q: the host is empty: name the address others reach this process at", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("advertise %q: %s is a wildcard, not an address others can reach", addr, host)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("advertise %q: port %q: want 1 to 65535", addr, port)
+	}
 	return nil
 }
 
@@ -123,7 +149,7 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badUsage(err)
 	}
-	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
+	cfg := RegionProcessConfig{Node: cluster.RegionConfig{Region: rc, Listen: v.GetString("listen"), Advertise: v.GetString("advertise"), DBURL: v.GetString("db-url"),
 		LeaseTTL: v.GetDuration("lease-ttl"), TLS: tlsm, Logger: log, HTTPListen: v.GetString("http-listen"),
 		RoomListen: v.GetString("room-listen"), TicketKeys: v.GetString("ticket-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}
 	if err := cfg.Validate(); err != nil {
@@ -162,6 +188,8 @@ func coordinatorCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.String("listen", "127.0.0.1:7400", "gRPC address")
+	f.String("advertise", "", "the gRPC address (host:port) published in etcd for clients and the coordinator to reach this process,\n"+
+		"when it differs from --listen (a pod's IP, a NAT); empty: the address --listen bound")
 	f.String("http-listen", "", "address of the coordinator's HTTP listener: its Prometheus metrics (GET /metrics) and, with\n"+
 		"--console-keys or --insecure, the web console (/console/), e.g. 127.0.0.1:8400; empty: none")
 	f.String("console-keys", "", "the web console's key file (quotactl console keys create), whose keys verify the console's\n"+
@@ -201,7 +229,7 @@ func (c *CoordinatorProcessConfig) Validate() error {
 	if c.Node.AuditInterval < 0 {
 		return fmt.Errorf("audit-interval %s: must not be negative (0: no continuous audit)", c.Node.AuditInterval)
 	}
-	return nil
+	return checkAdvertise(c.Node.Advertise)
 }
 
 // addRebalanceFlags adds the coordinator's automatic rebalancer's flags (quotad coordinator
@@ -289,7 +317,7 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badUsage(err)
 	}
-	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), DBURL: v.GetString("db-url"),
+	cfg := CoordinatorProcessConfig{Node: cluster.CoordinatorConfig{Listen: v.GetString("listen"), Advertise: v.GetString("advertise"), DBURL: v.GetString("db-url"),
 		Regions: regions, LeaseTTL: v.GetDuration("lease-ttl"), StrandAfter: v.GetDuration("strand-after"), Logger: log,
 		AuditInterval: v.GetDuration("audit-interval"), AuditRetention: v.GetDuration("audit-retention"), Auto: rebalanceConfig(v), FollowLeaders: true, TLS: tlsm, HTTPListen: v.GetString("http-listen"),
 		ConsoleKeys: v.GetString("console-keys"), Limits: limits}, Etcd: etcdEndpoints(v, tlsm)}

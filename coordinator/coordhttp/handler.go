@@ -85,6 +85,8 @@ type Options struct {
 	Now func() time.Time
 	// Limits bound how fast logins may come; nil is DefaultLoginLimits.
 	Limits *LoginLimits
+	// Status gathers the cluster's status for the front page (GET api/status); nil: none.
+	Status func(ctx context.Context) (coordinator.ClusterStatus, error)
 }
 
 // Console serves the console under Prefix and keeps its sessions.
@@ -136,6 +138,7 @@ func (h *handler) routes() *http.ServeMux {
 	mux.Handle("POST "+Prefix+"api/logout", h.open(h.logout))
 	mux.Handle("GET "+Prefix+"api/session", h.allowed(ActionView, h.session))
 	mux.Handle("GET "+Prefix+"api/overview", h.allowed(ActionView, h.overview))
+	mux.Handle("GET "+Prefix+"api/status", h.allowed(ActionView, h.status))
 	mux.Handle("GET "+Prefix+"api/sales/{sale}", h.allowed(ActionView, h.saleView))
 	mux.Handle("POST "+Prefix+"api/transfers/{id}/resolve", h.allowed(ActionResolve, h.resolve))
 	mux.Handle("POST "+Prefix+"api/sales/{sale}/rebalance", h.allowed(ActionRebalance, h.rebalance))

@@ -20,6 +20,8 @@ type Server struct {
 	C *coordinator.Coordinator
 	// Logger logs the action log's records and failures; default slog.Default().
 	Logger *slog.Logger
+	// Status gathers the cluster's status (GetStatus); nil answers that there is none.
+	Status func(ctx context.Context) (coordinator.ClusterStatus, error)
 }
 
 func saleToProto(s coordinator.Sale) *quotav1.Sale {

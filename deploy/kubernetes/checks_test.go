@@ -95,7 +95,7 @@ func checkWorkload(w workload, objs []object) []error {
 		errs = append(errs, fmt.Errorf("%s %s: selector %v does not match the pod template's labels %v (%v)", w.Kind, w.Name, w.Selector, w.Labels, err))
 	}
 	if w.Kind == "StatefulSet" {
-		errs = append(errs, checkGoverningService(w, objs))
+		errs = append(errs, checkGoverningService(w, objs), checkAdvertise(w, objs))
 	}
 	errs = append(errs, checkAntiAffinity(w), checkPodSecurity(w))
 	for _, c := range w.Pod.Containers {
@@ -150,4 +150,51 @@ func checkPodSecurity(w workload) error {
 		return fmt.Errorf("%s %s: pod securityContext.seccompProfile: want RuntimeDefault", w.Kind, w.Name)
 	}
 	return nil
+}
+
+// checkAdvertise: a StatefulSet whose container publishes an address (QUOTA_ADVERTISE)
+// publishes its pod's stable name under its governing Service, <statefulset>-<i>.<service>,
+// at the container's grpc port: the name node.crt's --host '*.<service>' covers. It expands
+// the value as the kubelet would for pod 0, with POD_NAME from the downward API and the
+// other variables from the ConfigMap keys they reference.
+func checkAdvertise(w workload, objs []object) error {
+	for _, c := range w.Pod.Containers {
+		vars := map[string]string{}
+		for _, e := range c.Env {
+			switch {
+			case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+				vars[e.Name] = w.Name + "-0"
+			case e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil:
+				vars[e.Name] = configMapValue(objs, e.ValueFrom.ConfigMapKeyRef.Name, e.ValueFrom.ConfigMapKeyRef.Key)
+			case e.Name == "QUOTA_ADVERTISE":
+				got := envRef.ReplaceAllStringFunc(e.Value, func(ref string) string { return vars[envRef.FindStringSubmatch(ref)[1]] })
+				want := fmt.Sprintf("%s-0.%s:%d", w.Name, w.ServiceName, containerPort(c, "grpc"))
+				if got != want {
+					return fmt.Errorf("%s %s container %s: QUOTA_ADVERTISE %q is %q for pod 0, not the pod's stable name and grpc port %q",
+						w.Kind, w.Name, c.Name, e.Value, got, want)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// configMapValue is key's value in ConfigMap name of objs ("" when there is none).
+func configMapValue(objs []object, name, key string) string {
+	for _, o := range objs {
+		if cm, ok := o.Value.(*corev1.ConfigMap); ok && cm.Name == name {
+			return cm.Data[key]
+		}
+	}
+	return ""
+}
+
+// containerPort is the number of c's port named name (0 when there is none).
+func containerPort(c corev1.Container, name string) int32 {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
 }

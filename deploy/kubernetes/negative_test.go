@@ -75,6 +75,17 @@ func TestChecksCatch(t *testing.T) {
 			s := find[*appsv1.StatefulSet](t, o, "quota-region-us")
 			s.Spec.Template.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].LabelSelector.MatchLabels["quota.io/region"] = "eu"
 		}},
+		{"advertise the pod IP", "not the pod's stable name", func(t *testing.T, o []object) {
+			c := regionContainer(t, o)
+			for i, e := range c.Env {
+				if e.Name == "QUOTA_ADVERTISE" {
+					c.Env[i].Value = "$(POD_IP):7401"
+				}
+			}
+		}},
+		{"advertise another region's name", "not the pod's stable name", func(t *testing.T, o []object) {
+			find[*corev1.ConfigMap](t, o, "quota-region-us").Data["QUOTA_NAME"] = "eu"
+		}},
 		{"governing service", `serviceName "quota-region"`, func(t *testing.T, o []object) {
 			find[*appsv1.StatefulSet](t, o, "quota-region-us").Spec.ServiceName = "quota-region"
 		}},

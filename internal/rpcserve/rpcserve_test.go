@@ -107,12 +107,12 @@ func TestMatrix(t *testing.T) {
 	want := map[trust.Role][]string{
 		trust.Storefront: {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions",
 			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist", "RegionService/ListBuyerHolds"},
-		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused"},
+		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused", "ParticipantService/NodeStatus"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
 			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",
-			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
+			"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetStatus", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
 			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
-		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
+		trust.Auditor: {"CoordinatorService/GetSale", "CoordinatorService/Audit", "CoordinatorService/AuditHistory", "CoordinatorService/AuditLimits", "CoordinatorService/ListLatePayments", "CoordinatorService/ListActions", "CoordinatorService/GetStatus", "CoordinatorService/GetTransfer", "CoordinatorService/ListTransfers", "CoordinatorService/ListRegions",
 			"CoordinatorService/PlanRebalance", "RegionService/GetReservation", "RegionService/GetStock", "RegionService/DescribeSale", "RegionService/ListBuyerHolds"},
 	}
 	for role, allowed := range want {

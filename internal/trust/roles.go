@@ -40,6 +40,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.ParticipantService/Settle":         {Coordinator},
 	"/quota.v1.ParticipantService/TransferStatus": {Coordinator},
 	"/quota.v1.ParticipantService/SetPaused":      {Coordinator},
+	"/quota.v1.ParticipantService/NodeStatus":     {Coordinator},
 
 	// CoordinatorService: operators change; auditors read. ListRegions is also how a
 	// storefront finds its region's address.
@@ -60,6 +61,7 @@ var Methods = map[string][]Role{
 	"/quota.v1.CoordinatorService/GetTransfer":      {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListTransfers":    {Operator, Auditor},
 	"/quota.v1.CoordinatorService/ListRegions":      {Operator, Auditor, Storefront},
+	"/quota.v1.CoordinatorService/GetStatus":        {Operator, Auditor},
 }
 
 // openMethod is the one call anyone may make, with or without a certificate: a health check,

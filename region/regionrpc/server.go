@@ -233,3 +233,14 @@ func (s *Server) SetPaused(ctx context.Context, req *quotav1.SetPausedRequest) (
 	}
 	return &quotav1.SetPausedResponse{Paused: rec.Paused, Version: int64(rec.Version)}, nil
 }
+
+// NodeStatus implements ParticipantService: any process of the region answers, leader or not.
+func (s *Server) NodeStatus(_ context.Context, _ *quotav1.NodeStatusRequest) (*quotav1.NodeStatusResponse, error) {
+	st := s.R.NodeStatus()
+	out := &quotav1.NodeStatusResponse{Region: s.R.Name(), Leading: st.Leading, Epoch: st.Epoch,
+		StandbyRefreshMs: st.Refresh.Milliseconds(), RefreshAgeMs: -1}
+	if st.RefreshAge >= 0 {
+		out.RefreshAgeMs = st.RefreshAge.Milliseconds()
+	}
+	return out, nil
+}

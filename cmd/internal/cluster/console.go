@@ -24,7 +24,7 @@ func (n *CoordinatorNode) consoleHandler(next http.Handler) (http.Handler, error
 	if cfg.ConsoleKeys == "" && !cfg.TLS.Insecure() {
 		return next, nil
 	}
-	opts := coordhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger}
+	opts := coordhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger, Status: n.Status}
 	var keys *ticketKeys
 	if !opts.Insecure {
 		var err error

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -34,7 +35,10 @@ type RegionEndpoint struct {
 
 // CoordinatorConfig configures a coordinator process.
 type CoordinatorConfig struct {
-	Listen      string
+	Listen string
+	// Advertise is the gRPC address published in etcd as this process's; "" publishes the
+	// address Listen bound.
+	Advertise   string
 	DBURL       string
 	Regions     []RegionEndpoint
 	LeaseTTL    time.Duration
@@ -85,6 +89,7 @@ type CoordinatorNode struct {
 	regionDBs    []*pgxpool.Pool
 	participants []*coordrpc.Participant
 	etcd         *fencing.Client
+	status       *statusCache
 	cfg          CoordinatorConfig
 	cancel       context.CancelFunc
 	wg           sync.WaitGroup
@@ -119,6 +124,7 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig, etcd *fencing.
 	if err != nil {
 		return nil, err
 	}
+	n.status = &statusCache{gather: func(ctx context.Context) coordinator.ClusterStatus { return n.gatherStatus(ctx, creds) }}
 	n.C, err = coordinator.New(coordinator.Config{Regions: links, StrandAfter: cfg.StrandAfter,
 		RetryInterval: cfg.RetryInterval, AuditInterval: cfg.AuditInterval, AuditRetention: cfg.AuditRetention, Logger: cfg.Logger, Auto: cfg.Auto,
 		PublishFlag: func(ctx context.Context, f fencing.Flag, sale, sku string, on bool) error {
@@ -173,10 +179,15 @@ func (n *CoordinatorNode) serve() error {
 	if n.Server, err = rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
 		return err
 	}
-	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C, Logger: n.cfg.Logger})
+	quotav1.RegisterCoordinatorServiceServer(n.Server.GRPC, &coordrpc.Server{C: n.C, Logger: n.cfg.Logger, Status: n.Status})
 	nm.grpc.InitializeMetrics(n.Server.GRPC)
 	n.Server.Start()
 	return nil
+}
+
+// Status is the cluster's status as this coordinator sees it (gathered at most every 2 s).
+func (n *CoordinatorNode) Status(ctx context.Context) (coordinator.ClusterStatus, error) {
+	return n.status.get(ctx)
 }
 
 // HTTPAddr is the address of the coordinator's HTTP listener (metrics and console), or ""
@@ -238,7 +249,7 @@ func (n *CoordinatorNode) Addr() string { return n.Server.Addr() }
 
 func (n *CoordinatorNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
-	campaign(ctx, term{etcd: n.etcd, role: "coordinator", addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
+	campaign(ctx, term{etcd: n.etcd, role: "coordinator", addr: cmp.Or(n.cfg.Advertise, n.Addr()), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
 		lead: n.C.Lead, stepDn: n.C.StepDown, crashed: &n.crashed, tookOver: n.metrics.tookOver})
 }
 

@@ -35,6 +35,9 @@ type RegionConfig struct {
 	NoMetrics bool
 	// Listen is the gRPC address (host:port; port 0 picks one).
 	Listen string
+	// Advertise is the gRPC address published in etcd as this process's, where clients and
+	// the coordinator reach it when it leads; "" publishes the address Listen bound.
+	Advertise string
 	// DBURL is the region's own database.
 	DBURL string
 	// LeaseTTL is the etcd lease of the region's leadership.
@@ -394,7 +397,7 @@ func (n *RegionNode) Addr() string { return n.Server.Addr() }
 
 func (n *RegionNode) campaign(ctx context.Context) {
 	defer n.wg.Done()
-	campaign(ctx, term{etcd: n.etcd, role: "region/" + n.cfg.Region.Name, addr: n.Addr(), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
+	campaign(ctx, term{etcd: n.etcd, role: "region/" + n.cfg.Region.Name, addr: cmp.Or(n.cfg.Advertise, n.Addr()), ttl: n.cfg.LeaseTTL, log: n.cfg.Logger,
 		lead: n.R.Lead, stopped: n.R.Stopped, stepDn: n.R.StepDown, crashed: &n.crashed, tookOver: n.metrics.tookOver})
 }
 

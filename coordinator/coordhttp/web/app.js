@@ -125,8 +125,27 @@ async function refresh() {
   }
 }
 
+// clusterStatus is the front page's summary of GET api/status (what quotactl status prints):
+// what needs a person, then one line per region and per etcd member.
+function clusterStatus(st) {
+  if (st instanceof Error) return el('p', { id: 'cluster' }, flag('cluster status unavailable: ' + st.message, 'warn'));
+  const problems = st.problems.length
+    ? el('ul', { id: 'problems' }, st.problems.map(p => el('li', {}, flag('needs a person', 'bad'), ' ', p)))
+    : el('p', { id: 'problems' }, flag('nothing needs a person', 'ok'));
+  const regions = st.regions.map(r => el('li', { 'data-region': r.name }, 'region ', r.name, ': ',
+    r.leader ? 'leader ' + r.leader + ' (epoch ' + r.epoch + ')' : flag('nobody leads', 'bad'),
+    ', ' + (r.processes.length - (r.leader ? 1 : 0)) + ' standby, database ' + r.database));
+  const etcd = st.etcd.map(m => el('li', {}, 'etcd ', m.name || m.endpoint, ': ',
+    m.healthy ? flag(m.raft_leader ? 'healthy, raft leader' : 'healthy', 'ok') : flag('not healthy', 'bad')));
+  return el('section', { id: 'cluster' }, el('h2', {}, 'Cluster'), problems,
+    el('p', {}, 'coordinator leader ' + (st.coordinator_leader || 'none') + ' (generation ' + st.generation + '), ' +
+      st.coordinators.length + ' coordinators; transfers unfinished ' + st.unfinished_transfers + ', stranded ' +
+      st.stranded_transfers + '; pauses ' + st.paused),
+    el('ul', {}, regions, etcd));
+}
+
 async function drawOverview() {
-  const o = await api('GET', 'overview');
+  const [o, st] = await Promise.all([api('GET', 'overview'), api('GET', 'status').catch(e => e)]);
   const rows = o.sales.map(s => el('tr', { class: 'sale', 'data-sale': s.sale },
     el('td', {}, el('a', { href: '#/sale/' + encodeURIComponent(s.sale) }, s.sale)),
     el('td', { class: 'num' }, s.skus), el('td', { class: 'num' }, s.total), el('td', { class: 'num' }, s.unallocated),
@@ -134,6 +153,7 @@ async function drawOverview() {
     el('td', {}, new Date(s.created_at).toLocaleString())));
   const audit = o.continuous_audit;
   document.getElementById('main').replaceChildren(
+    clusterStatus(st),
     el('h2', {}, 'Sales'),
     el('p', {}, o.leading ? flag('this coordinator leads', 'ok') : flag('standby: changes go to the leader', 'warn'),
       ' continuous audit: ', audit.at ? (audit.violations === 0 ? flag('clean', 'ok') : flag(audit.violations + ' violations', 'bad'))

@@ -3840,6 +3840,438 @@ func (x *ListActionsResponse) GetActions() []*ActionRecord {
 	return nil
 }
 
+type GetStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatusRequest) Reset() {
+	*x = GetStatusRequest{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatusRequest) ProtoMessage() {}
+
+func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetStatusRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{54}
+}
+
+// ProcessStatus is one process of a region (a candidate in its election), as it answered.
+type ProcessStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// answered is false when the process did not answer; error says why.
+	Answered         bool   `protobuf:"varint,2,opt,name=answered,proto3" json:"answered,omitempty"`
+	Error            string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Leading          bool   `protobuf:"varint,4,opt,name=leading,proto3" json:"leading,omitempty"`
+	Epoch            int64  `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	StandbyRefreshMs int64  `protobuf:"varint,6,opt,name=standby_refresh_ms,json=standbyRefreshMs,proto3" json:"standby_refresh_ms,omitempty"`
+	// refresh_age_ms is the age of a standby's warm copy; -1 when it has none.
+	RefreshAgeMs  int64 `protobuf:"varint,7,opt,name=refresh_age_ms,json=refreshAgeMs,proto3" json:"refresh_age_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessStatus) Reset() {
+	*x = ProcessStatus{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessStatus) ProtoMessage() {}
+
+func (x *ProcessStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessStatus.ProtoReflect.Descriptor instead.
+func (*ProcessStatus) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ProcessStatus) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ProcessStatus) GetAnswered() bool {
+	if x != nil {
+		return x.Answered
+	}
+	return false
+}
+
+func (x *ProcessStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ProcessStatus) GetLeading() bool {
+	if x != nil {
+		return x.Leading
+	}
+	return false
+}
+
+func (x *ProcessStatus) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ProcessStatus) GetStandbyRefreshMs() int64 {
+	if x != nil {
+		return x.StandbyRefreshMs
+	}
+	return 0
+}
+
+func (x *ProcessStatus) GetRefreshAgeMs() int64 {
+	if x != nil {
+		return x.RefreshAgeMs
+	}
+	return 0
+}
+
+type RegionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// leader is the address the region's election names; empty when nobody leads.
+	Leader string `protobuf:"bytes,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	Epoch  int64  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// processes are the election's candidates, the leader first.
+	Processes []*ProcessStatus `protobuf:"bytes,4,rep,name=processes,proto3" json:"processes,omitempty"`
+	// database_role is the role of the region's database: "single" (no standby database).
+	DatabaseRole string `protobuf:"bytes,5,opt,name=database_role,json=databaseRole,proto3" json:"database_role,omitempty"`
+	// error says why the election could not be read.
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionStatus) Reset() {
+	*x = RegionStatus{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionStatus) ProtoMessage() {}
+
+func (x *RegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
+func (*RegionStatus) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RegionStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetProcesses() []*ProcessStatus {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+func (x *RegionStatus) GetDatabaseRole() string {
+	if x != nil {
+		return x.DatabaseRole
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type EtcdMemberStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Endpoint      string                 `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Healthy       bool                   `protobuf:"varint,3,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	RaftLeader    bool                   `protobuf:"varint,4,opt,name=raft_leader,json=raftLeader,proto3" json:"raft_leader,omitempty"`
+	Error         string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EtcdMemberStatus) Reset() {
+	*x = EtcdMemberStatus{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EtcdMemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EtcdMemberStatus) ProtoMessage() {}
+
+func (x *EtcdMemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EtcdMemberStatus.ProtoReflect.Descriptor instead.
+func (*EtcdMemberStatus) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *EtcdMemberStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EtcdMemberStatus) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *EtcdMemberStatus) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *EtcdMemberStatus) GetRaftLeader() bool {
+	if x != nil {
+		return x.RaftLeader
+	}
+	return false
+}
+
+func (x *EtcdMemberStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type GetStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// coordinator_leader is the address the coordinators' election names; generation its term.
+	CoordinatorLeader string `protobuf:"bytes,2,opt,name=coordinator_leader,json=coordinatorLeader,proto3" json:"coordinator_leader,omitempty"`
+	Generation        int64  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// coordinators are the election's candidates, the leader first.
+	Coordinators            []string            `protobuf:"bytes,4,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
+	CoordinatorDatabaseRole string              `protobuf:"bytes,5,opt,name=coordinator_database_role,json=coordinatorDatabaseRole,proto3" json:"coordinator_database_role,omitempty"`
+	Regions                 []*RegionStatus     `protobuf:"bytes,6,rep,name=regions,proto3" json:"regions,omitempty"`
+	Etcd                    []*EtcdMemberStatus `protobuf:"bytes,7,rep,name=etcd,proto3" json:"etcd,omitempty"`
+	UnfinishedTransfers     int64               `protobuf:"varint,8,opt,name=unfinished_transfers,json=unfinishedTransfers,proto3" json:"unfinished_transfers,omitempty"`
+	// stranded are the stranded transfers, at most 100.
+	Stranded      []*TransferInfo `protobuf:"bytes,9,rep,name=stranded,proto3" json:"stranded,omitempty"`
+	StrandedCount int64           `protobuf:"varint,10,opt,name=stranded_count,json=strandedCount,proto3" json:"stranded_count,omitempty"`
+	// paused are the pauses in force, at most 100.
+	Paused []*Pause `protobuf:"bytes,11,rep,name=paused,proto3" json:"paused,omitempty"`
+	// problems are what needs a person, one line each; empty when nothing does.
+	Problems      []string `protobuf:"bytes,12,rep,name=problems,proto3" json:"problems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatusResponse) Reset() {
+	*x = GetStatusResponse{}
+	mi := &file_quota_v1_coordinator_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatusResponse) ProtoMessage() {}
+
+func (x *GetStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_coordinator_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetStatusResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_coordinator_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *GetStatusResponse) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetCoordinatorLeader() string {
+	if x != nil {
+		return x.CoordinatorLeader
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetCoordinators() []string {
+	if x != nil {
+		return x.Coordinators
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetCoordinatorDatabaseRole() string {
+	if x != nil {
+		return x.CoordinatorDatabaseRole
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetRegions() []*RegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetEtcd() []*EtcdMemberStatus {
+	if x != nil {
+		return x.Etcd
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetUnfinishedTransfers() int64 {
+	if x != nil {
+		return x.UnfinishedTransfers
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetStranded() []*TransferInfo {
+	if x != nil {
+		return x.Stranded
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetStrandedCount() int64 {
+	if x != nil {
+		return x.StrandedCount
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetPaused() []*Pause {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
 var File_quota_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_coordinator_proto_rawDesc = "" +
@@ -4171,7 +4603,46 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	" \x01(\fR\bprevHash\x12\x12\n" +
 	"\x04hash\x18\v \x01(\fR\x04hash\"G\n" +
 	"\x13ListActionsResponse\x120\n" +
-	"\aactions\x18\x01 \x03(\v2\x16.quota.v1.ActionRecordR\aactions2\x88\n" +
+	"\aactions\x18\x01 \x03(\v2\x16.quota.v1.ActionRecordR\aactions\"\x12\n" +
+	"\x10GetStatusRequest\"\xdf\x01\n" +
+	"\rProcessStatus\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1a\n" +
+	"\banswered\x18\x02 \x01(\bR\banswered\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x18\n" +
+	"\aleading\x18\x04 \x01(\bR\aleading\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12,\n" +
+	"\x12standby_refresh_ms\x18\x06 \x01(\x03R\x10standbyRefreshMs\x12$\n" +
+	"\x0erefresh_age_ms\x18\a \x01(\x03R\frefreshAgeMs\"\xc2\x01\n" +
+	"\fRegionStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x125\n" +
+	"\tprocesses\x18\x04 \x03(\v2\x17.quota.v1.ProcessStatusR\tprocesses\x12#\n" +
+	"\rdatabase_role\x18\x05 \x01(\tR\fdatabaseRole\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x93\x01\n" +
+	"\x10EtcdMemberStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x18\n" +
+	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x1f\n" +
+	"\vraft_leader\x18\x04 \x01(\bR\n" +
+	"raftLeader\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xa3\x04\n" +
+	"\x11GetStatusResponse\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12-\n" +
+	"\x12coordinator_leader\x18\x02 \x01(\tR\x11coordinatorLeader\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x03R\n" +
+	"generation\x12\"\n" +
+	"\fcoordinators\x18\x04 \x03(\tR\fcoordinators\x12:\n" +
+	"\x19coordinator_database_role\x18\x05 \x01(\tR\x17coordinatorDatabaseRole\x120\n" +
+	"\aregions\x18\x06 \x03(\v2\x16.quota.v1.RegionStatusR\aregions\x12.\n" +
+	"\x04etcd\x18\a \x03(\v2\x1a.quota.v1.EtcdMemberStatusR\x04etcd\x121\n" +
+	"\x14unfinished_transfers\x18\b \x01(\x03R\x13unfinishedTransfers\x122\n" +
+	"\bstranded\x18\t \x03(\v2\x16.quota.v1.TransferInfoR\bstranded\x12%\n" +
+	"\x0estranded_count\x18\n" +
+	" \x01(\x03R\rstrandedCount\x12'\n" +
+	"\x06paused\x18\v \x03(\v2\x0f.quota.v1.PauseR\x06paused\x12\x1a\n" +
+	"\bproblems\x18\f \x03(\tR\bproblems2\xce\n" +
 	"\n" +
 	"\x12CoordinatorService\x12G\n" +
 	"\n" +
@@ -4192,7 +4663,8 @@ const file_quota_v1_coordinator_proto_rawDesc = "" +
 	"\fAuditHistory\x12\x1d.quota.v1.AuditHistoryRequest\x1a\x1e.quota.v1.AuditHistoryResponse\x12J\n" +
 	"\vAuditLimits\x12\x1c.quota.v1.AuditLimitsRequest\x1a\x1d.quota.v1.AuditLimitsResponse\x12Y\n" +
 	"\x10ListLatePayments\x12!.quota.v1.ListLatePaymentsRequest\x1a\".quota.v1.ListLatePaymentsResponse\x12J\n" +
-	"\vListActions\x12\x1c.quota.v1.ListActionsRequest\x1a\x1d.quota.v1.ListActionsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\vListActions\x12\x1c.quota.v1.ListActionsRequest\x1a\x1d.quota.v1.ListActionsResponse\x12D\n" +
+	"\tGetStatus\x12\x1a.quota.v1.GetStatusRequest\x1a\x1b.quota.v1.GetStatusResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_coordinator_proto_rawDescOnce sync.Once
@@ -4206,7 +4678,7 @@ func file_quota_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_coordinator_proto_rawDescData
 }
 
-var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_quota_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*SkuTotal)(nil),                 // 0: quota.v1.SkuTotal
 	(*CreateSaleRequest)(nil),        // 1: quota.v1.CreateSaleRequest
@@ -4262,29 +4734,34 @@ var file_quota_v1_coordinator_proto_goTypes = []any{
 	(*ListActionsRequest)(nil),       // 51: quota.v1.ListActionsRequest
 	(*ActionRecord)(nil),             // 52: quota.v1.ActionRecord
 	(*ListActionsResponse)(nil),      // 53: quota.v1.ListActionsResponse
-	nil,                              // 54: quota.v1.SkuLedger.AllocatedEntry
-	nil,                              // 55: quota.v1.LimitOffender.ByRegionEntry
-	(*timestamppb.Timestamp)(nil),    // 56: google.protobuf.Timestamp
+	(*GetStatusRequest)(nil),         // 54: quota.v1.GetStatusRequest
+	(*ProcessStatus)(nil),            // 55: quota.v1.ProcessStatus
+	(*RegionStatus)(nil),             // 56: quota.v1.RegionStatus
+	(*EtcdMemberStatus)(nil),         // 57: quota.v1.EtcdMemberStatus
+	(*GetStatusResponse)(nil),        // 58: quota.v1.GetStatusResponse
+	nil,                              // 59: quota.v1.SkuLedger.AllocatedEntry
+	nil,                              // 60: quota.v1.LimitOffender.ByRegionEntry
+	(*timestamppb.Timestamp)(nil),    // 61: google.protobuf.Timestamp
 }
 var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.CreateSaleRequest.skus:type_name -> quota.v1.SkuTotal
-	56, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
-	56, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
+	61, // 1: quota.v1.CreateSaleRequest.opens_at:type_name -> google.protobuf.Timestamp
+	61, // 2: quota.v1.Sale.opens_at:type_name -> google.protobuf.Timestamp
 	5,  // 3: quota.v1.Sale.skus:type_name -> quota.v1.SkuLedger
-	56, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
+	61, // 4: quota.v1.Sale.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: quota.v1.Sale.pauses:type_name -> quota.v1.Pause
-	56, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
-	54, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
+	61, // 6: quota.v1.Pause.changed_at:type_name -> google.protobuf.Timestamp
+	59, // 7: quota.v1.SkuLedger.allocated:type_name -> quota.v1.SkuLedger.AllocatedEntry
 	2,  // 8: quota.v1.CreateSaleResponse.sale:type_name -> quota.v1.Sale
 	2,  // 9: quota.v1.GetSaleResponse.sale:type_name -> quota.v1.Sale
 	9,  // 10: quota.v1.AllocateRequest.weights:type_name -> quota.v1.RegionWeight
-	56, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
+	61, // 11: quota.v1.TransferInfo.created_at:type_name -> google.protobuf.Timestamp
 	11, // 12: quota.v1.AllocateResponse.transfers:type_name -> quota.v1.TransferInfo
 	14, // 13: quota.v1.ListRegionsResponse.regions:type_name -> quota.v1.RegionInfo
 	17, // 14: quota.v1.SkuAudit.regions:type_name -> quota.v1.RegionAudit
 	18, // 15: quota.v1.AuditResponse.skus:type_name -> quota.v1.SkuAudit
 	19, // 16: quota.v1.AuditResponse.violations:type_name -> quota.v1.Violation
-	56, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
+	61, // 17: quota.v1.AuditResponse.at:type_name -> google.protobuf.Timestamp
 	3,  // 18: quota.v1.AuditResponse.pauses:type_name -> quota.v1.Pause
 	11, // 19: quota.v1.TransferResponse.transfer:type_name -> quota.v1.TransferInfo
 	11, // 20: quota.v1.GetTransferResponse.transfer:type_name -> quota.v1.TransferInfo
@@ -4295,68 +4772,76 @@ var file_quota_v1_coordinator_proto_depIdxs = []int32{
 	11, // 25: quota.v1.RebalanceResponse.transfers:type_name -> quota.v1.TransferInfo
 	34, // 26: quota.v1.SkuPlan.pools:type_name -> quota.v1.PoolPlan
 	31, // 27: quota.v1.SkuPlan.moves:type_name -> quota.v1.PlannedMove
-	56, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
+	61, // 28: quota.v1.PlanRebalanceResponse.at:type_name -> google.protobuf.Timestamp
 	35, // 29: quota.v1.PlanRebalanceResponse.skus:type_name -> quota.v1.SkuPlan
 	2,  // 30: quota.v1.PauseSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 31: quota.v1.PauseSaleResponse.unreached:type_name -> quota.v1.RegionFailure
 	2,  // 32: quota.v1.ResumeSaleResponse.sale:type_name -> quota.v1.Sale
 	4,  // 33: quota.v1.ResumeSaleResponse.unreached:type_name -> quota.v1.RegionFailure
-	56, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
+	61, // 34: quota.v1.AuditHistoryRequest.since:type_name -> google.protobuf.Timestamp
 	18, // 35: quota.v1.AuditRoundSale.skus:type_name -> quota.v1.SkuAudit
-	56, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
+	61, // 36: quota.v1.AuditRound.at:type_name -> google.protobuf.Timestamp
 	19, // 37: quota.v1.AuditRound.violations:type_name -> quota.v1.Violation
 	42, // 38: quota.v1.AuditRound.sales:type_name -> quota.v1.AuditRoundSale
 	43, // 39: quota.v1.AuditHistoryResponse.rounds:type_name -> quota.v1.AuditRound
-	55, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
-	56, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
+	60, // 40: quota.v1.LimitOffender.by_region:type_name -> quota.v1.LimitOffender.ByRegionEntry
+	61, // 41: quota.v1.AuditLimitsResponse.at:type_name -> google.protobuf.Timestamp
 	46, // 42: quota.v1.AuditLimitsResponse.offenders:type_name -> quota.v1.LimitOffender
 	4,  // 43: quota.v1.AuditLimitsResponse.unreadable:type_name -> quota.v1.RegionFailure
-	56, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
-	56, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
-	56, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
+	61, // 44: quota.v1.LatePayment.received_at:type_name -> google.protobuf.Timestamp
+	61, // 45: quota.v1.LatePayment.expires_at:type_name -> google.protobuf.Timestamp
+	61, // 46: quota.v1.LatePayment.closed_at:type_name -> google.protobuf.Timestamp
 	49, // 47: quota.v1.ListLatePaymentsResponse.payments:type_name -> quota.v1.LatePayment
 	4,  // 48: quota.v1.ListLatePaymentsResponse.unreadable:type_name -> quota.v1.RegionFailure
-	56, // 49: quota.v1.ActionRecord.at:type_name -> google.protobuf.Timestamp
+	61, // 49: quota.v1.ActionRecord.at:type_name -> google.protobuf.Timestamp
 	52, // 50: quota.v1.ListActionsResponse.actions:type_name -> quota.v1.ActionRecord
-	1,  // 51: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
-	7,  // 52: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
-	10, // 53: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
-	13, // 54: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
-	16, // 55: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
-	21, // 56: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
-	23, // 57: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
-	25, // 58: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
-	27, // 59: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
-	29, // 60: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
-	33, // 61: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
-	37, // 62: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
-	39, // 63: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
-	41, // 64: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
-	45, // 65: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
-	48, // 66: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
-	51, // 67: quota.v1.CoordinatorService.ListActions:input_type -> quota.v1.ListActionsRequest
-	6,  // 68: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
-	8,  // 69: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
-	12, // 70: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
-	15, // 71: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
-	20, // 72: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
-	22, // 73: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
-	24, // 74: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
-	26, // 75: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
-	28, // 76: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
-	32, // 77: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
-	36, // 78: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
-	38, // 79: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
-	40, // 80: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
-	44, // 81: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
-	47, // 82: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
-	50, // 83: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
-	53, // 84: quota.v1.CoordinatorService.ListActions:output_type -> quota.v1.ListActionsResponse
-	68, // [68:85] is the sub-list for method output_type
-	51, // [51:68] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	55, // 51: quota.v1.RegionStatus.processes:type_name -> quota.v1.ProcessStatus
+	61, // 52: quota.v1.GetStatusResponse.at:type_name -> google.protobuf.Timestamp
+	56, // 53: quota.v1.GetStatusResponse.regions:type_name -> quota.v1.RegionStatus
+	57, // 54: quota.v1.GetStatusResponse.etcd:type_name -> quota.v1.EtcdMemberStatus
+	11, // 55: quota.v1.GetStatusResponse.stranded:type_name -> quota.v1.TransferInfo
+	3,  // 56: quota.v1.GetStatusResponse.paused:type_name -> quota.v1.Pause
+	1,  // 57: quota.v1.CoordinatorService.CreateSale:input_type -> quota.v1.CreateSaleRequest
+	7,  // 58: quota.v1.CoordinatorService.GetSale:input_type -> quota.v1.GetSaleRequest
+	10, // 59: quota.v1.CoordinatorService.Allocate:input_type -> quota.v1.AllocateRequest
+	13, // 60: quota.v1.CoordinatorService.ListRegions:input_type -> quota.v1.ListRegionsRequest
+	16, // 61: quota.v1.CoordinatorService.Audit:input_type -> quota.v1.AuditRequest
+	21, // 62: quota.v1.CoordinatorService.Transfer:input_type -> quota.v1.TransferRequest
+	23, // 63: quota.v1.CoordinatorService.GetTransfer:input_type -> quota.v1.GetTransferRequest
+	25, // 64: quota.v1.CoordinatorService.ListTransfers:input_type -> quota.v1.ListTransfersRequest
+	27, // 65: quota.v1.CoordinatorService.ResolveTransfer:input_type -> quota.v1.ResolveTransferRequest
+	29, // 66: quota.v1.CoordinatorService.Rebalance:input_type -> quota.v1.RebalanceRequest
+	33, // 67: quota.v1.CoordinatorService.PlanRebalance:input_type -> quota.v1.PlanRebalanceRequest
+	37, // 68: quota.v1.CoordinatorService.PauseSale:input_type -> quota.v1.PauseSaleRequest
+	39, // 69: quota.v1.CoordinatorService.ResumeSale:input_type -> quota.v1.ResumeSaleRequest
+	41, // 70: quota.v1.CoordinatorService.AuditHistory:input_type -> quota.v1.AuditHistoryRequest
+	45, // 71: quota.v1.CoordinatorService.AuditLimits:input_type -> quota.v1.AuditLimitsRequest
+	48, // 72: quota.v1.CoordinatorService.ListLatePayments:input_type -> quota.v1.ListLatePaymentsRequest
+	51, // 73: quota.v1.CoordinatorService.ListActions:input_type -> quota.v1.ListActionsRequest
+	54, // 74: quota.v1.CoordinatorService.GetStatus:input_type -> quota.v1.GetStatusRequest
+	6,  // 75: quota.v1.CoordinatorService.CreateSale:output_type -> quota.v1.CreateSaleResponse
+	8,  // 76: quota.v1.CoordinatorService.GetSale:output_type -> quota.v1.GetSaleResponse
+	12, // 77: quota.v1.CoordinatorService.Allocate:output_type -> quota.v1.AllocateResponse
+	15, // 78: quota.v1.CoordinatorService.ListRegions:output_type -> quota.v1.ListRegionsResponse
+	20, // 79: quota.v1.CoordinatorService.Audit:output_type -> quota.v1.AuditResponse
+	22, // 80: quota.v1.CoordinatorService.Transfer:output_type -> quota.v1.TransferResponse
+	24, // 81: quota.v1.CoordinatorService.GetTransfer:output_type -> quota.v1.GetTransferResponse
+	26, // 82: quota.v1.CoordinatorService.ListTransfers:output_type -> quota.v1.ListTransfersResponse
+	28, // 83: quota.v1.CoordinatorService.ResolveTransfer:output_type -> quota.v1.ResolveTransferResponse
+	32, // 84: quota.v1.CoordinatorService.Rebalance:output_type -> quota.v1.RebalanceResponse
+	36, // 85: quota.v1.CoordinatorService.PlanRebalance:output_type -> quota.v1.PlanRebalanceResponse
+	38, // 86: quota.v1.CoordinatorService.PauseSale:output_type -> quota.v1.PauseSaleResponse
+	40, // 87: quota.v1.CoordinatorService.ResumeSale:output_type -> quota.v1.ResumeSaleResponse
+	44, // 88: quota.v1.CoordinatorService.AuditHistory:output_type -> quota.v1.AuditHistoryResponse
+	47, // 89: quota.v1.CoordinatorService.AuditLimits:output_type -> quota.v1.AuditLimitsResponse
+	50, // 90: quota.v1.CoordinatorService.ListLatePayments:output_type -> quota.v1.ListLatePaymentsResponse
+	53, // 91: quota.v1.CoordinatorService.ListActions:output_type -> quota.v1.ListActionsResponse
+	58, // 92: quota.v1.CoordinatorService.GetStatus:output_type -> quota.v1.GetStatusResponse
+	75, // [75:93] is the sub-list for method output_type
+	57, // [57:75] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_coordinator_proto_init() }
@@ -4370,7 +4855,7 @@ func file_quota_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_coordinator_proto_rawDesc), len(file_quota_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   56,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

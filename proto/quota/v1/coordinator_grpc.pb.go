@@ -36,6 +36,7 @@ const (
 	CoordinatorService_AuditLimits_FullMethodName      = "/quota.v1.CoordinatorService/AuditLimits"
 	CoordinatorService_ListLatePayments_FullMethodName = "/quota.v1.CoordinatorService/ListLatePayments"
 	CoordinatorService_ListActions_FullMethodName      = "/quota.v1.CoordinatorService/ListActions"
+	CoordinatorService_GetStatus_FullMethodName        = "/quota.v1.CoordinatorService/GetStatus"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -89,6 +90,10 @@ type CoordinatorServiceClient interface {
 	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
 	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
 	ListActions(ctx context.Context, in *ListActionsRequest, opts ...grpc.CallOption) (*ListActionsResponse, error)
+	// GetStatus is the cluster's state as an operator reads it (quotactl status): every
+	// region's leader, epoch and processes, the coordinators, etcd's members, the databases'
+	// roles, unfinished and stranded transfers, pauses, and what needs a person.
+	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -269,6 +274,16 @@ func (c *coordinatorServiceClient) ListActions(ctx context.Context, in *ListActi
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStatusResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_GetStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -320,6 +335,10 @@ type CoordinatorServiceServer interface {
 	// ListActions lists the operators' action log, oldest first, with each row's hashes: every
 	// state-changing call made to a coordinator (gRPC or console), who made it, and its result.
 	ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error)
+	// GetStatus is the cluster's state as an operator reads it (quotactl status): every
+	// region's leader, epoch and processes, the coordinators, etcd's members, the databases'
+	// roles, unfinished and stranded transfers, pauses, and what needs a person.
+	GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -380,6 +399,9 @@ func (UnimplementedCoordinatorServiceServer) ListLatePayments(context.Context, *
 }
 func (UnimplementedCoordinatorServiceServer) ListActions(context.Context, *ListActionsRequest) (*ListActionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListActions not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStatus not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -708,6 +730,24 @@ func _CoordinatorService_ListActions_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_GetStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).GetStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_GetStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).GetStatus(ctx, req.(*GetStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -782,6 +822,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListActions",
 			Handler:    _CoordinatorService_ListActions_Handler,
+		},
+		{
+			MethodName: "GetStatus",
+			Handler:    _CoordinatorService_GetStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

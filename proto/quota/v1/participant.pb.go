@@ -1173,6 +1173,123 @@ func (x *SetPausedResponse) GetVersion() int64 {
 	return 0
 }
 
+type NodeStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusRequest) Reset() {
+	*x = NodeStatusRequest{}
+	mi := &file_quota_v1_participant_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusRequest) ProtoMessage() {}
+
+func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
+func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{19}
+}
+
+type NodeStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Region  string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Leading bool                   `protobuf:"varint,2,opt,name=leading,proto3" json:"leading,omitempty"`
+	// epoch is the leader's term; 0 when not leading.
+	Epoch int64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// standby_refresh_ms is how often a standby refreshes its warm copy (negative: a cold
+	// standby, which keeps none).
+	StandbyRefreshMs int64 `protobuf:"varint,4,opt,name=standby_refresh_ms,json=standbyRefreshMs,proto3" json:"standby_refresh_ms,omitempty"`
+	// refresh_age_ms is how long ago the warm copy was last brought up to date, by this
+	// process's clock; -1 when it never was.
+	RefreshAgeMs  int64 `protobuf:"varint,5,opt,name=refresh_age_ms,json=refreshAgeMs,proto3" json:"refresh_age_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusResponse) Reset() {
+	*x = NodeStatusResponse{}
+	mi := &file_quota_v1_participant_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusResponse) ProtoMessage() {}
+
+func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_participant_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
+func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_participant_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *NodeStatusResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *NodeStatusResponse) GetLeading() bool {
+	if x != nil {
+		return x.Leading
+	}
+	return false
+}
+
+func (x *NodeStatusResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetStandbyRefreshMs() int64 {
+	if x != nil {
+		return x.StandbyRefreshMs
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetRefreshAgeMs() int64 {
+	if x != nil {
+		return x.RefreshAgeMs
+	}
+	return 0
+}
+
 var File_quota_v1_participant_proto protoreflect.FileDescriptor
 
 const file_quota_v1_participant_proto_rawDesc = "" +
@@ -1276,7 +1393,14 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\aversion\x18\x06 \x01(\x03R\aversion\"E\n" +
 	"\x11SetPausedResponse\x12\x16\n" +
 	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x03R\aversion2\xec\x04\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"\x13\n" +
+	"\x11NodeStatusRequest\"\xb0\x01\n" +
+	"\x12NodeStatusResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
+	"\aleading\x18\x02 \x01(\bR\aleading\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12,\n" +
+	"\x12standby_refresh_ms\x18\x04 \x01(\x03R\x10standbyRefreshMs\x12$\n" +
+	"\x0erefresh_age_ms\x18\x05 \x01(\x03R\frefreshAgeMs2\xb5\x05\n" +
 	"\x12ParticipantService\x12>\n" +
 	"\aPutSale\x12\x18.quota.v1.PutSaleRequest\x1a\x19.quota.v1.PutSaleResponse\x12;\n" +
 	"\x06Credit\x12\x17.quota.v1.CreditRequest\x1a\x18.quota.v1.CreditResponse\x128\n" +
@@ -1286,7 +1410,9 @@ const file_quota_v1_participant_proto_rawDesc = "" +
 	"\aRestore\x12\x18.quota.v1.RestoreRequest\x1a\x19.quota.v1.RestoreResponse\x12;\n" +
 	"\x06Settle\x12\x17.quota.v1.SettleRequest\x1a\x18.quota.v1.SettleResponse\x12S\n" +
 	"\x0eTransferStatus\x12\x1f.quota.v1.TransferStatusRequest\x1a .quota.v1.TransferStatusResponse\x12D\n" +
-	"\tSetPaused\x12\x1a.quota.v1.SetPausedRequest\x1a\x1b.quota.v1.SetPausedResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\tSetPaused\x12\x1a.quota.v1.SetPausedRequest\x1a\x1b.quota.v1.SetPausedResponse\x12G\n" +
+	"\n" +
+	"NodeStatus\x12\x1b.quota.v1.NodeStatusRequest\x1a\x1c.quota.v1.NodeStatusResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_participant_proto_rawDescOnce sync.Once
@@ -1300,7 +1426,7 @@ func file_quota_v1_participant_proto_rawDescGZIP() []byte {
 	return file_quota_v1_participant_proto_rawDescData
 }
 
-var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_quota_v1_participant_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_quota_v1_participant_proto_goTypes = []any{
 	(*SaleTerms)(nil),              // 0: quota.v1.SaleTerms
 	(*PutSaleRequest)(nil),         // 1: quota.v1.PutSaleRequest
@@ -1321,10 +1447,12 @@ var file_quota_v1_participant_proto_goTypes = []any{
 	(*TransferStatusResponse)(nil), // 16: quota.v1.TransferStatusResponse
 	(*SetPausedRequest)(nil),       // 17: quota.v1.SetPausedRequest
 	(*SetPausedResponse)(nil),      // 18: quota.v1.SetPausedResponse
-	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
+	(*NodeStatusRequest)(nil),      // 19: quota.v1.NodeStatusRequest
+	(*NodeStatusResponse)(nil),     // 20: quota.v1.NodeStatusResponse
+	(*timestamppb.Timestamp)(nil),  // 21: google.protobuf.Timestamp
 }
 var file_quota_v1_participant_proto_depIdxs = []int32{
-	19, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
+	21, // 0: quota.v1.SaleTerms.opens_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: quota.v1.PutSaleRequest.sale:type_name -> quota.v1.SaleTerms
 	1,  // 2: quota.v1.ParticipantService.PutSale:input_type -> quota.v1.PutSaleRequest
 	3,  // 3: quota.v1.ParticipantService.Credit:input_type -> quota.v1.CreditRequest
@@ -1335,17 +1463,19 @@ var file_quota_v1_participant_proto_depIdxs = []int32{
 	13, // 8: quota.v1.ParticipantService.Settle:input_type -> quota.v1.SettleRequest
 	15, // 9: quota.v1.ParticipantService.TransferStatus:input_type -> quota.v1.TransferStatusRequest
 	17, // 10: quota.v1.ParticipantService.SetPaused:input_type -> quota.v1.SetPausedRequest
-	2,  // 11: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
-	4,  // 12: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
-	6,  // 13: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
-	8,  // 14: quota.v1.ParticipantService.RefuseDebit:output_type -> quota.v1.RefuseDebitResponse
-	10, // 15: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
-	12, // 16: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
-	14, // 17: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
-	16, // 18: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
-	18, // 19: quota.v1.ParticipantService.SetPaused:output_type -> quota.v1.SetPausedResponse
-	11, // [11:20] is the sub-list for method output_type
-	2,  // [2:11] is the sub-list for method input_type
+	19, // 11: quota.v1.ParticipantService.NodeStatus:input_type -> quota.v1.NodeStatusRequest
+	2,  // 12: quota.v1.ParticipantService.PutSale:output_type -> quota.v1.PutSaleResponse
+	4,  // 13: quota.v1.ParticipantService.Credit:output_type -> quota.v1.CreditResponse
+	6,  // 14: quota.v1.ParticipantService.Debit:output_type -> quota.v1.DebitResponse
+	8,  // 15: quota.v1.ParticipantService.RefuseDebit:output_type -> quota.v1.RefuseDebitResponse
+	10, // 16: quota.v1.ParticipantService.Refuse:output_type -> quota.v1.RefuseResponse
+	12, // 17: quota.v1.ParticipantService.Restore:output_type -> quota.v1.RestoreResponse
+	14, // 18: quota.v1.ParticipantService.Settle:output_type -> quota.v1.SettleResponse
+	16, // 19: quota.v1.ParticipantService.TransferStatus:output_type -> quota.v1.TransferStatusResponse
+	18, // 20: quota.v1.ParticipantService.SetPaused:output_type -> quota.v1.SetPausedResponse
+	20, // 21: quota.v1.ParticipantService.NodeStatus:output_type -> quota.v1.NodeStatusResponse
+	12, // [12:22] is the sub-list for method output_type
+	2,  // [2:12] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -1362,7 +1492,7 @@ func file_quota_v1_participant_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_participant_proto_rawDesc), len(file_quota_v1_participant_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

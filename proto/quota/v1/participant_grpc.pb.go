@@ -28,6 +28,7 @@ const (
 	ParticipantService_Settle_FullMethodName         = "/quota.v1.ParticipantService/Settle"
 	ParticipantService_TransferStatus_FullMethodName = "/quota.v1.ParticipantService/TransferStatus"
 	ParticipantService_SetPaused_FullMethodName      = "/quota.v1.ParticipantService/SetPaused"
+	ParticipantService_NodeStatus_FullMethodName     = "/quota.v1.ParticipantService/NodeStatus"
 )
 
 // ParticipantServiceClient is the client API for ParticipantService service.
@@ -60,6 +61,9 @@ type ParticipantServiceClient interface {
 	// A change whose version is not above the one recorded for the same sale and SKU changes
 	// nothing, so a late retry never undoes a later change.
 	SetPaused(ctx context.Context, in *SetPausedRequest, opts ...grpc.CallOption) (*SetPausedResponse, error)
+	// NodeStatus says what this process is in its region now: the leader (and its epoch) or a
+	// standby (and how fresh its warm copy is). Any process answers, leader or not.
+	NodeStatus(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatusResponse, error)
 }
 
 type participantServiceClient struct {
@@ -160,6 +164,16 @@ func (c *participantServiceClient) SetPaused(ctx context.Context, in *SetPausedR
 	return out, nil
 }
 
+func (c *participantServiceClient) NodeStatus(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeStatusResponse)
+	err := c.cc.Invoke(ctx, ParticipantService_NodeStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ParticipantServiceServer is the server API for ParticipantService service.
 // All implementations must embed UnimplementedParticipantServiceServer
 // for forward compatibility.
@@ -190,6 +204,9 @@ type ParticipantServiceServer interface {
 	// A change whose version is not above the one recorded for the same sale and SKU changes
 	// nothing, so a late retry never undoes a later change.
 	SetPaused(context.Context, *SetPausedRequest) (*SetPausedResponse, error)
+	// NodeStatus says what this process is in its region now: the leader (and its epoch) or a
+	// standby (and how fresh its warm copy is). Any process answers, leader or not.
+	NodeStatus(context.Context, *NodeStatusRequest) (*NodeStatusResponse, error)
 	mustEmbedUnimplementedParticipantServiceServer()
 }
 
@@ -226,6 +243,9 @@ func (UnimplementedParticipantServiceServer) TransferStatus(context.Context, *Tr
 }
 func (UnimplementedParticipantServiceServer) SetPaused(context.Context, *SetPausedRequest) (*SetPausedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetPaused not implemented")
+}
+func (UnimplementedParticipantServiceServer) NodeStatus(context.Context, *NodeStatusRequest) (*NodeStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NodeStatus not implemented")
 }
 func (UnimplementedParticipantServiceServer) mustEmbedUnimplementedParticipantServiceServer() {}
 func (UnimplementedParticipantServiceServer) testEmbeddedByValue()                            {}
@@ -410,6 +430,24 @@ func _ParticipantService_SetPaused_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ParticipantService_NodeStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodeStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ParticipantServiceServer).NodeStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ParticipantService_NodeStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ParticipantServiceServer).NodeStatus(ctx, req.(*NodeStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ParticipantService_ServiceDesc is the grpc.ServiceDesc for ParticipantService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -452,6 +490,10 @@ var ParticipantService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetPaused",
 			Handler:    _ParticipantService_SetPaused_Handler,
+		},
+		{
+			MethodName: "NodeStatus",
+			Handler:    _ParticipantService_NodeStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
