@@ -189,7 +189,8 @@ func (d *Door) recordArrival(ctx context.Context, epoch int64, sale, sku string,
 	return e, err
 }
 
-// GetAdmission polls an admission: memory only, no SQL.
+// GetAdmission polls an admission: memory only, no SQL (but a sale's terms, once, when this
+// leader has no room of the sale yet).
 func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, error) {
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
@@ -198,7 +199,31 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 	if err != nil {
 		return Admission{}, err
 	}
-	room := sr.room
+	return pollIn(d, sr, t, id)
+}
+
+// PollAdmission is GetAdmission for callers no certificate vouches for (the waiting-room
+// page's public listener): from memory only, never the database, so a poll naming any sale
+// id costs no query. A sale whose room this leader does not hold has no such admission.
+func (d *Door) PollAdmission(ctx context.Context, sale, id string) (Admission, error) {
+	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
+		return Admission{}, err
+	}
+	if _, err := d.ensureLoaded(ctx); err != nil { // once per term: the line's load
+		return Admission{}, err
+	}
+	d.mu.Lock()
+	sr := d.rooms[sale]
+	d.mu.Unlock()
+	if sr == nil {
+		return Admission{}, apierr.NotFound("admission_id", id)
+	}
+	return pollIn(d, sr, sr.terms, id)
+}
+
+// pollIn answers a poll of admission id in sale's room sr (terms t), or of a waitlist's offer.
+func pollIn(d *Door, sr *saleRoom, t SaleTerms, id string) (Admission, error) {
+	room, sale := sr.room, sr.sale
 	if e, ok := room.Get(id, d.r.cfg.Clock.Now()); ok && !e.State.Final() {
 		if err := d.gates.closed(t); err != nil && e.State != admission.Admitted {
 			return Admission{}, err
@@ -386,7 +411,11 @@ func (d *Door) run(ctx context.Context) {
 		}
 		if time.Since(pruned) >= pruneEvery {
 			pruned = time.Now()
-			d.pruneNow(ctx, epoch)
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the line's ended entries, bounded in time
+			if n, err := d.prune(pctx, epoch, d.r.cfg.Clock.Now()); err != nil {
+				d.cfg.Logger.Warn("pruning the waiting rooms' ended entries failed", "region", d.r.cfg.Name, "deleted", n, "err", err)
+			}
+			cancel()
 		}
 		d.offerReturned(ctx, d.r.cfg.Clock.Now())
 		d.mu.Lock()
@@ -398,15 +427,6 @@ func (d *Door) run(ctx context.Context) {
 		for _, sr := range rooms {
 			d.admitDue(ctx, sr, &wg)
 		}
-	}
-}
-
-// pruneNow deletes the line's ended entries (prune), bounded in time.
-func (d *Door) pruneNow(ctx context.Context, epoch int64) {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if n, err := d.prune(pctx, epoch, d.r.cfg.Clock.Now()); err != nil {
-		d.cfg.Logger.Warn("pruning the waiting rooms' ended entries failed", "region", d.r.cfg.Name, "deleted", n, "err", err)
 	}
 }
 

@@ -159,6 +159,8 @@ func runAuditActions(e *env) error {
 		out.OK, out.BrokenAt, out.Why = false, ce.Seq, ce.Why
 	case err != nil:
 		return err
+	case st.Seq >= maxActionsRead:
+		out.OK, out.BrokenAt, out.Why = false, st.Seq+1, fmt.Sprintf("the log may hold more than the %d rows one check reads: the rows after it were not verified", maxActionsRead)
 	case expect != nil && (seen == nil || hex.EncodeToString(seen.Hash) != hex.EncodeToString(expect.Hash)):
 		out.OK, out.BrokenAt, out.Why = false, expect.Seq, "the head noted before (--expect-head) is not in the log: rows from it on were removed or changed"
 	}
