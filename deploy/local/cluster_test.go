@@ -34,7 +34,8 @@ var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "r
 
 // portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT: gRPC, the
 // regions' HTTP edges (their gRPC port + 1000), etcd's client and peer ports.
-var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1011, 1012, 1013, 181, 182, 183, 191, 192, 193}
+var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1011, 1012, 1013, 181, 182, 183, 191, 192, 193,
+	201, 202, 203, 204, 211, 212, 213, 214, 301, 302, 303, 304, 311, 312, 313, 314}
 
 type localCluster struct {
 	t      *testing.T
