@@ -1,12 +1,15 @@
 # deploy/local/cluster-dbha.sh: the database failover of `deploy/local/cluster up --db-ha`,
-# sourced by deploy/local/cluster. Each region's database and the ledger run as a Patroni
-# cluster of two PostgreSQL 15 nodes (db-us-1, db-us-2, ..., db-ledger-1, db-ledger-2), a
-# primary and a synchronous standby, with Patroni's state in the cluster's own etcd under
-# /quota-patroni/ as etcd user quota/patroni (role quota-patroni: that prefix only).
+# sourced by deploy/local/cluster. Each chosen region's database and the ledger run as a
+# Patroni cluster of two PostgreSQL 15 nodes (db-us-1, db-us-2, ..., db-ledger-1, db-ledger-2),
+# a primary and a synchronous standby, with Patroni's state in the cluster's own etcd under
+# /quota-patroni/ as etcd user quota/patroni (role quota-patroni: that prefix only). The
+# databases not chosen stay on PG_URL's server, as without --db-ha.
 # See deploy/local/README.md ("Database failover") and docs/decisions/0008-patroni.md.
 
-DB_CLUSTERS=(us eu ap ledger)
-DB_NODES=(db-us-1 db-eu-1 db-ap-1 db-ledger-1 db-us-2 db-eu-2 db-ap-2 db-ledger-2)
+# DB_CHOICES: what up --db-ha may make HA; DB_CLUSTERS: what this cluster made HA (saved in
+# cluster.env as DB_HA=us,ledger), DB_NODES their nodes, the first of each cluster first.
+DB_CHOICES=(us eu ap ledger)
+DB_CLUSTERS=() DB_NODES=()
 # Patroni: the leader key's ttl (s); loop_wait 1 s; retry_timeout so that
 # loop_wait + 2*retry_timeout <= ttl, as Patroni wants.
 DB_TTL=${QUOTA_CLUSTER_DB_TTL:-10}
@@ -15,10 +18,33 @@ DB_ETCD_USER=quota/patroni
 DB_ETCD_ROLE=quota-patroni
 PG_BIN=/usr/lib/postgresql/15/bin
 
-# db_setup: the settings of a --db-ha cluster, once load_config has run: its nodes join ALL
-# and UP, its files live in DB_DIR (owned by postgres, who runs Patroni).
+# db_choose LIST: the clusters of a comma-separated LIST (us, eu, ap, ledger; "all": every
+# one) in DB_CHOICES's order, comma-separated; dies naming what it refuses.
+db_choose() {
+	local list=$1 want c out=() seen=","
+	[[ $list == all ]] && list=$(IFS=,; echo "${DB_CHOICES[*]}")
+	[[ -n $list ]] || die "--db-ha=: name what to run on Patroni, a comma-separated list of ${DB_CHOICES[*]} (or all)"
+	local -a asked
+	IFS=, read -ra asked <<<"$list"
+	for want in "${asked[@]}"; do
+		[[ " ${DB_CHOICES[*]} " == *" $want "* ]] || die "--db-ha=$1: unknown database '$want': want a comma-separated list of ${DB_CHOICES[*]} (or all)"
+		[[ $seen != *",$want,"* ]] || die "--db-ha=$1: '$want' named twice"
+		seen+="$want,"
+	done
+	for c in "${DB_CHOICES[@]}"; do [[ $seen == *",$c,"* ]] && out+=("$c"); done
+	(IFS=,; echo "${out[*]}")
+}
+
+# db_setup: the settings of a --db-ha cluster, once load_config has set DB_HA_LIST: its nodes
+# join ALL and UP, its files live in DB_DIR (owned by postgres, who runs Patroni).
 db_setup() {
-	[[ $DB_HA == 1 ]] || return 0
+	[[ -n $DB_HA_LIST ]] || return 0
+	DB_HA=1
+	IFS=, read -ra DB_CLUSTERS <<<"$DB_HA_LIST"
+	local c
+	DB_NODES=()
+	for c in "${DB_CLUSTERS[@]}"; do DB_NODES+=("db-$c-1"); done
+	for c in "${DB_CLUSTERS[@]}"; do DB_NODES+=("db-$c-2"); done
 	[[ $DB_TTL =~ ^[0-9]+$ ]] && ((DB_TTL >= 4 && DB_TTL <= 60)) ||
 		die "QUOTA_CLUSTER_DB_TTL=$DB_TTL: want whole seconds from 4 to 60"
 	ALL+=("${DB_NODES[@]}")
@@ -46,6 +72,12 @@ db_hosts() { # db_hosts CLUSTER: host:port of both nodes, comma-separated (a mul
 # db_of_database DB: the cluster that holds database DB.
 db_of_database() {
 	if [[ $1 == "${PREFIX}_coordinator" ]]; then echo ledger; else echo "${1#"${PREFIX}"_region_}"; fi
+}
+# db_on_patroni DB: database DB lives on a Patroni cluster (not on PG_URL's server).
+db_on_patroni() {
+	local c
+	c=$(db_of_database "$1")
+	[[ " ${DB_CLUSTERS[*]} " == *" $c "* ]]
 }
 
 # db_ha_url DB QUERY: the multi-host URL of database DB (PG_URL's user, no password) on the
@@ -121,6 +153,7 @@ postgresql:
   data_dir: $DB_DIR/$name
   bin_dir: $PG_BIN
   pgpass: $DB_DIR/$name.pgpass
+  basebackup: {checkpoint: fast}
   authentication:
     superuser: {username: postgres, password: $(db_secret superuser)}
     replication: {username: replicator, password: $(db_secret replication)}
@@ -265,22 +298,29 @@ db_ensure_dbs() {
 	done
 }
 
-# db_up: (in up, once etcd has a quorum) each cluster's first node, a writable primary, then
-# the second nodes, each a synchronous standby; the roles and databases.
+# db_up: (in up, once etcd has a quorum) each cluster's first node, a writable primary; then
+# the second nodes, which copy the primary (pg_basebackup with a fast checkpoint) while up makes
+# the roles and databases and starts the regions and coordinators; db_wait_sync waits until
+# each is the synchronous standby.
 db_up() {
 	db_etcd_user
-	local n c
-	for n in "${DB_NODES[@]:0:4}"; do start_one "$n"; done
-	WATCH=("${ETCDS[@]}" "${DB_NODES[@]:0:4}")
+	local n c k=${#DB_CLUSTERS[@]}
+	for n in "${DB_NODES[@]:0:k}"; do start_one "$n"; done
+	WATCH=("${ETCDS[@]}" "${DB_NODES[@]:0:k}")
 	for c in "${DB_CLUSTERS[@]}"; do
 		wait_until "database cluster $c: a primary that accepts writes" db_writable "$c"
 	done
-	for n in "${DB_NODES[@]:4}"; do start_one "$n"; done
-	WATCH+=("${DB_NODES[@]:4}")
+	for n in "${DB_NODES[@]:k}"; do start_one "$n"; done
+	db_ensure_dbs
+}
+
+# db_wait_sync: (at the end of up) every cluster has its synchronous standby: from then on an
+# acknowledged commit is on two servers.
+db_wait_sync() {
+	local c
 	for c in "${DB_CLUSTERS[@]}"; do
 		wait_until "database cluster $c: a synchronous standby" db_sync "$c"
 	done
-	db_ensure_dbs
 }
 
 # db_postmaster NAME: the pid of node NAME's postmaster, if it runs.
@@ -323,6 +363,7 @@ db_status_role() {
 cmd_db_primary() {
 	[[ $DB_HA == 1 ]] || die "db-primary: this cluster runs its databases on one server (up --db-ha runs them on Patroni)"
 	local c=${1:-}
-	[[ " ${DB_CLUSTERS[*]} " == *" $c "* ]] || die "db-primary: name a region or the ledger: ${DB_CLUSTERS[*]}"
+	[[ " ${DB_CHOICES[*]} " == *" $c "* ]] || die "db-primary: name a region or the ledger: ${DB_CHOICES[*]}"
+	[[ " ${DB_CLUSTERS[*]} " == *" $c "* ]] || die "db-primary: $c's database is on one server, not on Patroni (this cluster's: ${DB_CLUSTERS[*]})"
 	db_primary "$c" || die "db-primary: no node of $c is primary now"
 }
