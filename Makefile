@@ -116,6 +116,11 @@ chaos: pg
 	QUOTA_VERIFY=1 QUOTA_CHAOS_DURATION=$$d QUOTA_CHAOS_SEED='$(SEED)' \
 		$(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout "$$(( m + 15 ))m" ./deploy/local/
 
+## db-failover: the whole database failover on Patroni (deploy/local TestLocalDatabaseFailover, QUOTA_DB_HA=1: every database on two PostgreSQL nodes, region us's primary killed twice and the ledger's once; about 5 minutes; make test runs one region's, TestLocalRegionDatabaseFailover)
+.PHONY: db-failover
+db-failover: pg etcdctl
+	QUOTA_DB_HA=1 $(GO) test -race -count=1 -v -run '^TestLocalDatabaseFailover$$' -timeout 15m ./deploy/local/
+
 ## sim: the deterministic simulation alone: `make sim SEEDS=100000 [FIRST=1] [SHAPE=national]`, or one seed: `make sim SEED=1234 [SHAPE=national]` (SHAPE=national: 12 regions, 3,000 pools)
 SEEDS ?= 1000
 FIRST ?= 1

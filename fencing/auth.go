@@ -73,6 +73,20 @@ func Users(regions []string) []string {
 	return out
 }
 
+// ClientCNs are the common names a member's client port accepts at the TLS handshake
+// (TLSFiles.ClientCNs): the etcd users' (Users), or, with etcd's JSON gateway on, none (any
+// certificate of the CA). etcd's gateway calls its own member over gRPC with the member's TLS
+// settings and verification skipped, so the CN check it would carry fails every such call: a
+// member with a CN filter cannot serve the gateway. Without the filter, etcd's authentication
+// still decides every key: a certificate that names no etcd user may read or write none, but
+// may grant a lease under its CN (docs/security.md, the database failover's etcd).
+func ClientCNs(regions []string, gateway bool) []string {
+	if gateway {
+		return nil
+	}
+	return Users(regions)
+}
+
 // roleName is the etcd role of an identity (trust.EtcdRegion, trust.EtcdCoordinator).
 func roleName(identity string) string { return "quota-" + identity }
 

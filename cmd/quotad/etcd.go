@@ -126,7 +126,7 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm),
 		Gateway: v.GetBool("grpc-gateway")}, Regions: v.GetStringSlice("regions")}
 	if !tlsm.Insecure() {
-		cfg.Member.TLS.ClientCNs = fencing.Users(cfg.Regions)
+		cfg.Member.TLS.ClientCNs = fencing.ClientCNs(cfg.Regions, cfg.Member.Gateway)
 		if cfg.Root, err = tlsm.EtcdClientConfig(trust.EtcdRoot); err != nil {
 			return badUsage(fmt.Errorf("certs-dir: %w", err))
 		}

@@ -195,7 +195,9 @@ func coordinatorCmd() *cobra.Command {
 	f.String("console-keys", "", "the web console's key file (quotactl console keys create), whose keys verify the console's\n"+
 		"login tokens (quotactl console token); empty: no console unless --insecure (docs/console.md)")
 	f.String("db-url", "", "URL of the coordinator's own database, the ledger, which must exist (required; unlike --pg-url of quotad dev, nothing is created)")
-	f.StringSlice("region", nil, "a region as name=grpc-address=database-url (required; repeat per region)")
+	// StringArray, not StringSlice: a multi-host database URL (h1:p1,h2:p2) has commas.
+	f.StringArray("region", nil, "a region as name=grpc-address=database-url (required; repeat per region; the URL may\n"+
+		"name several hosts, postgres://u@h1:p1,h2:p2/db?target_session_attrs=read-write)")
 	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the coordinator's leadership")
 	f.Duration("strand-after", 30*time.Second, "flag a transfer stranded once a step has failed and it was recorded longer ago than this")
