@@ -61,6 +61,8 @@ func TestLocalUpgrade(t *testing.T) {
 		from = v
 	}
 	c := newLocalCluster(t, "up", "QUOTA_CLUSTER_LEASE_TTL=2s", "QUOTA_CLUSTER_BUILD=0")
+	c.bin = t.TempDir() // the old binaries: not the package's shared directory (TestMain)
+	c.env = append(c.env, "QUOTA_CLUSTER_BIN="+c.bin)
 	newBin := t.TempDir()
 	buildAt(t, c.root, from, c.bin)
 	build := exec.Command("go", "build", "-o", newBin+"/", "./cmd/quotad", "./cmd/quotactl")
@@ -115,7 +117,7 @@ func TestLocalUpgrade(t *testing.T) {
 	}
 	newC := *c
 	newC.bin = newBin
-	newC.checkHolds(r.st)
+	newC.checkUpgradedHolds(r.st)
 	newC.checkUpgraded(newBin)
 	t.Logf("TestLocalUpgrade wall time %s", time.Since(started).Round(time.Second))
 }
@@ -140,9 +142,9 @@ func (c *localCluster) rollingUpgrade(newBin string) {
 	}
 }
 
-// checkHolds finds every acknowledged hold, held or sold, at its region's leader, and runs
-// the audit (with c.bin's quotactl).
-func (c *localCluster) checkHolds(st loadgen.Stats) {
+// checkUpgradedHolds finds every acknowledged hold, held or sold, at its region's leader,
+// and runs the audit (with c.bin's quotactl).
+func (c *localCluster) checkUpgradedHolds(st loadgen.Stats) {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
