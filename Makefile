@@ -8,7 +8,7 @@ GO      ?= go
 BIN_DIR := bin
 
 .DEFAULT_GOAL := build
-.PHONY: pg redis chromium etcdctl podman image build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
+.PHONY: pg redis chromium etcdctl patroni podman image build proto proto-check vet test demo clean fuzz chaos sim readme docs-examples shoppers http-bench metrics-check
 
 # A count of executions (Nx), not a duration: go1.26's fuzz coordinator can fail a run with
 # "context deadline exceeded" when a duration ends mid-call (go.dev/issue/75804, fixed in 1.27).
@@ -65,6 +65,10 @@ image:
 		--build-arg VERSION=$(IMAGE_TAG:quota:%=%) -t $(IMAGE_TAG) -f "$$ctx/Containerfile" "$$ctx"; \
 	CONTAINERS_CONF=$(CURDIR)/deploy/image/containers.conf podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' $(IMAGE_TAG)
 
+## patroni: install Debian's patroni when missing (deploy/local's databases on Patroni: cluster up --db-ha, the database failover tests; scripts/patroni-setup.sh)
+patroni:
+	scripts/patroni-setup.sh
+
 ## etcdctl: install Debian's etcd-client when missing (the etcd lock-down test's attacker, deploy/local's probes)
 etcdctl:
 	scripts/etcdctl-setup.sh
@@ -73,8 +77,8 @@ etcdctl:
 chromium:
 	scripts/chromium-setup.sh
 
-## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check, the Kubernetes manifests' checks (deploy/kubernetes, a module of its own), the image (make image run as quotad dev under podman) and the systemd units (systemd-analyze verify and security)
-test: pg redis chromium etcdctl
+## test: race tests with QUOTA_VERIFY=1 against local PostgreSQL (with Patroni for deploy/local's region database failover, redis-server for the bench's peer and Debian's chromium for the console's browser test), then the simulation's 1,000 seeds, allocation pins, the flood measurements, the README's session, every doc's quotactl and curl examples, proto-check, vet, fuzz, metrics-check, the Kubernetes manifests' checks (deploy/kubernetes, a module of its own), the image (make image run as quotad dev under podman) and the systemd units (systemd-analyze verify and security)
+test: pg redis chromium etcdctl patroni
 	@declare -A res; fail=0; \
 	step() { local name=$$1 t0=$$SECONDS; shift; echo "==> $$name"; \
 		if "$$@"; then res[$$name]=ok; else res[$$name]=FAIL; fail=1; fi; \
@@ -116,9 +120,9 @@ chaos: pg
 	QUOTA_VERIFY=1 QUOTA_CHAOS_DURATION=$$d QUOTA_CHAOS_SEED='$(SEED)' \
 		$(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout "$$(( m + 15 ))m" ./deploy/local/
 
-## db-failover: the whole database failover on Patroni (deploy/local TestLocalDatabaseFailover, QUOTA_DB_HA=1: every database on two PostgreSQL nodes, region us's primary killed twice and the ledger's once; about 5 minutes; make test runs one region's, TestLocalRegionDatabaseFailover)
+## db-failover: the whole database failover on Patroni (deploy/local TestLocalDatabaseFailover, QUOTA_DB_HA=1: every database on two PostgreSQL nodes, region us's primary killed twice and the ledger's once; about 3 minutes; make test runs one region's, TestLocalRegionDatabaseFailover)
 .PHONY: db-failover
-db-failover: pg etcdctl
+db-failover: pg etcdctl patroni
 	QUOTA_DB_HA=1 $(GO) test -race -count=1 -v -run '^TestLocalDatabaseFailover$$' -timeout 15m ./deploy/local/
 
 ## sim: the deterministic simulation alone: `make sim SEEDS=100000 [FIRST=1] [SHAPE=national]`, or one seed: `make sim SEED=1234 [SHAPE=national]` (SHAPE=national: 12 regions, 3,000 pools)
