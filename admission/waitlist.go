@@ -155,7 +155,8 @@ func (w *Waitlist) Settle(a *Arrival, ok bool, now time.Time) Entry {
 // Restore fills a waitlist that has no entry yet with stored ones (Stored; Pre is
 // ignored), as of now: queued ones in their order, offers out until they expire, their
 // units set aside, and final ones kept as ended now. A user with several entries keeps the
-// last one.
+// last one: an earlier one still queued or offered is restored Expired, its units not set
+// aside.
 func (w *Waitlist) Restore(entries []Stored, now time.Time) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -163,8 +164,9 @@ func (w *Waitlist) Restore(entries []Stored, now time.Time) error {
 		return fmt.Errorf("waitlist of sale %s sku %s restored with entries: %w", w.cfg.Sale, w.cfg.SKU, apierr.ErrConflict)
 	}
 	w.observe(now)
-	for _, s := range entries {
-		e, err := restoredEntry(s, w.entries)
+	last := lastOfUsers(entries)
+	for i, s := range entries {
+		e, err := restoredEntry(endedEarlier(s, i, last), w.entries)
 		if err != nil {
 			return err
 		}
