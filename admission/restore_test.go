@@ -278,3 +278,43 @@ func TestRestoreKeepsLastEntryPerUser(t *testing.T) {
 		t.Fatalf("bob's last entry %+v; want first in line", e)
 	}
 }
+
+// TestWaitlistOfferPlannedOutOfOrder: a planned offer is made even when one planned ahead of
+// it was not (its record failed): its buyer leaves the line from where they stand, the buyer
+// not offered keeps the first place, those behind move up, and the next offer goes to the
+// first. An offer already made is not made again.
+func TestWaitlistOfferPlannedOutOfOrder(t *testing.T) {
+	w := newWaitlist(t, nil)
+	var got []Entry
+	for i := range 4 {
+		e, err := w.Join(fmt.Sprintf("w%d", i), opens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e)
+	}
+	plan := w.PlanOffers(2, 1, opens)
+	if len(plan) != 2 || plan[1].ID != got[1].ID {
+		t.Fatalf("plan %v", plan)
+	}
+	if !w.OfferPlanned(plan[1]) || w.OfferPlanned(plan[1]) {
+		t.Fatal("the second planned offer is to be made once")
+	}
+	if a, n := w.SetAside(), w.Len(); a != 1 || n != 3 {
+		t.Fatalf("set aside %d, %d waiting; want 1 and 3", a, n)
+	}
+	for i, want := range map[int]int{0: 1, 2: 2, 3: 3} {
+		if e, _ := w.Get(got[i].ID, opens); e.State != Queued || e.Position != want {
+			t.Fatalf("w%d: %+v; want queued at %d", i, e, want)
+		}
+	}
+	if e, _ := w.Get(got[1].ID, opens); e.State != Admitted || e.Units != 1 {
+		t.Fatalf("w1: %+v; want an offer of 1", e)
+	}
+	if next := w.Offer(1, 1, opens); len(next) != 1 || next[0].ID != got[0].ID {
+		t.Fatalf("next offer %v; want w0's", next)
+	}
+	if e, _ := w.Get(got[2].ID, opens); e.Position != 1 {
+		t.Fatalf("w2: %+v; want first", e)
+	}
+}

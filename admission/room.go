@@ -765,6 +765,22 @@ func (l *entryLine) popFront() *lineEntry {
 	return l.q.popFront()
 }
 
+// remove takes e, which is in the line, out of it wherever it stands: the entries ahead of
+// it move back one slot each, keeping their positions, and those behind it move up one.
+// It takes time in e's position.
+func (l *entryLine) remove(e *lineEntry) {
+	i := int(e.seq - l.head)
+	if i < 0 || i >= l.q.len() || l.q.at(i) != e {
+		panic(fmt.Sprintf("admission: entry %s is not in the line", e.id))
+	}
+	for ; i > 0; i-- {
+		p := l.q.at(i - 1)
+		p.seq++
+		l.q.set(i, p)
+	}
+	l.popFront()
+}
+
 func (l *entryLine) clear() { l.q = entryDeque{} }
 
 // entryDeque is a ring buffer of entries.
@@ -785,6 +801,9 @@ func (d *entryDeque) front() *lineEntry {
 
 // at returns the i-th entry from the front.
 func (d *entryDeque) at(i int) *lineEntry { return d.buf[(d.first+i)%len(d.buf)] }
+
+// set puts e at the i-th place from the front.
+func (d *entryDeque) set(i int, e *lineEntry) { d.buf[(d.first+i)%len(d.buf)] = e }
 
 func (d *entryDeque) grow() {
 	if d.n < len(d.buf) {

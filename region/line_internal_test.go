@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/quotaworks/quota/admission"
 )
 
 // newTestLineWriter is a line writer of r (its term's epoch is 1) whose batches time out
@@ -159,5 +160,64 @@ func TestLineWriterStepsDownWhenUndoFails(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if !r.Leading() {
 		t.Fatal("a lost batch of term 1 stepped term 2 down")
+	}
+}
+
+// TestWaitlistOfferMadeWhenRecordOutlivesCaller: an offer whose record commits after the
+// offering pass gave up waiting (its context ended first) is still made in memory, its unit
+// set aside, as its row says. Before, a pass that saw an error made no offer at all while the
+// rows said admitted.
+func TestWaitlistOfferMadeWhenRecordOutlivesCaller(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	d, err := NewDoor(r, DoorConfig{Keys: func() *admission.Keyring { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	if _, err := d.ensureLoaded(ctx); err != nil {
+		t.Fatal(err)
+	}
+	terms, err := r.terms(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl, err := d.waitlist(terms, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := r.cfg.Clock.Now()
+	var ids []string
+	for _, user := range []string{"ann", "bob"} {
+		_, a, err := wl.list.Arrive(user, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.recordArrival(ctx, wl.epoch, "s", "x", a, now, func(ok bool) admission.Entry {
+			return wl.list.Settle(a, ok, now)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, a.ID)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	d.offer(gone, wl, 1, now) // it returns before the record commits
+	deadline := time.Now().Add(5 * time.Second)
+	for wl.list.SetAside() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the recorded offer was never made: no unit set aside")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var state string
+	var units int64
+	if err := r.pool.QueryRow(ctx, `SELECT state, units FROM line_entries WHERE admission_id = $1`, ids[0]).Scan(&state, &units); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := wl.list.Get(ids[0], now); e.State != admission.Admitted || state != lineAdmitted || units != 1 {
+		t.Fatalf("ann's offer in memory %+v, stored %s with %d units", e, state, units)
+	}
+	if e, _ := wl.list.Get(ids[1], now); e.State != admission.Queued || e.Position != 1 {
+		t.Fatalf("bob %+v; want first in line", e)
 	}
 }
