@@ -230,3 +230,91 @@ func TestRestoreRefusesBadEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreKeepsLastEntryPerUser: a buyer with two rows not final (a queued or admitted one
+// and a later one) keeps only the later: the earlier neither holds a live place against
+// MaxLive nor waits to be admitted, and in a waitlist an earlier offer sets nothing aside.
+func TestRestoreKeepsLastEntryPerUser(t *testing.T) {
+	later := opens.Add(time.Second)
+	r := newRoom(t, func(c *RoomConfig) { c.MaxLive = 1 })
+	stored := []Stored{
+		{ID: "a1", User: "ann", State: Admitted, ExpiresAt: opens.Add(time.Hour)},
+		{ID: "b1", User: "bob", State: Queued},
+		{ID: "a2", User: "ann", State: Queued},
+		{ID: "b2", User: "bob", State: Queued},
+	}
+	if err := r.Restore(stored, later); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Stats(later); s.Live != 0 || s.Queued != 2 {
+		t.Fatalf("restored stats %+v; want no live ticket and 2 queued (one per buyer)", s)
+	}
+	if e, _ := r.Lookup("ann", later); e.ID != "a2" || e.State != Queued || e.Position != 1 {
+		t.Fatalf("ann's entry %+v; want a2 first in line", e)
+	}
+	if e, _ := r.Get("a1", later); e.State != Expired {
+		t.Fatalf("ann's earlier entry %+v; want it ended", e)
+	}
+	if due := r.Due(later, 10); len(due) != 1 || due[0].ID != "a2" {
+		t.Fatalf("due %v; want a2 alone (MaxLive 1)", ids(due))
+	}
+
+	w := newWaitlist(t, nil)
+	if err := w.Restore([]Stored{
+		{ID: "o1", User: "ann", State: Admitted, Units: 2, ExpiresAt: opens.Add(time.Minute)},
+		{ID: "q1", User: "bob", State: Queued},
+		{ID: "o2", User: "ann", State: Admitted, Units: 1, ExpiresAt: opens.Add(time.Minute)},
+		{ID: "q2", User: "bob", State: Queued},
+	}, later); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.SetAside(); got != 1 {
+		t.Fatalf("set aside %d; want 1, ann's last offer's", got)
+	}
+	if n := w.Len(); n != 1 {
+		t.Fatalf("%d waiting; want 1 (bob once)", n)
+	}
+	if e, _ := w.Get("q2", later); e.Position != 1 {
+		t.Fatalf("bob's last entry %+v; want first in line", e)
+	}
+}
+
+// TestWaitlistOfferPlannedOutOfOrder: a planned offer is made even when one planned ahead of
+// it was not (its record failed): its buyer leaves the line from where they stand, the buyer
+// not offered keeps the first place, those behind move up, and the next offer goes to the
+// first. An offer already made is not made again.
+func TestWaitlistOfferPlannedOutOfOrder(t *testing.T) {
+	w := newWaitlist(t, nil)
+	var got []Entry
+	for i := range 4 {
+		e, err := w.Join(fmt.Sprintf("w%d", i), opens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e)
+	}
+	plan := w.PlanOffers(2, 1, opens)
+	if len(plan) != 2 || plan[1].ID != got[1].ID {
+		t.Fatalf("plan %v", plan)
+	}
+	if !w.OfferPlanned(plan[1]) || w.OfferPlanned(plan[1]) {
+		t.Fatal("the second planned offer is to be made once")
+	}
+	if a, n := w.SetAside(), w.Len(); a != 1 || n != 3 {
+		t.Fatalf("set aside %d, %d waiting; want 1 and 3", a, n)
+	}
+	for i, want := range map[int]int{0: 1, 2: 2, 3: 3} {
+		if e, _ := w.Get(got[i].ID, opens); e.State != Queued || e.Position != want {
+			t.Fatalf("w%d: %+v; want queued at %d", i, e, want)
+		}
+	}
+	if e, _ := w.Get(got[1].ID, opens); e.State != Admitted || e.Units != 1 {
+		t.Fatalf("w1: %+v; want an offer of 1", e)
+	}
+	if next := w.Offer(1, 1, opens); len(next) != 1 || next[0].ID != got[0].ID {
+		t.Fatalf("next offer %v; want w0's", next)
+	}
+	if e, _ := w.Get(got[2].ID, opens); e.Position != 1 {
+		t.Fatalf("w2: %+v; want first", e)
+	}
+}

@@ -346,7 +346,8 @@ type Stored struct {
 // over a region's line. The pre-queue's draw is made again from every pre-queue entry (the
 // same draw: the same entries and seed), then the later arrivals follow in their order;
 // admitted entries count against MaxLive until they expire; final ones are kept as ended
-// now. A user with several entries keeps the last one.
+// now. A user with several entries keeps the last one: an earlier one still queued or
+// admitted is restored Expired (endedEarlier), so it neither waits nor holds a live place.
 func (r *Room) Restore(entries []Stored, now time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -354,8 +355,9 @@ func (r *Room) Restore(entries []Stored, now time.Time) error {
 		return fmt.Errorf("room of sale %s restored with entries: %w", r.cfg.Sale, apierr.ErrConflict)
 	}
 	r.observe(now)
-	for _, s := range entries {
-		e, err := restoredEntry(s, r.entries)
+	last := lastOfUsers(entries)
+	for i, s := range entries {
+		e, err := restoredEntry(endedEarlier(s, i, last), r.entries)
 		if err != nil {
 			return err
 		}
@@ -372,8 +374,9 @@ func (r *Room) Restore(entries []Stored, now time.Time) error {
 			r.live++
 			heap.Push(&r.tickets, e)
 		default:
+			st := e.state
 			e.state = Queued // finish moves it from a live state
-			r.finish(e, s.State)
+			r.finish(e, st)
 		}
 	}
 	if !now.Before(r.cfg.OpensAt) {
@@ -397,6 +400,25 @@ func restoredEntry(s Stored, have map[string]*lineEntry) (*lineEntry, error) {
 	}
 	return &lineEntry{id: s.ID, user: s.User, state: s.State, pre: s.Pre, expires: s.ExpiresAt, region: s.Region,
 		units: s.Units}, nil
+}
+
+// lastOfUsers answers, per user, the index of their last entry among entries.
+func lastOfUsers(entries []Stored) map[string]int {
+	last := make(map[string]int, len(entries))
+	for i, s := range entries {
+		last[s.User] = i
+	}
+	return last
+}
+
+// endedEarlier is s, the i-th of the entries whose users' last indexes are last, as Restore
+// takes it: a user keeps only their last entry, so an earlier one not final (queued or
+// admitted: two rows for one buyer) is taken as Expired.
+func endedEarlier(s Stored, i int, last map[string]int) Stored {
+	if last[s.User] != i && !s.State.Final() {
+		s.State = Expired
+	}
+	return s
 }
 
 // stamp formats t as the API does: RFC 3339 in UTC with milliseconds.
@@ -743,6 +765,22 @@ func (l *entryLine) popFront() *lineEntry {
 	return l.q.popFront()
 }
 
+// remove takes e, which is in the line, out of it wherever it stands: the entries ahead of
+// it move back one slot each, keeping their positions, and those behind it move up one.
+// It takes time in e's position.
+func (l *entryLine) remove(e *lineEntry) {
+	i := int(e.seq - l.head)
+	if i < 0 || i >= l.q.len() || l.q.at(i) != e {
+		panic(fmt.Sprintf("admission: entry %s is not in the line", e.id))
+	}
+	for ; i > 0; i-- {
+		p := l.q.at(i - 1)
+		p.seq++
+		l.q.set(i, p)
+	}
+	l.popFront()
+}
+
 func (l *entryLine) clear() { l.q = entryDeque{} }
 
 // entryDeque is a ring buffer of entries.
@@ -763,6 +801,9 @@ func (d *entryDeque) front() *lineEntry {
 
 // at returns the i-th entry from the front.
 func (d *entryDeque) at(i int) *lineEntry { return d.buf[(d.first+i)%len(d.buf)] }
+
+// set puts e at the i-th place from the front.
+func (d *entryDeque) set(i int, e *lineEntry) { d.buf[(d.first+i)%len(d.buf)] = e }
 
 func (d *entryDeque) grow() {
 	if d.n < len(d.buf) {

@@ -155,7 +155,8 @@ func (w *Waitlist) Settle(a *Arrival, ok bool, now time.Time) Entry {
 // Restore fills a waitlist that has no entry yet with stored ones (Stored; Pre is
 // ignored), as of now: queued ones in their order, offers out until they expire, their
 // units set aside, and final ones kept as ended now. A user with several entries keeps the
-// last one.
+// last one: an earlier one still queued or offered is restored Expired, its units not set
+// aside.
 func (w *Waitlist) Restore(entries []Stored, now time.Time) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -163,8 +164,9 @@ func (w *Waitlist) Restore(entries []Stored, now time.Time) error {
 		return fmt.Errorf("waitlist of sale %s sku %s restored with entries: %w", w.cfg.Sale, w.cfg.SKU, apierr.ErrConflict)
 	}
 	w.observe(now)
-	for _, s := range entries {
-		e, err := restoredEntry(s, w.entries)
+	last := lastOfUsers(entries)
+	for i, s := range entries {
+		e, err := restoredEntry(endedEarlier(s, i, last), w.entries)
 		if err != nil {
 			return err
 		}
@@ -201,8 +203,8 @@ func (w *Waitlist) Get(id string, now time.Time) (Entry, bool) {
 }
 
 // PlanOffers answers what Offer(units, perBuyer, now) would offer, changing nothing: a caller
-// that records offers before they are made plans them, records them, then offers. Only Offer
-// takes buyers off the front of the line, so with one caller offering the two agree.
+// that records offers before they are made plans them, records them, then makes each one
+// recorded (OfferPlanned).
 func (w *Waitlist) PlanOffers(units int, perBuyer int, now time.Time) []Offer {
 	perBuyer = max(perBuyer, 1)
 	w.mu.Lock()
@@ -236,6 +238,28 @@ func (w *Waitlist) Offer(units int, perBuyer int, now time.Time) []Offer {
 		out = append(out, Offer{ID: e.id, User: e.user, Units: e.units, Expires: e.expires})
 	}
 	return out
+}
+
+// OfferPlanned makes the offer o, one PlanOffers answered, once its caller has recorded it:
+// its entry leaves the line wherever it now stands (an offer planned ahead of it may not have
+// been recorded, and its buyer still waits first) and its units are set aside. It reports
+// whether it made the offer: not when o has no units or its entry no longer waits (the
+// offer was made already).
+func (w *Waitlist) OfferPlanned(o Offer) bool {
+	if o.Units <= 0 {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e, ok := w.entries[o.ID]
+	if !ok || e.state != Queued {
+		return false
+	}
+	w.line.remove(e)
+	e.state, e.units, e.expires = Admitted, o.Units, o.Expires
+	heap.Push(&w.offers, e)
+	w.setAside += e.units
+	return true
 }
 
 // Claimed records that the buyer reserved units with the offer id (a ticket backs one

@@ -102,7 +102,7 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, waitlists: map[poolKey]*saleWaitlist{}, cancel: cancel, done: make(chan struct{}),
 		gates: gates{r: r, users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
 			addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets)},
-		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger)}
+		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger, r.stepDownTerm)}
 	go d.run(ctx)
 	return d, nil
 }

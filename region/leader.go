@@ -347,14 +347,35 @@ func (r *leadership) recoverFrom(w *writer, err error) (*memState, error) {
 	if m == nil {
 		r.cfg.Logger.Error("region cannot go on leading; stepping down", "region", r.cfg.Name, "err", err)
 		r.cache.forget()
-		r.selfStops.Add(1)
-		go func() { // it waits for this writer goroutine, so not inline
-			defer r.selfStops.Done()
-			r.stepDownFrom(w)
-		}()
+		r.selfStop(w)
 		return nil, err
 	}
 	return m, nil
+}
+
+// selfStop steps the writer w's term down on a goroutine of its own (the step down waits for
+// the writer's goroutine, which may be the caller), counted in selfStops.
+func (r *leadership) selfStop(w *writer) {
+	r.selfStops.Add(1)
+	go func() {
+		defer r.selfStops.Done()
+		r.stepDownFrom(w)
+	}()
+}
+
+// stepDownTerm steps down if the current term is epoch's: a part of the leader's memory kept
+// beside the writer's (the front door's line) may disagree with the database, and only a new
+// term, loading behind the epoch fence, makes them agree again.
+func (r *leadership) stepDownTerm(epoch int64) {
+	r.mu.Lock()
+	w := r.w
+	r.mu.Unlock()
+	if w == nil || w.epoch != epoch {
+		return
+	}
+	r.cfg.Logger.Error("region cannot go on leading: its waiting line may disagree with the database; stepping down",
+		"region", r.cfg.Name, "epoch", epoch)
+	r.selfStop(w)
 }
 
 // epochWait is how long a new leader waits for the epoch row before it ends the

@@ -72,19 +72,29 @@ type lineWriter struct {
 	gate sync.RWMutex // held shared while queuing, exclusively by close
 	shut bool
 	mu   sync.Mutex // guards seq
+	// timeout bounds one batch's round trip, undoTimeout the undoing of one whose outcome
+	// is unknown (lineWriteTimeout and lineUndoTimeout; tests shorten them).
+	timeout, undoTimeout time.Duration
+	// lost runs on the writer's goroutine when a batch of term epoch may have committed and
+	// could not be undone: memory and the rows may disagree, so the term ends (the Door steps
+	// the region down: a new term reloads the line behind the epoch fence).
+	lost func(epoch int64)
 }
 
 // Bounds of the line writer: rows per batch, and rows waiting.
 const (
 	lineMaxBatch = 1024
 	lineMaxQueue = 16 * lineMaxBatch
-	// lineWriteTimeout bounds one batch's round trip.
+	// lineWriteTimeout bounds one batch's round trip, lineUndoTimeout the undoing of one
+	// whose outcome is unknown.
 	lineWriteTimeout = 10 * time.Second
+	lineUndoTimeout  = 10 * time.Second
 )
 
-func newLineWriter(pool *pgxpool.Pool, logger *slog.Logger) *lineWriter {
+// newLineWriter starts a writer of line entries to pool; lost is its lineWriter.lost.
+func newLineWriter(pool *pgxpool.Pool, logger *slog.Logger, lost func(epoch int64)) *lineWriter {
 	lw := &lineWriter{pool: pool, logger: logger, in: make(chan *lineReq, lineMaxQueue), max: lineMaxBatch,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), timeout: lineWriteTimeout, undoTimeout: lineUndoTimeout, lost: lost}
 	go lw.run()
 	return lw
 }
@@ -208,21 +218,26 @@ func (lw *lineWriter) answer(r *lineReq, err error) {
 	close(r.done)
 }
 
-// commit writes reqs (one epoch) and settles each, in order.
+// commit writes reqs (one epoch) and settles each, in order: the inserts with insErr, the
+// updates with upErr.
 func (lw *lineWriter) commit(reqs []*lineReq) {
-	ctx, cancel := context.WithTimeout(context.Background(), lineWriteTimeout)
-	defer cancel()
-	err := lw.write(ctx, reqs)
+	ctx, cancel := context.WithTimeout(context.Background(), lw.timeout)
+	insErr, upErr := lw.write(ctx, reqs)
+	cancel()
 	for _, r := range reqs {
-		lw.answer(r, err)
+		if r.insert {
+			lw.answer(r, insErr)
+		} else {
+			lw.answer(r, upErr)
+		}
 	}
 }
 
 // write sends one pipeline for reqs: the epoch fence, the inserts (numbered here, in order)
-// and the updates, each update guarded to change its row. A failure whose outcome is unknown
-// (the connection lost mid-commit) is made known: the backend is ended and the inserted rows
-// deleted, so no row a buyer never heard of stays in the line.
-func (lw *lineWriter) write(ctx context.Context, reqs []*lineReq) error {
+// and the updates, each update guarded to change its row. It answers what the inserts and
+// the updates are told: the same error, but for a failure whose outcome is unknown (the
+// deadline passed, or the connection was lost mid-commit), which settleUnknown settles.
+func (lw *lineWriter) write(ctx context.Context, reqs []*lineReq) (insErr, upErr error) {
 	var ins, ups []lineRow
 	for _, r := range reqs {
 		if r.insert {
@@ -245,28 +260,46 @@ func (lw *lineWriter) write(ctx context.Context, reqs []*lineReq) error {
 	}
 	conn, err := lw.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: write the line: %v", ErrAborted, err)
+		err = fmt.Errorf("%w: write the line: %v", ErrAborted, err)
+		return err, err
 	}
 	pid := conn.Conn().PgConn().PID()
 	started, known := pgutil.BackendStart(conn.Conn().PgConn())
 	err = conn.SendBatch(ctx, pb).Close()
 	conn.Release()
 	if err == nil {
-		return nil
+		return nil, nil
 	}
 	if fe := fencing.AsFenced(err); fe != nil {
-		return fmt.Errorf("write the line: %v: %w", fe, ErrNotLeader)
+		err = fmt.Errorf("write the line: %v: %w", fe, ErrNotLeader)
+		return err, err
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && !outcomeUnknown(pe) {
-		return fmt.Errorf("%w: write the line: %v", ErrAborted, err)
+		err = fmt.Errorf("%w: write the line: %v", ErrAborted, err)
+		return err, err
 	}
-	orphan := &orphanError{pid: pid, started: started, startKnown: known, err: err}
-	if cerr := lw.undo(ctx, orphan, reqs[0].epoch, ins); cerr != nil {
-		lw.logger.Error("a line batch's outcome is unknown and could not be undone", "err", err, "undo", cerr)
-		return orphan
+	return lw.settleUnknown(&orphanError{pid: pid, started: started, startKnown: known, err: err}, reqs[0].epoch, ins)
+}
+
+// settleUnknown settles a batch whose outcome is unknown, under a context of its own (the
+// batch's deadline passing is the usual cause): it ends the batch's backend, so nothing of
+// it commits later, and deletes the rows it may have inserted, so no row a buyer never heard
+// of stays in the line: the inserts surely did not happen (ABORTED). The updates may have
+// committed and are not undone (UNKNOWN_OUTCOME; their callers write them again). When the
+// undoing fails, every request's outcome stays unknown and lost ends the term.
+func (lw *lineWriter) settleUnknown(orphan *orphanError, epoch int64, ins []lineRow) (insErr, upErr error) {
+	ctx, cancel := context.WithTimeout(context.Background(), lw.undoTimeout)
+	defer cancel()
+	if err := lw.undo(ctx, orphan, epoch, ins); err != nil {
+		lw.logger.Error("a line batch's outcome is unknown and could not be undone; the term ends", "epoch", epoch,
+			"err", orphan.err, "undo", err)
+		if lw.lost != nil {
+			lw.lost(epoch)
+		}
+		return orphan, orphan
 	}
-	return fmt.Errorf("%w: write the line: %v (undone)", ErrAborted, err)
+	return fmt.Errorf("%w: write the line: %v (undone)", ErrAborted, orphan.err), fmt.Errorf("write the line: %w", orphan)
 }
 
 // undo ends an orphaned batch's backend, then deletes the rows it may have inserted.

@@ -212,7 +212,9 @@ func checkLineKept(t *testing.T, ids []string, before, after map[string]region.A
 }
 
 // TestWaitlistSurvivesTakeover: a leader change keeps each waitlisted buyer's turn, the
-// offer out with its units set aside, and the offer's ticket.
+// offer out with its units set aside, and the offer's ticket. No reservation takes the
+// offer's unit at the new leader, not even the first one after the takeover: a sale with a
+// waiting room takes none without a ticket, and one with a ticket waits for the lines to load.
 func TestWaitlistSurvivesTakeover(t *testing.T) {
 	le := newLineEnv(t)
 	terms := defaultTerms(listSale, 1, listSKU)
@@ -222,7 +224,12 @@ func TestWaitlistSurvivesTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := le.waitFor(listSale, []string{a.ID}, "admission", func(as map[string]region.Admission) bool { return live(as) == 1 })[a.ID]
+	b, err := le.door.Enter(le.ctx, listSale, "second", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := le.waitFor(listSale, []string{a.ID, b.ID}, "admission", func(as map[string]region.Admission) bool { return live(as) == 2 })
+	first, second := admitted[a.ID], admitted[b.ID]
 	res, err := le.door.Reserve(le.ctx, region.ReserveRequest{Sale: listSale, SKU: listSKU, User: "first", Quantity: 1, RequestKey: "k", Ticket: first.Ticket})
 	if err != nil {
 		t.Fatal(err)
@@ -240,6 +247,14 @@ func TestWaitlistSurvivesTakeover(t *testing.T) {
 	}
 	before := le.waitFor(listSale, ids, "the offer", func(as map[string]region.Admission) bool { return as[ids[0]].State == admission.Admitted })
 	le.crash()
+	// At once, before anything loads the lines: an open buyer takes nothing set aside.
+	if _, err := le.door.Reserve(le.ctx, region.ReserveRequest{Sale: listSale, SKU: listSKU, User: "second", Quantity: 1, RequestKey: "s",
+		Ticket: second.Ticket}); !errors.Is(err, region.ErrRegionExhausted) {
+		t.Fatalf("an open buyer's reservation at once after the takeover: %v; want the unit kept for the offer", err)
+	}
+	if _, err := le.door.Reserve(le.ctx, region.ReserveRequest{Sale: listSale, SKU: listSKU, User: "third", Quantity: 1, RequestKey: "t"}); !errors.Is(err, region.ErrTicketInvalid) {
+		t.Fatalf("a reservation without a ticket in a sale with a waiting room: %v; want a ticket required", err)
+	}
 	after := le.poll(listSale, ids)
 	checkLineKept(t, ids, before, after)
 	if after[ids[0]].Units != 1 || after[ids[0]].SKU != listSKU {

@@ -180,8 +180,9 @@ func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitl
 }
 
 // offer makes the offers of units to wl's next buyers once their rows say so (line.go): a
-// new leader finds them out, their units set aside. Offers not recorded are not made; the
-// next pass plans them again.
+// new leader finds them out, their units set aside. Each offer is made as its own record
+// commits, whatever becomes of the others and even after this call gave up waiting (its
+// settle); an offer not recorded is not made, and the next pass plans it again.
 func (d *Door) offer(ctx context.Context, wl *saleWaitlist, units int, now time.Time) {
 	now = now.Truncate(time.Microsecond) // the expiry as stored is the one signed
 	plan := wl.list.PlanOffers(units, int(wl.limit), now)
@@ -189,15 +190,14 @@ func (d *Door) offer(ctx context.Context, wl *saleWaitlist, units int, now time.
 	defer cancel()
 	reqs := make([]*lineReq, len(plan))
 	for i, o := range plan {
-		reqs[i] = &lineReq{epoch: wl.epoch, settle: func(error) {}, row: lineRow{sale: wl.pk.sale, id: o.ID, state: lineAdmitted,
-			expires: o.Expires, units: int64(o.Units)}}
+		reqs[i] = &lineReq{epoch: wl.epoch, row: lineRow{sale: wl.pk.sale, id: o.ID, state: lineAdmitted, expires: o.Expires,
+			units: int64(o.Units)}, settle: func(err error) {
+			if err == nil && !wl.list.OfferPlanned(o) {
+				d.cfg.Logger.Warn("a recorded waitlist offer's buyer no longer waits", "sale", wl.pk.sale, "sku", wl.pk.sku, "offer", o.ID)
+			}
+		}}
 	}
 	if err := d.line.recordAll(wctx, reqs); err != nil {
-		d.cfg.Logger.Warn("recording waitlist offers failed; they are tried again", "sale", wl.pk.sale, "sku", wl.pk.sku, "err", err)
-		return
-	}
-	if got := wl.list.Offer(units, int(wl.limit), now); len(got) != len(plan) {
-		d.cfg.Logger.Error("waitlist offers differ from those recorded", "sale", wl.pk.sale, "sku", wl.pk.sku,
-			"recorded", len(plan), "made", len(got))
+		d.cfg.Logger.Warn("recording waitlist offers failed; those not recorded are tried again", "sale", wl.pk.sale, "sku", wl.pk.sku, "err", err)
 	}
 }
