@@ -82,9 +82,10 @@ func (r Records) ListActions(ctx context.Context, after int64, limit int) ([]tra
 	return out, nil
 }
 
-// Records are the coordinator's reads for auditors beyond the audit itself: the per-user
-// limit from the regions' records (AuditLimits), their late payments (LatePayments) and the
-// action log (ListActions).
+// Records are the coordinator's reads for auditors and operators beyond the audit itself:
+// the per-user limit from the regions' records (AuditLimits), their late payments
+// (LatePayments), the action log (ListActions) and the ledger's part of the cluster's status
+// (LedgerStatus).
 type Records struct{ c *Coordinator }
 
 // Records are the auditors' reads of this coordinator.

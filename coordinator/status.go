@@ -32,8 +32,9 @@ type LedgerStatus struct {
 	Paused []Pause
 }
 
-// LedgerStatus reads the ledger's part of the cluster's status.
-func (c *Coordinator) LedgerStatus(ctx context.Context) (LedgerStatus, error) {
+// LedgerStatus reads the ledger's part of the cluster's status (quotactl status).
+func (r Records) LedgerStatus(ctx context.Context) (LedgerStatus, error) {
+	c := r.c
 	var st LedgerStatus
 	err := c.ledger.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE stranded)
 		FROM transfers WHERE state IN ('requested', 'pending')`).Scan(&st.Unfinished, &st.StrandedCount)

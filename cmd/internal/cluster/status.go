@@ -60,7 +60,7 @@ func (n *CoordinatorNode) gatherStatus(ctx context.Context, creds credentials.Tr
 		lctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
 		var err error
-		if st.Ledger, err = n.C.LedgerStatus(lctx); err != nil {
+		if st.Ledger, err = n.C.Records().LedgerStatus(lctx); err != nil {
 			st.LedgerErr = err.Error()
 		}
 	}()
