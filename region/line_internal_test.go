@@ -221,3 +221,37 @@ func TestWaitlistOfferMadeWhenRecordOutlivesCaller(t *testing.T) {
 		t.Fatalf("bob %+v; want first in line", e)
 	}
 }
+
+// TestPruneDeletesEndedEntries: the pruning pass deletes a waitlist offer that ended more than
+// twice the offer TTL ago and a buyer bound elsewhere that long ago (for a sale of no ticket
+// TTL), and keeps what is queued and what ended recently.
+func TestPruneDeletesEndedEntries(t *testing.T) {
+	r, ctx := newInternalRegion(t)
+	d, err := NewDoor(r, DoorConfig{Keys: func() *admission.Keyring { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	epoch, err := d.ensureLoaded(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := r.cfg.Clock.Now()
+	old, recent := now.Add(-time.Hour), now.Add(-time.Second)
+	if _, err := r.pool.Exec(ctx, `INSERT INTO line_entries (sale_id, admission_id, user_id, sku, seq, state, expires_at, units, bound_region, entered_at) VALUES
+		('s', 'a-old', 'ann', 'x', 1, 'admitted', $1, 1, '', $1),
+		('s', 'a-new', 'bob', 'x', 2, 'admitted', $2, 1, '', $2),
+		('s', 'q', 'cid', 'x', 3, 'queued', NULL, 0, '', $1),
+		('s', 'e-old', 'dan', '', 4, 'elsewhere', NULL, 0, 'eu', $1)`, old, recent); err != nil {
+		t.Fatal(err)
+	}
+	n, err := d.prune(ctx, epoch, now)
+	if err != nil || n != 2 {
+		t.Fatalf("prune: deleted %d, %v; want the old offer and the old elsewhere entry", n, err)
+	}
+	for id, want := range map[string]int{"a-old": 0, "e-old": 0, "a-new": 1, "q": 1} {
+		if got := lineRows(t, r, ctx, id); got != want {
+			t.Errorf("entry %s: %d rows left, want %d", id, got, want)
+		}
+	}
+}

@@ -184,9 +184,9 @@ const (
 // queued: a new leader draws the pre-queue again from all of it.
 const pruneLineSQL = `DELETE FROM line_entries WHERE ctid = ANY(ARRAY(
 	SELECT l.ctid FROM line_entries l JOIN sales s ON s.sale_id = l.sale_id
-	WHERE ((l.state = 'admitted' AND l.expires_at < $1 - CASE WHEN l.sku = '' THEN 2 * s.ticket_ttl_ms * interval '1 millisecond'
+	WHERE ((l.state = 'admitted' AND l.expires_at < $1::timestamptz - CASE WHEN l.sku = '' THEN 2 * s.ticket_ttl_ms * interval '1 millisecond'
 				ELSE 2 * $2::bigint * interval '1 millisecond' END)
-			OR (l.state = 'elsewhere' AND l.entered_at < $1 - 2 * s.ticket_ttl_ms * interval '1 millisecond'))
+			OR (l.state = 'elsewhere' AND l.entered_at < $1::timestamptz - 2 * s.ticket_ttl_ms * interval '1 millisecond'))
 		AND (NOT l.pre OR NOT EXISTS (SELECT 1 FROM line_entries q WHERE q.sale_id = l.sale_id AND q.sku = '' AND q.pre AND q.state = 'queued'))
 	LIMIT $3))`
 
