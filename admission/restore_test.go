@@ -318,3 +318,33 @@ func TestWaitlistOfferPlannedOutOfOrder(t *testing.T) {
 		t.Fatalf("w2: %+v; want first", e)
 	}
 }
+
+// TestSecondArriveWaitsForTheFirst: while a buyer's arrival is being recorded, another Arrive
+// of the buyer answers an EnteringError whose Done closes when the first settles; the buyer's
+// place is then the first one's, never a second.
+func TestSecondArriveWaitsForTheFirst(t *testing.T) {
+	opens := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	r, err := NewRoom(RoomConfig{Sale: "s", Region: "us", OpensAt: opens, Rate: 1, MaxLive: 1, TicketTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, a, err := r.Arrive("ann", opens)
+	if err != nil || a == nil {
+		t.Fatalf("first arrive: %v, %v", a, err)
+	}
+	_, again, err := r.Arrive("ann", opens)
+	var ee *EnteringError
+	if again != nil || !errors.As(err, &ee) || !errors.Is(err, apierr.ErrAborted) {
+		t.Fatalf("second arrive while the first is recorded: %v, %v; want an EnteringError (ABORTED)", again, err)
+	}
+	select {
+	case <-ee.Done:
+		t.Fatal("Done closed before the first arrival settled")
+	default:
+	}
+	first := r.Settle(a, true, opens)
+	<-ee.Done
+	if e, ok := r.Lookup("ann", opens); !ok || e.ID != first.ID {
+		t.Fatalf("ann after the first settled: %+v, %v; want the first arrival's place %s", e, ok, first.ID)
+	}
+}

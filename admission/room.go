@@ -139,7 +139,7 @@ type Room struct {
 	post    []*lineEntry // arrivals after opens_at settled before the draw, in order
 	// arriving are the users whose arrival is kept (Arrive) and not yet settled, pendingPre
 	// how many of them join the pre-queue: no draw while there is one.
-	arriving   map[string]bool
+	arriving   map[string]chan struct{} // closed when the arrival settles
 	pendingPre int
 	line       entryLine
 	tokens     float64
@@ -185,7 +185,7 @@ func NewRoom(cfg RoomConfig) (*Room, error) {
 		flowRate: min(cfg.Rate, float64(cfg.MaxLive)/cfg.TicketTTL.Seconds()),
 		entries:  make(map[string]*lineEntry),
 		byUser:   make(map[string]*lineEntry),
-		arriving: make(map[string]bool),
+		arriving: make(map[string]chan struct{}),
 		filled:   cfg.OpensAt,
 		ended:    make(map[EntryState]int),
 	}
@@ -242,7 +242,8 @@ type Arrival struct {
 // Settle once, with whether the record succeeded. A kept place counts against MaxQueue, and
 // while a pre-queue arrival is kept the room does not draw its pre-queue, so a draw is
 // always of every pre-queue arrival recorded before it. A second Arrive for a user whose
-// arrival is kept answers an error wrapping apierr.ErrAborted.
+// arrival is kept answers an *EnteringError (wrapping apierr.ErrAborted): wait for its Done,
+// then look the user up.
 func (r *Room) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 	if user == "" {
 		return Entry{}, nil, apierr.Invalid("user", "empty")
@@ -257,8 +258,8 @@ func (r *Room) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 	if r.closed {
 		return Entry{User: user, State: Closed, Reason: r.reason}, nil, nil
 	}
-	if r.arriving[user] {
-		return Entry{}, nil, fmt.Errorf("%w: buyer %s is entering sale %s already", apierr.ErrAborted, user, r.cfg.Sale)
+	if done := r.arriving[user]; done != nil {
+		return Entry{}, nil, &EnteringError{User: user, Sale: r.cfg.Sale, Done: done}
 	}
 	if !r.opened && now.Before(r.cfg.OpensAt.Add(-r.cfg.PreQueue)) {
 		return Entry{}, nil, fmt.Errorf("%w: sale %s at %s takes arrivals from %s: opens_at %s, server_time %s",
@@ -276,12 +277,26 @@ func (r *Room) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 	if _, dup := r.entries[a.ID]; dup || a.ID == "" {
 		panic(fmt.Sprintf("admission: NewID made an empty or duplicate id %q", a.ID))
 	}
-	r.arriving[user] = true
+	r.arriving[user] = make(chan struct{})
 	if a.Pre {
 		r.pendingPre++
 	}
 	return Entry{}, a, nil
 }
+
+// EnteringError is Arrive's answer to a user whose earlier arrival is still being recorded:
+// once Done is closed the arrival has settled, and Lookup answers the place it took, if any.
+type EnteringError struct {
+	User, Sale string
+	Done       <-chan struct{}
+}
+
+func (e *EnteringError) Error() string {
+	return fmt.Sprintf("buyer %s is entering sale %s already: %v", e.User, e.Sale, apierr.ErrAborted)
+}
+
+// Unwrap makes an EnteringError an apierr.ErrAborted: asked again, it answers the place.
+func (e *EnteringError) Unwrap() error { return apierr.ErrAborted }
 
 // Settle is Enter's second half: with ok, a's entry takes the place kept for it (the
 // pre-queue, or the back of the line) and Settle answers it; without, the place is let go
@@ -289,9 +304,11 @@ func (r *Room) Arrive(user string, now time.Time) (Entry, *Arrival, error) {
 func (r *Room) Settle(a *Arrival, ok bool, now time.Time) Entry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.arriving[a.User] {
+	done := r.arriving[a.User]
+	if done == nil {
 		panic(fmt.Sprintf("admission: arrival %s of %s settled twice", a.ID, a.User))
 	}
+	close(done)
 	delete(r.arriving, a.User)
 	if a.Pre {
 		r.pendingPre--

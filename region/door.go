@@ -164,6 +164,9 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 		return Admission{}, err
 	}
 	e, a, err := room.Arrive(user, now)
+	if ee := (*admission.EnteringError)(nil); errors.As(err, &ee) {
+		return enteredMeanwhile(ctx, d, sale, room, ee)
+	}
 	if err != nil {
 		return Admission{}, err
 	}
@@ -176,6 +179,21 @@ func (d *Door) Enter(ctx context.Context, sale, user, addr string) (Admission, e
 		}
 	}
 	return d.answer(sale, e)
+}
+
+// enteredMeanwhile answers an Enter that came while the same buyer's earlier one was being
+// recorded: the place that one took, once it settled (never a second place); ABORTED, to ask
+// again, if it took none or ctx ends first.
+func enteredMeanwhile(ctx context.Context, d *Door, sale string, room *admission.Room, ee *admission.EnteringError) (Admission, error) {
+	select {
+	case <-ee.Done:
+	case <-ctx.Done():
+		return Admission{}, fmt.Errorf("%w (waiting for it: %v)", ee, ctx.Err())
+	}
+	if e, ok := room.Lookup(ee.User, d.r.cfg.Clock.Now()); ok && e.State != admission.Expired {
+		return d.answer(sale, e)
+	}
+	return Admission{}, ee
 }
 
 // recordArrival writes a new entry's row (line.go) and answers the entry settle makes once
