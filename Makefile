@@ -90,7 +90,7 @@ test: pg redis chromium etcdctl patroni
 	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
 	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
 	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
-		$(GO) test -race -count=1 -p 3 -timeout 20m ./...; \
+		$(GO) test -race -count=1 -p 3 -timeout 30m ./...; \
 	if [ -f .cache/chaos-report.txt ]; then cat .cache/chaos-report.txt; fi; \
 	step sim env GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestSimulation|TestSimulationNational)$$' ./sim/; \
 	step allocs env GO=$(GO) scripts/run-tests.sh 3 -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
