@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -79,6 +80,48 @@ func TestImage(t *testing.T) {
 		if !strings.Contains(out, r) || !strings.Contains(out, addr) {
 			t.Errorf("quotactl regions does not name region %s at %s:\n%s", r, addr, out)
 		}
+	}
+	checkStatus(t, tag, data, base)
+}
+
+// checkStatus runs the image's quotactl status against the development cluster: every region
+// and the coordinator have a leader, and what it flags is only what a development cluster
+// lacks by design (standbys), so its exit status is 1 for that alone.
+func checkStatus(t *testing.T, tag, data string, base int) {
+	t.Helper()
+	out, err := podman(t, "run", "--rm", "--network", "host", "-v", data+":/data:Z",
+		"--entrypoint", "/usr/local/bin/quotactl", tag,
+		"--certs-dir", "/data/certs", "--coordinator", net.JoinHostPort("127.0.0.1", strconv.Itoa(base)),
+		"--timeout", "20s", "status", "-o", "json")
+	var st struct {
+		Coordinator struct {
+			Leader string `json:"leader"`
+		} `json:"coordinator"`
+		Regions []struct {
+			Name   string `json:"name"`
+			Leader string `json:"leader"`
+		} `json:"regions"`
+		Problems []string `json:"problems"`
+	}
+	start := strings.Index(out, "{")
+	if start < 0 || json.Unmarshal([]byte(out[start:]), &st) != nil {
+		t.Fatalf("quotactl status -o json in the image: %v: %s", err, out)
+	}
+	if st.Coordinator.Leader == "" || len(st.Regions) != len(devRegions) {
+		t.Errorf("quotactl status: coordinator leader %q, %d regions; want a leader and %d regions:\n%s", st.Coordinator.Leader, len(st.Regions), len(devRegions), out)
+	}
+	for _, r := range st.Regions {
+		if r.Leader == "" {
+			t.Errorf("quotactl status: region %s has no leader:\n%s", r.Name, out)
+		}
+	}
+	for _, p := range st.Problems {
+		if !strings.Contains(p, "standby") {
+			t.Errorf("quotactl status flags %q in a healthy development cluster:\n%s", p, out)
+		}
+	}
+	if (err == nil) != (len(st.Problems) == 0) {
+		t.Errorf("quotactl status: exit %v with problems %q; want exit 1 exactly when it flags one", err, st.Problems)
 	}
 }
 
