@@ -19,8 +19,9 @@ const dbTTL = 10 * time.Second
 // PostgreSQL processes, cheap enough for every run: `cluster up --db-ha=us` (one Patroni
 // cluster of two nodes; eu, ap and the ledger on the one PostgreSQL server), then kill -9 of
 // us's primary node (Patroni and postmaster) while storefronts reserve and pay at us's HTTP
-// edge: every acknowledged hold is there afterwards in its state, nothing is oversold, the
-// audit is clean and us serves again within twice Patroni's ttl. It takes under 3 minutes.
+// edge and stock moves from eu into us: every acknowledged hold is there afterwards in its
+// state, every transfer ends posted or voided, nothing is oversold, the audit is clean and us
+// serves again within twice Patroni's ttl. It takes under 3 minutes.
 func TestLocalRegionDatabaseFailover(t *testing.T) {
 	started := time.Now()
 	c := startDBHA(t, "rdb", "--db-ha=us")
@@ -153,8 +154,9 @@ func (l *edgeLoad) run(ctx context.Context, hc *http.Client, edge, sale, tag str
 	}
 }
 
-// dbFailover kills the primary node of region r's database under load at r's HTTP edge and
-// checks the holds and the audit; it returns the killed node's name.
+// dbFailover kills the primary node of region r's database under load at r's HTTP edge while
+// stock moves into r, and checks the holds, the transfers (each posted or voided, a stranded
+// one resolved) and the audit; it returns the killed node's name.
 func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 	t.Helper()
 	primary := strings.TrimSpace(c.cluster(30*time.Second, "db-primary", r))
@@ -168,6 +170,9 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 		wg.Add(1)
 		go func() { defer wg.Done(); load.run(ctx, hc, edge, "d", fmt.Sprintf("r%d", round), w) }()
 	}
+	moves := map[string]int{}
+	wg.Add(1)
+	go func() { defer wg.Done(); c.moveStockInto(ctx, r, fmt.Sprintf("m%d", round), moves) }()
 	defer func() { cancel(); wg.Wait() }()
 	time.Sleep(4 * time.Second)
 	killed := time.Now()
@@ -201,9 +206,34 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 	if served > 2*dbTTL {
 		t.Errorf("region %s served again %s after the kill, want within twice the ttl (%s)", r, served, 2*dbTTL)
 	}
+	t.Logf("stock moved into %s during the failover, by answer: %v", r, moves)
 	c.checkHolds(t, hc, edge, load.held)
+	c.settleTransfers(t, "d")
 	c.checkAudit(t, "d")
 	return primary
+}
+
+// moveStockInto moves one unit from eu into region r every half second until ctx ends (at
+// most 240 moves), as the rebalancer moves stock into a region running dry: the same fenced
+// transfers, whose outcomes it counts in answers (the caller reads it once ctx ended and the
+// goroutine returned).
+func (c *localCluster) moveStockInto(ctx context.Context, r, tag string, answers map[string]int) {
+	for n := 0; ctx.Err() == nil && n < 240; n++ {
+		out, err := c.quotactl(c.addr(0), "transfer", "--sale", "d", "--sku", "phone", "--from", "eu", "--to", r, "--units", "1",
+			"--request-key", fmt.Sprintf("%s-%d", tag, n), "-o", "json")
+		switch {
+		case err != nil:
+			answers["error"]++
+		case strings.Contains(out, `"posted"`):
+			answers["posted"]++
+		default:
+			answers["not posted"]++
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // checkHolds reads every acknowledged hold at the edge: there, held or sold, sold if its
