@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -27,7 +28,7 @@ type ErrorDetail struct {
 	Message string `json:"message"`
 	// Field names the bad field of an INVALID_ARGUMENT answer.
 	Field string `json:"field,omitempty"`
-	// RetryAfterMs is when to ask again, on OVERLOADED answers (also in Retry-After).
+	// RetryAfterMs is when to ask again, on OVERLOADED and 503 answers (also in Retry-After).
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 	// Region is the region that serves the buyer, on BOUND_ELSEWHERE answers.
 	Region string `json:"region,omitempty"`
@@ -48,13 +49,27 @@ var codeHTTP = map[codes.Code]int{
 // HTTP turns an error (a domain error, as the region returns it, or a gRPC status error, as
 // a peer does) into the HTTP edge's status and body, through the same table as ToStatus, so
 // the two APIs never disagree. A domain error is read from the table directly (httpOfDomain);
-// a status error from its details.
+// a status error from its details. A 503 answer asks to try again after
+// UnavailableRetryAfter unless it says when.
 func HTTP(err error) (int, ErrorBody) {
+	var code int
+	var body ErrorBody
 	if !isStatus(err) {
-		return httpOfDomain(err)
+		code, body = httpOfDomain(err)
+	} else {
+		code, body = httpOfStatus(err)
 	}
-	return httpOfStatus(err)
+	if code == 503 && body.Error.RetryAfterMs == 0 {
+		body.Error.RetryAfterMs = UnavailableRetryAfter.Milliseconds()
+	}
+	return code, body
 }
+
+// UnavailableRetryAfter is when a 503 answer (NOT_LEADER, UNKNOWN_OUTCOME, UNAVAILABLE: a
+// leader changing, a database failing over) asks the client to try again, in retry_after_ms
+// and Retry-After: a region's leader changes in about 2 s, a database fails over in about
+// 11 s, so a client asking every second finds the new one soon without hammering.
+const UnavailableRetryAfter = time.Second
 
 // isStatus reports whether status.FromError(err) would find a status in err (nil counts),
 // without building one for an error that has none as FromError does.

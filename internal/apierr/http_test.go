@@ -151,3 +151,23 @@ func TestHTTPOfDomainBuildsNoStatus(t *testing.T) {
 		t.Errorf("the answer to a bad field allocates %v times; want at most 10", n)
 	}
 }
+
+// TestUnavailableAnswersAskToRetry: every 503 answer (a leader changing, an unknown outcome,
+// a peer unavailable) carries retry_after_ms and Retry-After of UnavailableRetryAfter, and no
+// other answer but OVERLOADED carries either.
+func TestUnavailableAnswersAskToRetry(t *testing.T) {
+	for _, err := range answerCases() {
+		a := AnswerHTTP(err)
+		_, body := HTTP(err)
+		var over *OverloadedError
+		switch {
+		case a.Status == 503:
+			if body.Error.RetryAfterMs != UnavailableRetryAfter.Milliseconds() || a.RetryAfter != "1" {
+				t.Errorf("%v: 503 with retry_after_ms %d, Retry-After %q; want %d and 1", err, body.Error.RetryAfterMs, a.RetryAfter, UnavailableRetryAfter.Milliseconds())
+			}
+		case errors.As(err, &over):
+		case body.Error.RetryAfterMs != 0 || a.RetryAfter != "":
+			t.Errorf("%v: %d with retry_after_ms %d, Retry-After %q; want neither", err, a.Status, body.Error.RetryAfterMs, a.RetryAfter)
+		}
+	}
+}
