@@ -164,6 +164,7 @@ func (n *CoordinatorNode) serve() error {
 	nm := newNodeMetrics(roleCoordinator, "", cfg.TLS)
 	n.metrics, n.Metrics = nm, nm.reg
 	nm.leader(func() bool { _, err := n.C.Generation(); return err == nil })
+	nm.database(n.DB)
 	registerCoordinator(nm.reg, n.C)
 	var err error
 	if cfg.HTTPListen != "" { // first: once started, closeResources stops it if the rest fails

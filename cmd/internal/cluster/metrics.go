@@ -7,6 +7,7 @@ import (
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -69,6 +70,24 @@ func (m *nodeMetrics) leader(leading func() bool) {
 		}
 		return 0
 	}))
+}
+
+// database registers the state of the node's own database, read on each scrape:
+// quota_database_up (a ping within collectTimeout answered) and
+// quota_database_connections_opened_total (pgxpool's connections opened since start: a step
+// after a database failover is the node reconnecting to the new primary).
+func (m *nodeMetrics) database(db *pgxpool.Pool) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quota_database_up", ConstLabels: m.labels,
+		Help: "1 when this process's own database answered a ping within 2 s at this scrape, else 0."}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
+		defer cancel()
+		if db.Ping(ctx) != nil {
+			return 0
+		}
+		return 1
+	}), prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "quota_database_connections_opened_total", ConstLabels: m.labels,
+		Help: "Connections this process opened to its own database since it started: a step after a failover is the reconnection to the new primary."},
+		func() float64 { return float64(db.Stat().NewConnsCount()) }))
 }
 
 // Listener names of quota_connections_refused_total: the gRPC server, and the HTTP listener

@@ -216,6 +216,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	}
 	registerRegion(nm.reg, r)
 	nm.leader(r.Leading)
+	nm.database(db)
 	srv, err := rpcserve.Listen(cfg.Listen, nm.serverOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits, Logger: cfg.Logger,
 		Guards: []grpc.UnaryServerInterceptor{rpcserve.AddressedTo(cfg.Region.Name)}}))
 	if err != nil {
