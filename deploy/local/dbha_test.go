@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quotaworks/quota/internal/trust"
 )
 
 // dbTTL is the Patroni ttl the database failover test runs with (QUOTA_CLUSTER_DB_TTL).
@@ -175,6 +179,7 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 	go func() { defer wg.Done(); c.moveStockInto(ctx, r, fmt.Sprintf("m%d", round), moves) }()
 	defer func() { cancel(); wg.Wait() }()
 	time.Sleep(4 * time.Second)
+	_, opened := c.databaseMetrics(t, edge)
 	killed := time.Now()
 	c.cluster(30*time.Second, "kill", primary)
 	load.mu.Lock()
@@ -198,6 +203,12 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 		return nil
 	})
 	served := load.firstOK.Sub(killed)
+	c.eventually(30*time.Second, r+"'s metrics: its database up again, reached by new connections", func() error {
+		if up, now := c.databaseMetrics(t, edge); up != 1 || now <= opened {
+			return fmt.Errorf("quota_database_up %v, quota_database_connections_opened_total %v (before the kill %v)", up, now, opened)
+		}
+		return nil
+	})
 	time.Sleep(3 * time.Second) // served by the new primary for a while
 	cancel()
 	wg.Wait()
@@ -359,4 +370,45 @@ func (c *localCluster) settleTransfers(t *testing.T, sale string) {
 		t.Logf("%d transfers, every one posted or voided", len(l.Transfers))
 		return nil
 	})
+}
+
+// databaseMetrics scrapes the region leader's /metrics at its edge (as an operator) and
+// answers quota_database_up and quota_database_connections_opened_total (-1 when missing).
+func (c *localCluster) databaseMetrics(t *testing.T, edge string) (up, opened float64) {
+	t.Helper()
+	m, err := trust.Load(c.certsDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := m.ClientConfig(trust.Operator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	up, opened = -1, -1
+	resp, err := hc.Get(edge + "/metrics")
+	if err != nil {
+		return up, opened
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return up, opened
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		switch name := f[0][:strings.IndexAny(f[0]+"{", "{")]; {
+		case err != nil:
+		case name == "quota_database_up":
+			up = v
+		case name == "quota_database_connections_opened_total":
+			opened = v
+		}
+	}
+	return up, opened
 }
