@@ -132,7 +132,7 @@ func TestHTTPOfDomainIsHTTPOfStatus(t *testing.T) {
 	)
 	for _, err := range cases {
 		code, body := HTTP(err)
-		wantCode, want := httpOfStatus(err)
+		wantCode, want := HTTP(ToStatus(err)) // the status path: httpOfStatus, then the same 503 default
 		if code != wantCode || body != want {
 			t.Errorf("%q: %d %+v; its status answers %d %+v", err, code, body, wantCode, want)
 		}
