@@ -17,8 +17,17 @@ import (
 // MaxStatusListed bounds the stranded transfers and the pauses a status lists.
 const MaxStatusListed = 100
 
-// DatabaseSingle is the role of a database without a standby database: the only copy.
-const DatabaseSingle = "single"
+// Roles of a database in the status. DatabaseSingle is a database reached at one address,
+// with no standby database: the only copy. A database reached at several (a managed cluster
+// such as Patroni's, through a multi-host URL) is its primary, with the synchronous standby
+// it names (DatabaseSynchronous, then the names) or none (DatabaseNoStandby: until one
+// rejoins, its acknowledged writes are on one server); DatabaseUnknown when it cannot be read.
+const (
+	DatabaseSingle      = "single"
+	DatabaseSynchronous = "primary, synchronous standby "
+	DatabaseNoStandby   = "primary, no synchronous standby"
+	DatabaseUnknown     = "unknown: "
+)
 
 // LedgerStatus is the ledger's part of the status: transfers still moving and pauses.
 type LedgerStatus struct {

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -35,6 +36,9 @@ func Problems(s ClusterStatus) []string {
 	}
 	if s.LedgerErr != "" {
 		add("ledger: unreadable: %s", s.LedgerErr)
+	}
+	if why := databaseProblem(s.CoordinatorDatabase); why != "" {
+		add("ledger's database: %s", why)
 	}
 	for _, t := range s.Ledger.Stranded {
 		add("transfer %s (%s/%s, %d units %s -> %s): stranded in %s since %s: %s (quotactl transfer resolve)",
@@ -89,5 +93,19 @@ func regionProblems(r RegionStatus) []string {
 	if r.Leader != "" && standbys == 0 {
 		add("no standby answers: the next failure of the leader stops the region until a process restarts")
 	}
+	if why := databaseProblem(r.Database); why != "" {
+		add("database: %s", why)
+	}
 	return out
+}
+
+// databaseProblem is what needs a person in a database's role, "" when nothing does.
+func databaseProblem(role string) string {
+	switch {
+	case role == DatabaseNoStandby:
+		return "the primary has no synchronous standby: its acknowledged writes are on one server until one rejoins"
+	case strings.HasPrefix(role, DatabaseUnknown):
+		return "its role cannot be read: " + strings.TrimPrefix(role, DatabaseUnknown)
+	}
+	return ""
 }

@@ -38,6 +38,13 @@ func TestProblems(t *testing.T) {
 		{"standby silent", func(s *coordinator.ClusterStatus) { s.Regions[0].Processes[1].Err = "deadline exceeded" },
 			"region us: standby u2:7401 does not answer"},
 		{"no standby", func(s *coordinator.ClusterStatus) { s.Regions[0].Processes = s.Regions[0].Processes[:1] }, "region us: no standby"},
+		{"a region's database with its synchronous standby", func(s *coordinator.ClusterStatus) {
+			s.Regions[0].Database = coordinator.DatabaseSynchronous + `"db-us-2"`
+		}, ""},
+		{"a region's database without its synchronous standby", func(s *coordinator.ClusterStatus) { s.Regions[0].Database = coordinator.DatabaseNoStandby },
+			"region us: database: the primary has no synchronous standby"},
+		{"the ledger's database unreadable", func(s *coordinator.ClusterStatus) { s.CoordinatorDatabase = coordinator.DatabaseUnknown + "timeout" },
+			"ledger's database: its role cannot be read: timeout"},
 		{"stale standby", func(s *coordinator.ClusterStatus) { s.Regions[0].Processes[1].RefreshAge = 11 * time.Second },
 			"region us: standby u2:7401: its warm copy is 11s old"},
 		{"nobody leads", func(s *coordinator.ClusterStatus) {

@@ -29,7 +29,8 @@ func statusCmd() *cobra.Command {
 		Short: "Show the cluster's health; exit 1 when something needs a person",
 		Long: `status asks the coordinator for the cluster's state: the coordinators' leader and
 generation, every region's leader, epoch and processes (each standby with the age of its warm
-copy), etcd's members, each database's role ("single": no standby database), unfinished and
+copy), etcd's members, each database's role ("single": one server; or, reached through a
+multi-host URL, "primary, synchronous standby NAMES" or "primary, no synchronous standby"), unfinished and
 stranded transfers and the pauses in force. It adds the certificates: those in --certs-dir and
 those the coordinator, every region process and every etcd member present in a TLS handshake,
 each flagged when it expires within --cert-warn.

@@ -62,6 +62,9 @@ func TestLocalDatabaseFailover(t *testing.T) {
 			if st := c.cluster(30*time.Second, "status"); !strings.Contains(lineOf(st, old), "synchronous standby") {
 				return fmt.Errorf("status: %s", lineOf(st, old))
 			}
+			if role, _ := c.databaseRole(t, "us"); !strings.HasPrefix(role, "primary, synchronous standby ") {
+				return fmt.Errorf("quotactl status: us's database %q", role)
+			}
 			return nil
 		})
 	}
@@ -179,6 +182,9 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 	go func() { defer wg.Done(); c.moveStockInto(ctx, r, fmt.Sprintf("m%d", round), moves) }()
 	defer func() { cancel(); wg.Wait() }()
 	time.Sleep(4 * time.Second)
+	if role, _ := c.databaseRole(t, r); !strings.HasPrefix(role, "primary, synchronous standby ") {
+		t.Errorf("quotactl status before the kill: %s's database %q; want its primary with a synchronous standby", r, role)
+	}
 	_, opened := c.databaseMetrics(t, edge)
 	killed := time.Now()
 	c.cluster(30*time.Second, "kill", primary)
@@ -217,6 +223,13 @@ func (c *localCluster) dbFailover(t *testing.T, r string, round int) string {
 	if served > 2*dbTTL {
 		t.Errorf("region %s served again %s after the kill, want within twice the ttl (%s)", r, served, 2*dbTTL)
 	}
+	c.eventually(30*time.Second, "quotactl status: "+r+"'s new primary without a synchronous standby, flagged", func() error {
+		role, problems := c.databaseRole(t, r)
+		if role != "primary, no synchronous standby" || !strings.Contains(strings.Join(problems, "\n"), "region "+r+": database: the primary has no synchronous standby") {
+			return fmt.Errorf("database %q, problems %q", role, problems)
+		}
+		return nil
+	})
 	t.Logf("stock moved into %s during the failover, by answer: %v", r, moves)
 	c.checkHolds(t, hc, edge, load.held)
 	c.settleTransfers(t, "d")
@@ -411,4 +424,27 @@ func (c *localCluster) databaseMetrics(t *testing.T, edge string) (up, opened fl
 		}
 	}
 	return up, opened
+}
+
+// databaseRole is region r's database role as `quotactl status -o json` reports it, and the
+// status's problems (its exit status is 1 with any: this cluster runs no region standbys).
+func (c *localCluster) databaseRole(t *testing.T, r string) (string, []string) {
+	t.Helper()
+	out, _ := c.quotactl(c.addr(0), "status", "-o", "json")
+	var st struct {
+		Regions []struct {
+			Name     string `json:"name"`
+			Database string `json:"database"`
+		} `json:"regions"`
+		Problems []string `json:"problems"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("quotactl status -o json: %v\n%s", err, out)
+	}
+	for _, reg := range st.Regions {
+		if reg.Name == r {
+			return reg.Database, st.Problems
+		}
+	}
+	return "", st.Problems
 }

@@ -3,9 +3,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/fencing"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -51,8 +55,7 @@ func (c *statusCache) get(ctx context.Context) (coordinator.ClusterStatus, error
 // gatherStatus asks the ledger, etcd (the elections and every member) and every process of
 // every region, all at once, each within probeTimeout.
 func (n *CoordinatorNode) gatherStatus(ctx context.Context, creds credentials.TransportCredentials) coordinator.ClusterStatus {
-	st := coordinator.ClusterStatus{At: time.Now(), CoordinatorDatabase: coordinator.DatabaseSingle,
-		Regions: make([]coordinator.RegionStatus, len(n.cfg.Regions))}
+	st := coordinator.ClusterStatus{At: time.Now(), Regions: make([]coordinator.RegionStatus, len(n.cfg.Regions))}
 	var wg sync.WaitGroup
 	wg.Add(2 + len(n.cfg.Regions))
 	go func() {
@@ -63,19 +66,66 @@ func (n *CoordinatorNode) gatherStatus(ctx context.Context, creds credentials.Tr
 		if st.Ledger, err = n.C.Records().LedgerStatus(lctx); err != nil {
 			st.LedgerErr = err.Error()
 		}
+		st.CoordinatorDatabase = databaseRole(lctx, n.cfg.DBURL, n.DB)
 	}()
 	go func() {
 		defer wg.Done()
 		n.coordinatorsStatus(ctx, &st)
 	}()
 	for i, r := range n.cfg.Regions {
-		go func(rs *coordinator.RegionStatus) {
+		go func(rs *coordinator.RegionStatus, db *pgxpool.Pool) {
 			defer wg.Done()
 			*rs = n.regionStatus(ctx, r.Name, creds)
-		}(&st.Regions[i])
+			dctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			rs.Database = databaseRole(dctx, r.DBURL, db)
+		}(&st.Regions[i], n.regionDB(i))
 	}
 	wg.Wait()
 	return st
+}
+
+// databaseRole is the role of the database at url (pool db) as the status shows it: single for
+// a URL of one host; for one of several (a managed cluster through a multi-host URL), the
+// primary's synchronous standbys as it names them (synchronous_standby_names, which Patroni
+// keeps), or none.
+func databaseRole(ctx context.Context, url string, db *pgxpool.Pool) string {
+	if hosts(url) < 2 {
+		return coordinator.DatabaseSingle
+	}
+	if db == nil {
+		return coordinator.DatabaseUnknown + "no connection"
+	}
+	var names string
+	if err := db.QueryRow(ctx, "SHOW synchronous_standby_names").Scan(&names); err != nil {
+		return coordinator.DatabaseUnknown + err.Error()
+	}
+	if names == "" {
+		return coordinator.DatabaseNoStandby
+	}
+	return coordinator.DatabaseSynchronous + names
+}
+
+// hosts counts the distinct servers (host and port) a PostgreSQL URL names; 0 when it does not
+// parse. pgconn lists a server again for each TLS mode it may try (sslmode=prefer).
+func hosts(url string) int {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return 0
+	}
+	seen := map[string]bool{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))): true}
+	for _, f := range cfg.Fallbacks {
+		seen[net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))] = true
+	}
+	return len(seen)
+}
+
+// regionDB is the pool of the i-th region's database, nil when it was not opened.
+func (n *CoordinatorNode) regionDB(i int) *pgxpool.Pool {
+	if i < len(n.regionDBs) {
+		return n.regionDBs[i]
+	}
+	return nil
 }
 
 // coordinatorsStatus fills in the coordinators' election and etcd's members.
@@ -100,7 +150,7 @@ func (n *CoordinatorNode) coordinatorsStatus(ctx context.Context, st *coordinato
 
 // regionStatus reads region name's election and asks each of its candidates NodeStatus.
 func (n *CoordinatorNode) regionStatus(ctx context.Context, name string, creds credentials.TransportCredentials) coordinator.RegionStatus {
-	rs := coordinator.RegionStatus{Name: name, Database: coordinator.DatabaseSingle}
+	rs := coordinator.RegionStatus{Name: name}
 	if n.etcd == nil {
 		rs.Err = "this coordinator runs without etcd"
 		return rs
