@@ -3979,7 +3979,9 @@ type RegionStatus struct {
 	Epoch  int64  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// processes are the election's candidates, the leader first.
 	Processes []*ProcessStatus `protobuf:"bytes,4,rep,name=processes,proto3" json:"processes,omitempty"`
-	// database_role is the role of the region's database: "single" (no standby database).
+	// database_role is the role of the region's database: "single" (one server), or for one
+	// reached through a multi-host URL "primary, synchronous standby NAMES" or "primary, no
+	// synchronous standby".
 	DatabaseRole string `protobuf:"bytes,5,opt,name=database_role,json=databaseRole,proto3" json:"database_role,omitempty"`
 	// error says why the election could not be read.
 	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
