@@ -97,10 +97,16 @@ func call(t testing.TB, c *http.Client, method, url string, body any) answer {
 // createWaitingSale creates a sale with a waiting room and splits it over the regions.
 func createWaitingSale(t *testing.T, d *cluster.Dev, sale string, total, rate int64, weights map[string]int64) {
 	t.Helper()
+	createWaitingSaleHolding(t, d, sale, total, rate, weights, time.Minute)
+}
+
+// createWaitingSaleHolding is createWaitingSale with holds lasting holdTTL.
+func createWaitingSaleHolding(t *testing.T, d *cluster.Dev, sale string, total, rate int64, weights map[string]int64, holdTTL time.Duration) {
+	t.Helper()
 	ctx := context.Background()
 	coord := quotav1.NewCoordinatorServiceClient(dial(t, d.Coordinator.Addr(), trust.Operator))
 	if _, err := coord.CreateSale(ctx, &quotav1.CreateSaleRequest{SaleId: sale, Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: total}},
-		PerUserLimit: 2, HoldTtlMs: 60000, AdmitRate: rate, TicketTtlMs: 30000}); err != nil {
+		PerUserLimit: 2, HoldTtlMs: holdTTL.Milliseconds(), AdmitRate: rate, TicketTtlMs: 30000}); err != nil {
 		t.Fatal(err)
 	}
 	areq := &quotav1.AllocateRequest{SaleId: sale, RequestId: "alloc-" + sale}

@@ -192,7 +192,10 @@ func envInt(name string, def int) int {
 func TestShoppersOverThreeRegions(t *testing.T) {
 	shoppers, units := envInt("QUOTA_SHOPPERS", 10_000), envInt("QUOTA_SHOPPER_UNITS", 1_000)
 	d := startDev(t, "us", "eu", "ap")
-	createWaitingSale(t, d, "flash", int64(units), 2000, map[string]int64{"us": 40, "eu": 35, "ap": 25})
+	// Holds last 10 minutes: the check counts held and sold units, and on a machine busy enough
+	// to stretch the run past a minute, holds of 60 s would expire (their units back, their
+	// buyers gone) before it counts.
+	createWaitingSaleHolding(t, d, "flash", int64(units), 2000, map[string]int64{"us": 40, "eu": 35, "ap": 25}, 10*time.Minute)
 	bases := []string{edgeURL(d, "us"), edgeURL(d, "eu"), edgeURL(d, "ap")}
 	c := httpClient(t, trust.Storefront)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
