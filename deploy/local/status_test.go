@@ -143,9 +143,13 @@ func TestLocalStatus(t *testing.T) {
 	c.cluster(60*time.Second, "start", "region-us")
 	c.waitStatus(60*time.Second, "region-us back as standby: exit 0", 0, noProblems)
 
-	if out, err := c.quotactl(c.addr(0), "sale", "create", "--sale", "st", "--sku", "phone=100"); err != nil {
-		t.Fatalf("sale create: %v\n%s", err, out)
-	}
+	// The coordinators may still be settling after etcd's pause (NOT_LEADER): ask until one leads.
+	c.eventually(30*time.Second, "sale created", func() error {
+		if out, err := c.quotactl(c.addr(0), "sale", "create", "--sale", "st", "--sku", "phone=100"); err != nil && !strings.Contains(out, "already exists") {
+			return fmt.Errorf("sale create: %v\n%s", err, out)
+		}
+		return nil
+	})
 	c.cluster(30*time.Second, "kill", "region-eu")
 	c.cluster(30*time.Second, "kill", "region-eu-2")
 	if out, err := c.quotactl(c.addr(0), "transfer", "--sale", "st", "--sku", "phone", "--from", "unallocated", "--to", "eu",
