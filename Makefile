@@ -87,15 +87,15 @@ test: pg redis chromium etcdctl patroni
 		QUOTA_IMAGE=$(IMAGE_TAG) $(GO) test -count=1 -timeout 5m -run '^TestImage$$' ./deploy/image/; }; \
 	systemd_step() { command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; } && \
 		$(GO) test -count=1 -v -timeout 5m ./deploy/systemd/ | grep -v '^=== RUN'; }; \
-	mkdir -p .cache; rm -f .cache/chaos-report.txt; \
+	mkdir -p .cache; rm -f .cache/chaos-report.txt .cache/go-test.log .cache/flood.log; \
 	scripts/promtool.sh --install >/dev/null || { echo "make test: installing promtool failed"; exit 1; }; \
-	step go-test env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
-		$(GO) test -race -count=1 -p 3 -timeout 30m ./...; \
+	step go-test bash -o pipefail -c 'env QUOTA_VERIFY=1 QUOTA_CHAOS_REPORT=$(CURDIR)/.cache/chaos-report.txt \
+		$(GO) test -race -count=1 -p 3 -timeout 30m ./... 2>&1 | tee .cache/go-test.log'; \
 	if [ -f .cache/chaos-report.txt ]; then cat .cache/chaos-report.txt; fi; \
 	step sim env GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestSimulation|TestSimulationNational)$$' ./sim/; \
 	step allocs env GO=$(GO) scripts/run-tests.sh 3 -count=1 -run '^(TestVerifyAllocs|TestDecodeReserveAllocs|TestSoldOutAnswerWithTicket)$$' \
 		./admission/ ./region/regionhttp/ ./region/; \
-	step flood env QUOTA_FLOOD=1 GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestStorefrontFloodIsBounded|TestStorefrontFloodLatency)$$' ./cmd/internal/cluster/; \
+	step flood bash -o pipefail -c "env QUOTA_FLOOD=1 GO=$(GO) scripts/run-tests.sh 2 -count=1 -run '^(TestStorefrontFloodIsBounded|TestStorefrontFloodLatency)\$$' ./cmd/internal/cluster/ 2>&1 | tee .cache/flood.log"; \
 	step readme $(MAKE) --no-print-directory readme; \
 	step docs-examples $(MAKE) --no-print-directory docs-examples; \
 	step proto-check scripts/proto-check.sh; \
@@ -107,7 +107,11 @@ test: pg redis chromium etcdctl patroni
 	step systemd systemd_step; \
 	summary="go test: $${res[go-test]}, sim: $${res[sim]}, allocs: $${res[allocs]}, flood: $${res[flood]}, readme: $${res[readme]}, docs-examples: $${res[docs-examples]}, proto-check: $${res[proto-check]}, vet: $${res[vet]}, fuzz: $${res[fuzz]}, metrics-check: $${res[metrics-check]}, k8s-manifests: $${res[k8s-manifests]}, image: $${res[image]}, systemd: $${res[systemd]}"; \
 	if [ $$fail -eq 0 ]; then echo "make test: PASS ($$summary)"; \
-	else echo "make test: FAIL ($$summary)"; exit 1; fi
+	else for log in .cache/go-test.log .cache/flood.log; do \
+		[ -f $$log ] && grep -q -E '^(--- FAIL|panic:)' $$log || continue; \
+		echo "make test: what failed in $$log (each failure's first lines; the whole output is above):"; \
+		grep -E -A12 '^(--- FAIL|panic:)' $$log | cut -c1-300 | head -200; done; \
+		echo "make test: FAIL ($$summary)"; exit 1; fi
 
 ## chaos: only the chaos suite (deploy/local TestChaos), e.g. `make chaos DURATION=30m SEED=42`
 DURATION ?= 2m

@@ -2,12 +2,10 @@ package local_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +37,6 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c.cluster(5*time.Minute, "up")
-	opCreds := c.creds(trust.Operator)
 	if st := c.status(); !strings.Contains(st["region-us"], "leader") || !strings.Contains(st["region-us-2"], "standby") {
 		t.Fatalf("want region-us leading and region-us-2 standing by: %q, %q", st["region-us"], st["region-us-2"])
 	}
@@ -55,19 +52,8 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	defer conn.Close()
 	rs := quotav1.NewRegionServiceClient(conn)
 
-	var (
-		loadWG sync.WaitGroup
-		ls     loadgen.Stats
-		lerr   error
-	)
-	loadWG.Add(1)
-	defer func() { cancel(); loadWG.Wait() }()
-	go func() {
-		defer loadWG.Done()
-		ls, lerr = loadgen.Run(ctx, loadgen.Config{Sale: sale, SKU: "phone", Creds: c.creds(trust.Storefront), Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
-			Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5,
-			Resolve: func(ctx context.Context, region string) string { return currentRegionAddr(ctx, opCreds, coord, region) }})
-	}()
+	load := c.startLoad(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
+		Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5})
 	time.Sleep(pauseAt)
 
 	c.cluster(30*time.Second, "pause", "region-us")
@@ -117,26 +103,9 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 		return nil
 	})
 
-	loadWG.Wait()
-	if lerr != nil {
-		t.Fatal(lerr)
-	}
-	t.Logf("load: %d buyers, %d holds acknowledged, %d confirmed, %d failed, %d retries",
-		ls.Buyers, len(ls.Holds), ls.Confirmed, ls.Failed, ls.Retries)
-	var tally holdTally
-	for id := range ls.Holds {
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-		res, err := rs.GetReservation(cctx, &quotav1.GetReservationRequest{HoldId: id})
-		ccancel()
-		tally.add(id, res, err)
-	}
-	t.Logf("acknowledged holds at the new leader: %d held, %d sold, %d missing", tally.held, tally.sold, len(tally.lost))
-	tally.check(t, ls.Confirmed)
-	out, err := c.quotactl(coord, "audit", "--sale", sale, "-o", "json")
-	var a auditOut
-	if err != nil || json.Unmarshal([]byte(out), &a) != nil || !a.OK || len(a.Violations) != 0 {
-		t.Errorf("audit after the split brain: %v\n%s", err, out)
-	}
+	ls := load.wait(t, loadTime+30*time.Second)
+	c.lookupHolds(ls.Holds).check(t, ls.Confirmed)
+	c.auditSale(t, sale)
 	// What the old leader did once resumed, from its log: it stepped down; any batch it still
 	// tried met the epoch fence.
 	b, err := os.ReadFile(filepath.Join(c.dir, "region-us.log"))

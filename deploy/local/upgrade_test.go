@@ -2,7 +2,6 @@ package local_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,14 +10,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/loadgen"
-	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
-	"google.golang.org/grpc"
 )
 
 // upgradeFrom is the release TestLocalUpgrade upgrades from unless QUOTA_UPGRADE_FROM names
@@ -80,44 +76,19 @@ func TestLocalUpgrade(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	opCreds := c.creds(trust.Operator)
-	type result struct {
-		st  loadgen.Stats
-		err error
-	}
-	done := make(chan result, 1)
-	var loadWG sync.WaitGroup
-	loadWG.Add(1)
-	defer func() { cancel(); loadWG.Wait() }()
-	go func() {
-		defer loadWG.Done()
-		st, err := loadgen.Run(ctx, loadgen.Config{Sale: "u", SKU: "phone", Creds: c.creds(trust.Storefront),
-			Regions: []loadgen.Region{{Name: "us", Addr: c.addr(1), Weight: 1}, {Name: "eu", Addr: c.addr(2), Weight: 1}},
-			Buyers:  1_000_000, Concurrency: 32, ConfirmRatio: 0.5, UserPrefix: "up-", MaxDuration: 4 * time.Minute, Seed: 7,
-			Resolve:       func(ctx context.Context, region string) string { return currentRegionAddr(ctx, opCreds, coord, region) },
-			ProgressEvery: 5 * time.Second, Progress: func(s loadgen.Stats) {
-				t.Logf("load %5.1fs: %d holds, %d confirmed, %d failed, %d retries", s.Elapsed.Seconds(), s.Granted, s.Confirmed, s.Failed, s.Retries)
-			}})
-		done <- result{st, err}
-	}()
+	load := c.startLoad(ctx, loadgen.Config{Sale: "u", SKU: "phone",
+		Regions: []loadgen.Region{{Name: "us", Addr: c.addr(1), Weight: 1}, {Name: "eu", Addr: c.addr(2), Weight: 1}},
+		Buyers:  1_000_000, Concurrency: 32, ConfirmRatio: 0.5, UserPrefix: "up-", MaxDuration: 4 * time.Minute, Seed: 7,
+		ProgressEvery: 5 * time.Second})
 	time.Sleep(3 * time.Second)
 	upgradeStart := time.Now()
 	c.rollingUpgrade(newBin)
 	t.Logf("rolling upgrade of %d processes: %s", len(processes), time.Since(upgradeStart).Round(time.Second))
 	time.Sleep(3 * time.Second) // the load runs on the new binaries too
-	cancel()
-	r := <-done
-	if r.err != nil && ctx.Err() == nil {
-		t.Fatal(r.err)
-	}
-	t.Logf("load: %d holds acknowledged, %d confirmed, %d failed, %d retries in %s",
-		len(r.st.Holds), r.st.Confirmed, r.st.Failed, r.st.Retries, r.st.Elapsed.Round(time.Second))
-	if len(r.st.Holds) == 0 {
-		t.Fatal("the load acknowledged no hold")
-	}
+	st := load.stop(t)
 	newC := *c
 	newC.bin = newBin
-	newC.checkUpgradedHolds(r.st)
+	newC.checkUpgradedHolds(st)
 	newC.checkUpgraded(newBin)
 	t.Logf("TestLocalUpgrade wall time %s", time.Since(started).Round(time.Second))
 }
@@ -146,36 +117,9 @@ func (c *localCluster) rollingUpgrade(newBin string) {
 // and runs the audit (with c.bin's quotactl).
 func (c *localCluster) checkUpgradedHolds(st loadgen.Stats) {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	opCreds, sfCreds := c.creds(trust.Operator), c.creds(trust.Storefront)
-	clients := map[string]quotav1.RegionServiceClient{}
-	for _, region := range []string{"us", "eu"} {
-		addr := currentRegionAddr(ctx, opCreds, c.addr(0), region)
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(sfCreds))
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		defer conn.Close()
-		clients[region] = quotav1.NewRegionServiceClient(conn)
-	}
-	var tally holdTally
-	for id, region := range st.Holds {
-		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-		res, err := clients[region].GetReservation(cctx, &quotav1.GetReservationRequest{HoldId: id})
-		ccancel()
-		tally.add(id, res, err)
-	}
-	c.t.Logf("%d acknowledged holds at the upgraded leaders: %d held, %d sold, %d lost", len(st.Holds), tally.held, tally.sold, len(tally.lost))
-	tally.check(c.t, st.Confirmed)
-	out, err := c.quotactl(c.addr(0), "audit", "--sale", "u", "-o", "json")
-	var a auditOut
-	if jerr := json.Unmarshal([]byte(out), &a); err != nil || jerr != nil || !a.OK || len(a.Violations) != 0 || len(a.SKUs) != 1 {
-		c.t.Fatalf("audit after the upgrade: %v %v\n%s", err, jerr, out)
-	}
-	s := a.SKUs[0]
-	if s.Unallocated+s.Available+s.Held+s.Sold+s.InFlight != s.Total || s.Held+s.Sold < int64(len(st.Holds)) {
-		c.t.Errorf("audit %+v: units not conserved, or fewer held and sold than the %d acknowledged holds", s, len(st.Holds))
+	c.lookupHolds(st.Holds).check(c.t, st.Confirmed)
+	if s := c.auditSale(c.t, "u"); s.Held+s.Sold < int64(len(st.Holds)) {
+		c.t.Errorf("audit %+v: fewer held and sold than the %d acknowledged holds", s, len(st.Holds))
 	}
 }
 
