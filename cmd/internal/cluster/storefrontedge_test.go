@@ -381,3 +381,45 @@ func tryCall(c *http.Client, method, url string, body any) (answer, error) {
 	}
 	return a, nil
 }
+
+// TestDevRunsEdges: quotad dev --edges 2 starts two storefront edges in front of its
+// region; a buyer enters, is admitted and reserves through them, and the edges answer
+// the polls.
+func TestDevRunsEdges(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	prefix := "quota_t_" + randHex(t)
+	d, err := cluster.StartDev(ctx, cluster.DevConfig{Regions: []string{"us"}, PGURL: testpg.AdminURL(), DBPrefix: prefix,
+		DataDir: t.TempDir(), Host: "127.0.0.1", LeaseTTL: 2 * time.Second, Logger: testLogger(), Region: region.Config{Verify: verify()},
+		CertsDir: certs.Dir(), Edges: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		dropDBs(t, prefix, []string{"us"})
+	})
+	if len(d.Edges["us"]) != 2 {
+		t.Fatalf("edges of us: %d, want 2", len(d.Edges["us"]))
+	}
+	createWaitingSale(t, d, "devedge", 10, 100, map[string]int64{"us": 1})
+	c := httpClient(t, trust.Storefront)
+	e1, e2 := "https://"+d.Edges["us"][0].Addr(), "https://"+d.Edges["us"][1].Addr()
+	en := call(t, c, "POST", e1+"/v1/sales/devedge/admissions", map[string]string{"user_id": "alice"})
+	var a answer
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if a = call(t, c, "GET", e2+"/v1/sales/devedge/admissions/"+en.str("admission_id"), nil); a.str("ticket") != "" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r := reserveWith(t, c, e2, "devedge", a.str("ticket"), "k1", 1); r.code != http.StatusCreated || r.str("user_id") != "alice" {
+		t.Fatalf("reserve through the dev edge: %d %v (admission %v)", r.code, r.body, a.body)
+	}
+	time.Sleep(600 * time.Millisecond) // the edge's next fetches of the line it now watches
+	if g := call(t, c, "GET", e2+"/v1/sales/devedge/admissions/"+en.str("admission_id"), nil); g.str("state") != "used" {
+		t.Errorf("the used admission through the edge: %d %v", g.code, g.body)
+	}
+	if answered, _ := d.Edges["us"][1].Edge.Polls(); answered == 0 {
+		t.Error("the edge answered no poll itself")
+	}
+}
