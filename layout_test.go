@@ -63,6 +63,7 @@ var layers = []layer{
 	{"coordinator adapter", prefix("coordinator/coordrpc"), []string{"coordinator", "proto/", "transfer", "internal/"},
 		[]string{"region", "region/regionrpc"}},
 	{"coordinator HTTP adapter", prefix("coordinator/coordhttp"), []string{"coordinator", "admission", "transfer", "internal/"}, nil},
+	{"region storefront edge", prefix("region/regionedge"), []string{"region", "region/regionhttp", "region/regionrpc", "admission", "proto/", "transfer", "internal/"}, nil},
 	{"region HTTP adapter", prefix("region/regionhttp"), []string{"region", "admission", "transfer", "internal/"}, nil},
 	{"region adapter", prefix("region/regionrpc"), []string{"region", "admission", "proto/", "transfer", "internal/"}, nil},
 	{"coordinator", prefix("coordinator"), []string{"transfer", "fencing", "internal/"}, nil},

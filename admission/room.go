@@ -149,6 +149,8 @@ type Room struct {
 	binding    int
 	live       int
 	ended      map[EntryState]int
+	// feed is the log of changed entries a mirror follows (feed.go).
+	feed feedLog
 }
 
 // lineEntry is a room's or waitlist's record of one entry.
@@ -162,7 +164,8 @@ type lineEntry struct {
 	units    int  // a waitlist offer's units
 	pre      bool // arrived in a room's pre-queue
 	finalAt  time.Time
-	heapIdx  int // index in an entryExpiries while Admitted
+	heapIdx  int    // index in an entryExpiries while Admitted
+	ver      uint64 // the room's feed version of the entry's last change (feed.go)
 }
 
 // NewRoom validates cfg, naming the bad field, and makes its room.
@@ -188,6 +191,7 @@ func NewRoom(cfg RoomConfig) (*Room, error) {
 		arriving: make(map[string]chan struct{}),
 		filled:   cfg.OpensAt,
 		ended:    make(map[EntryState]int),
+		feed:     newFeedLog(),
 	}
 	r.tokens = r.burst
 	return r, nil
@@ -332,6 +336,7 @@ func (r *Room) Settle(a *Arrival, ok bool, now time.Time) Entry {
 	default: // arrived after opens_at while the draw waited for a pre-queue arrival
 		r.post = append(r.post, e)
 	}
+	r.touch(e)
 	r.openIfDue(now)
 	return r.view(e, now)
 }
@@ -379,6 +384,7 @@ func (r *Room) Restore(entries []Stored, now time.Time) error {
 			return err
 		}
 		r.entries[e.id], r.byUser[e.user] = e, e
+		r.touch(e)
 		switch {
 		case e.pre:
 			r.pre = append(r.pre, e)
@@ -501,6 +507,7 @@ func (r *Room) Due(now time.Time, max int) []Entry {
 		e := r.line.popFront()
 		e.state = Binding
 		r.binding++
+		r.touch(e)
 		out = append(out, r.view(e, now))
 	}
 	return out
@@ -530,6 +537,7 @@ func (r *Room) Admit(id string, expires time.Time) (Entry, error) {
 	r.binding--
 	r.live++
 	heap.Push(&r.tickets, e)
+	r.touch(e)
 	return r.view(e, r.clock), nil
 }
 
@@ -574,6 +582,7 @@ func (r *Room) Requeue(id string) error {
 	e.state = Queued
 	r.binding--
 	r.line.pushFront(e)
+	r.touch(e)
 	return nil
 }
 
@@ -652,6 +661,7 @@ func (r *Room) open() {
 	for _, e := range append(r.pre, r.post...) {
 		if e.state == Queued {
 			r.line.pushBack(e)
+			r.touch(e)
 		}
 	}
 	r.pre, r.post = nil, nil
@@ -681,6 +691,7 @@ func (r *Room) finish(e *lineEntry, s EntryState) {
 	e.state, e.finalAt = s, r.clock
 	r.finals.pushBack(e)
 	r.ended[s]++
+	r.touch(e)
 }
 
 func (r *Room) lookup(id string) (*lineEntry, error) {
@@ -721,6 +732,7 @@ func conflict(e *lineEntry, what string) error {
 
 // drop forgets the final entry e.
 func (r *Room) drop(e *lineEntry) {
+	r.touch(e) // read as gone by the feed: no longer in entries
 	delete(r.entries, e.id)
 	if r.byUser[e.user] == e {
 		delete(r.byUser, e.user)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaworks/quota/admission"
@@ -91,6 +92,8 @@ type Door struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	closeOne sync.Once
+	// polls counts the polls answered (Polls).
+	polls atomic.Uint64
 }
 
 // NewDoor opens r's front door and starts its admitting goroutine.
@@ -210,6 +213,7 @@ func (d *Door) recordArrival(ctx context.Context, epoch int64, sale, sku string,
 // GetAdmission polls an admission: memory only, no SQL (but a sale's terms, once, when this
 // leader has no room of the sale yet).
 func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, error) {
+	d.polls.Add(1)
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
 	}
@@ -224,6 +228,7 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 // page's public listener): from memory only, never the database, so a poll naming any sale
 // id costs no query. A sale whose room this leader does not hold has no such admission.
 func (d *Door) PollAdmission(ctx context.Context, sale, id string) (Admission, error) {
+	d.polls.Add(1)
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
 	}

@@ -58,6 +58,9 @@ roles, etcd included.`,
 	f.String("host", "127.0.0.1", "address every server binds")
 	f.Int("base-port", 7400, "coordinator port; regions use the next ports; 0 picks free ports")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of every leader")
+	f.Int("edges", 0, fmt.Sprintf("storefront edges (quotad edge) to run in front of each region, 0..%d: the i-th region's j-th edge\n"+
+		"serves the storefront HTTP API on base-port+1201+%d*i+j (us 8601, 8602, ...), answering polls of the waiting line\n"+
+		"itself and forwarding the rest to the region's leader (docs/storefront.md, \"Edges\")", cluster.MaxDevEdges, cluster.MaxDevEdges))
 	f.Bool("grpc-gateway", false, "serve the embedded etcd's JSON gateway (/v3/... over HTTP); it cannot authenticate by certificate")
 	addAuditFlag(cmd)
 	addRebalanceFlags(cmd)
@@ -84,7 +87,7 @@ func devConfig(v *viper.Viper) (cluster.DevConfig, error) {
 		DataDir: v.GetString("data-dir"), Host: v.GetString("host"), BasePort: v.GetInt("base-port"),
 		LeaseTTL: v.GetDuration("lease-ttl"), Region: rc, CertsDir: v.GetString("certs-dir"), Insecure: v.GetBool("insecure"),
 		AuditInterval: v.GetDuration("audit-interval"), AuditRetention: v.GetDuration("audit-retention"), Auto: rebalanceConfig(v), Limits: limits,
-		EtcdGateway: v.GetBool("grpc-gateway"),
+		EtcdGateway: v.GetBool("grpc-gateway"), Edges: v.GetInt("edges"),
 	}
 	return c, c.Validate()
 }
@@ -130,6 +133,11 @@ func runDev(cmd *cobra.Command, _ []string) error {
 		made = " (created)"
 	}
 	fmt.Printf("; ticket keys %s%s\n", d.TicketKeys, made)
+	for _, r := range d.Regions {
+		for _, e := range d.Edges[r.R.Name()] {
+			fmt.Printf("quotad dev: storefront edge of region %s %s://%s\n", r.R.Name(), scheme, e.Addr())
+		}
+	}
 	fmt.Printf("quotad dev: waiting-room pages (no client certificate)")
 	for _, r := range d.Regions {
 		fmt.Printf(", region %s %s://%s/room/<sale>", r.R.Name(), scheme, r.RoomAddr())

@@ -106,7 +106,7 @@ func contains(s string, subs ...string) bool {
 func TestMatrix(t *testing.T) {
 	want := map[trust.Role][]string{
 		trust.Storefront: {"RegionService/Reserve", "RegionService/Confirm", "RegionService/Release", "RegionService/GetReservation", "RegionService/GetStock", "CoordinatorService/ListRegions",
-			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist", "RegionService/ListBuyerHolds"},
+			"RegionService/DescribeSale", "RegionService/Enter", "RegionService/GetAdmission", "RegionService/JoinWaitlist", "RegionService/ListBuyerHolds", "RegionService/LineChanges"},
 		trust.Coordinator: {"ParticipantService/PutSale", "ParticipantService/Credit", "ParticipantService/Debit", "ParticipantService/RefuseDebit", "ParticipantService/Refuse", "ParticipantService/Restore", "ParticipantService/Settle", "ParticipantService/TransferStatus", "ParticipantService/SetPaused", "ParticipantService/NodeStatus"},
 		trust.Operator: {"CoordinatorService/CreateSale", "CoordinatorService/Allocate", "CoordinatorService/Transfer", "CoordinatorService/ResolveTransfer", "CoordinatorService/Rebalance",
 			"CoordinatorService/PauseSale", "CoordinatorService/ResumeSale",

@@ -28,6 +28,9 @@ var Methods = map[string][]Role{
 	"/quota.v1.RegionService/GetAdmission":   {Storefront},
 	"/quota.v1.RegionService/JoinWaitlist":   {Storefront},
 	"/quota.v1.RegionService/ListBuyerHolds": {Storefront, Operator, Auditor},
+	// LineChanges feeds a storefront edge (quotad edge, which calls with the storefront's
+	// certificate) the waiting lines it answers polls from.
+	"/quota.v1.RegionService/LineChanges": {Storefront},
 
 	// ParticipantService: the sale's terms and pauses and the transfer steps, for the
 	// coordinator alone.

@@ -51,6 +51,14 @@ type Options struct {
 // tickets); nil d: a region without one, whose door routes answer CONFLICT
 // (region.ErrNoDoor) and whose reservations go to r directly.
 func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
+	if d == nil { // no front door: a nil interface, not a typed nil
+		return handlerOf(r, nil, opts)
+	}
+	return handlerOf(r, d, opts)
+}
+
+// handlerOf is Handler over any region and front door (Serve).
+func handlerOf(r RegionAPI, d DoorAPI, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -86,8 +94,8 @@ func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 }
 
 type handler struct {
-	r *region.Region
-	d *region.Door
+	r RegionAPI
+	d DoorAPI
 	// reserveAt is d.Reserve, or r.Reserve without a door (as regionrpc.Server.Reserve).
 	reserveAt func(context.Context, region.ReserveRequest) (region.ReserveResult, error)
 	opts      Options
@@ -95,7 +103,7 @@ type handler struct {
 }
 
 // door is the region's front door, or region.ErrNoDoor without one.
-func (h *handler) door() (*region.Door, error) {
+func (h *handler) door() (DoorAPI, error) {
 	if h.d == nil {
 		return nil, region.ErrNoDoor
 	}

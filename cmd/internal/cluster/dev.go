@@ -72,8 +72,14 @@ type DevConfig struct {
 	// EtcdGateway serves the embedded etcd's JSON gateway (fencing.EmbeddedConfig.Gateway);
 	// off by default.
 	EtcdGateway bool
-	Logger      *slog.Logger
+	// Edges is how many storefront edges (StartEdge) run in front of each region, 0 to
+	// MaxDevEdges; the i-th region's j-th edge listens on BasePort+1201+MaxDevEdges*i+j.
+	Edges  int
+	Logger *slog.Logger
 }
+
+// MaxDevEdges bounds DevConfig.Edges.
+const MaxDevEdges = 8
 
 // Validate checks the configuration, naming the bad field.
 func (c *DevConfig) Validate() error {
@@ -113,6 +119,9 @@ func (c *DevConfig) Validate() error {
 	}
 	if c.AuditRetention < 0 {
 		return fmt.Errorf("audit-retention %s: must be positive (0: the default)", c.AuditRetention)
+	}
+	if c.Edges < 0 || c.Edges > MaxDevEdges {
+		return fmt.Errorf("edges %d: must be 0..%d per region", c.Edges, MaxDevEdges)
 	}
 	if c.TicketKeys == "" {
 		c.TicketKeys = filepath.Join(c.DataDir, TicketKeysFile)
@@ -164,7 +173,9 @@ type Dev struct {
 	nodeEtcd    []*fencing.Client
 	Coordinator *CoordinatorNode
 	Regions     []*RegionNode
-	DBURLs      map[string]string // "coordinator" and region names → database URL
+	// Edges are each region's storefront edges (DevConfig.Edges), by region name.
+	Edges  map[string][]*EdgeNode
+	DBURLs map[string]string // "coordinator" and region names → database URL
 	// TLS is the cluster's certificates (nil when insecure); CertsMade names the files this
 	// start created.
 	TLS       *trust.Material
@@ -315,6 +326,9 @@ func (d *Dev) start(ctx context.Context, cfg DevConfig) error {
 			return err
 		}
 	}
+	if err := d.startEdges(ctx, cfg); err != nil {
+		return err
+	}
 	err = inComponent(ctx, "coordinator", func(ctx context.Context) (err error) {
 		etcd, err := d.etcdAs(trust.EtcdCoordinator, clientURL)
 		if err != nil {
@@ -348,8 +362,35 @@ func inComponent(ctx context.Context, name string, start func(context.Context) e
 	return err
 }
 
-// Close stops everything, coordinator first. Idempotent.
+// startEdges starts cfg.Edges storefront edges in front of each region.
+func (d *Dev) startEdges(ctx context.Context, cfg DevConfig) error {
+	d.Edges = map[string][]*EdgeNode{}
+	for i, n := range d.Regions {
+		name := n.R.Name()
+		for j := range cfg.Edges {
+			err := inComponent(ctx, "edge/"+name, func(context.Context) error {
+				e, err := StartEdge(EdgeConfig{Region: name, Upstream: []string{n.Addr()}, Listen: cfg.listen(1201 + MaxDevEdges*i + j),
+					TicketKeys: cfg.TicketKeys, TLS: d.TLS, Limits: cfg.Limits, Logger: cfg.Logger})
+				if err == nil {
+					d.Edges[name] = append(d.Edges[name], e)
+				}
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Close stops everything, the edges and the coordinator first. Idempotent.
 func (d *Dev) Close() {
+	for _, es := range d.Edges {
+		for _, e := range es {
+			e.Close()
+		}
+	}
 	if d.Coordinator != nil {
 		d.Coordinator.Close()
 	}

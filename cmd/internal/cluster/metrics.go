@@ -25,6 +25,8 @@ import (
 const (
 	roleRegion      = "region"
 	roleCoordinator = "coordinator"
+	// roleEdge is a storefront edge's (quotad edge), which leads nothing.
+	roleEdge = "edge"
 )
 
 // collectTimeout bounds a scrape's read of a database (the region's pools, the ledger's

@@ -335,6 +335,10 @@ func (n *RegionNode) openEdge(rs *regionrpc.Server, keys *ticketKeys) error {
 			return err
 		}
 		n.Door, rs.D = door, door
+		n.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "quota_line_polls_total",
+			ConstLabels: prometheus.Labels{"region": cfg.Region.Name},
+			Help:        "Polls of admissions this region process answered itself (its HTTP edge, its gRPC API and its waiting-room page); polls a storefront edge answers from its copy of the line are not among them."},
+			func() float64 { return float64(door.Polls()) }))
 	}
 	if cfg.HTTPListen == "" {
 		return nil

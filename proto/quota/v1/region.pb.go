@@ -1717,6 +1717,333 @@ func (x *ListBuyerHoldsResponse) GetTruncated() bool {
 	return false
 }
 
+type LineChangesRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SaleId string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	// room and since are what the edge has: the room's incarnation and feed version ("" and 0
+	// at first); another incarnation, or a version no longer kept, is answered in full.
+	Room  string `protobuf:"bytes,2,opt,name=room,proto3" json:"room,omitempty"`
+	Since uint64 `protobuf:"varint,3,opt,name=since,proto3" json:"since,omitempty"`
+	// limit bounds the entries answered (1..100000); more: ask again from version.
+	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LineChangesRequest) Reset() {
+	*x = LineChangesRequest{}
+	mi := &file_quota_v1_region_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LineChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LineChangesRequest) ProtoMessage() {}
+
+func (x *LineChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LineChangesRequest.ProtoReflect.Descriptor instead.
+func (*LineChangesRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *LineChangesRequest) GetSaleId() string {
+	if x != nil {
+		return x.SaleId
+	}
+	return ""
+}
+
+func (x *LineChangesRequest) GetRoom() string {
+	if x != nil {
+		return x.Room
+	}
+	return ""
+}
+
+func (x *LineChangesRequest) GetSince() uint64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
+}
+
+func (x *LineChangesRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// LineEntry is one entry of a waiting line as the line's feed carries it.
+type LineEntry struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	AdmissionId string                 `protobuf:"bytes,1,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	UserId      string                 `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	// state is the entry's state by its name: queued, binding, admitted, used, expired,
+	// elsewhere or closed.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// seq is the entry's place in line while queued: its position is seq - head + 1 + binding.
+	Seq       int64                  `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Region    string                 `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	Reason    string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// gone: the line dropped the entry (a final one past its retention).
+	Gone          bool `protobuf:"varint,8,opt,name=gone,proto3" json:"gone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LineEntry) Reset() {
+	*x = LineEntry{}
+	mi := &file_quota_v1_region_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LineEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LineEntry) ProtoMessage() {}
+
+func (x *LineEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LineEntry.ProtoReflect.Descriptor instead.
+func (*LineEntry) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *LineEntry) GetAdmissionId() string {
+	if x != nil {
+		return x.AdmissionId
+	}
+	return ""
+}
+
+func (x *LineEntry) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *LineEntry) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *LineEntry) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *LineEntry) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *LineEntry) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *LineEntry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LineEntry) GetGone() bool {
+	if x != nil {
+		return x.Gone
+	}
+	return false
+}
+
+type LineChangesResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Room    string                 `protobuf:"bytes,1,opt,name=room,proto3" json:"room,omitempty"`
+	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// full: entries are the whole line; the edge forgets what it had.
+	Full bool `protobuf:"varint,3,opt,name=full,proto3" json:"full,omitempty"`
+	// more: cut at the limit; ask again from version.
+	More     bool                   `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
+	Opened   bool                   `protobuf:"varint,5,opt,name=opened,proto3" json:"opened,omitempty"`
+	Closed   bool                   `protobuf:"varint,6,opt,name=closed,proto3" json:"closed,omitempty"`
+	Reason   string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	OpensAt  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	Head     int64                  `protobuf:"varint,9,opt,name=head,proto3" json:"head,omitempty"`
+	Binding  int64                  `protobuf:"varint,10,opt,name=binding,proto3" json:"binding,omitempty"`
+	FlowRate float64                `protobuf:"fixed64,11,opt,name=flow_rate,json=flowRate,proto3" json:"flow_rate,omitempty"`
+	// gate is why the line admits no one now: SOLD_OUT, PAUSED, or empty.
+	Gate          string       `protobuf:"bytes,12,opt,name=gate,proto3" json:"gate,omitempty"`
+	Region        string       `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	Entries       []*LineEntry `protobuf:"bytes,14,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LineChangesResponse) Reset() {
+	*x = LineChangesResponse{}
+	mi := &file_quota_v1_region_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LineChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LineChangesResponse) ProtoMessage() {}
+
+func (x *LineChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LineChangesResponse.ProtoReflect.Descriptor instead.
+func (*LineChangesResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *LineChangesResponse) GetRoom() string {
+	if x != nil {
+		return x.Room
+	}
+	return ""
+}
+
+func (x *LineChangesResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *LineChangesResponse) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+func (x *LineChangesResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *LineChangesResponse) GetOpened() bool {
+	if x != nil {
+		return x.Opened
+	}
+	return false
+}
+
+func (x *LineChangesResponse) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *LineChangesResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LineChangesResponse) GetOpensAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpensAt
+	}
+	return nil
+}
+
+func (x *LineChangesResponse) GetHead() int64 {
+	if x != nil {
+		return x.Head
+	}
+	return 0
+}
+
+func (x *LineChangesResponse) GetBinding() int64 {
+	if x != nil {
+		return x.Binding
+	}
+	return 0
+}
+
+func (x *LineChangesResponse) GetFlowRate() float64 {
+	if x != nil {
+		return x.FlowRate
+	}
+	return 0
+}
+
+func (x *LineChangesResponse) GetGate() string {
+	if x != nil {
+		return x.Gate
+	}
+	return ""
+}
+
+func (x *LineChangesResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *LineChangesResponse) GetEntries() []*LineEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 var File_quota_v1_region_proto protoreflect.FileDescriptor
 
 const file_quota_v1_region_proto_rawDesc = "" +
@@ -1839,7 +2166,38 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"q\n" +
 	"\x16ListBuyerHoldsResponse\x129\n" +
 	"\freservations\x18\x01 \x03(\v2\x15.quota.v1.ReservationR\freservations\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x82\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"m\n" +
+	"\x12LineChangesRequest\x12\x17\n" +
+	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x12\n" +
+	"\x04room\x18\x02 \x01(\tR\x04room\x12\x14\n" +
+	"\x05since\x18\x03 \x01(\x04R\x05since\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xee\x01\n" +
+	"\tLineEntry\x12!\n" +
+	"\fadmission_id\x18\x01 \x01(\tR\vadmissionId\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x03R\x03seq\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x16\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x12\n" +
+	"\x04gone\x18\b \x01(\bR\x04gone\"\x90\x03\n" +
+	"\x13LineChangesResponse\x12\x12\n" +
+	"\x04room\x18\x01 \x01(\tR\x04room\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x12\n" +
+	"\x04full\x18\x03 \x01(\bR\x04full\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\x12\x16\n" +
+	"\x06opened\x18\x05 \x01(\bR\x06opened\x12\x16\n" +
+	"\x06closed\x18\x06 \x01(\bR\x06closed\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x125\n" +
+	"\bopens_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aopensAt\x12\x12\n" +
+	"\x04head\x18\t \x01(\x03R\x04head\x12\x18\n" +
+	"\abinding\x18\n" +
+	" \x01(\x03R\abinding\x12\x1b\n" +
+	"\tflow_rate\x18\v \x01(\x01R\bflowRate\x12\x12\n" +
+	"\x04gate\x18\f \x01(\tR\x04gate\x12\x16\n" +
+	"\x06region\x18\r \x01(\tR\x06region\x12-\n" +
+	"\aentries\x18\x0e \x03(\v2\x13.quota.v1.LineEntryR\aentries*\x82\x01\n" +
 	"\tHoldState\x12\x1a\n" +
 	"\x16HOLD_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fHOLD_STATE_HELD\x10\x01\x12\x13\n" +
@@ -1856,7 +2214,7 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x18ADMISSION_STATE_ADMITTED\x10\x02\x12\x18\n" +
 	"\x14ADMISSION_STATE_USED\x10\x03\x12\x1b\n" +
 	"\x17ADMISSION_STATE_EXPIRED\x10\x04\x12\x1a\n" +
-	"\x16ADMISSION_STATE_CLOSED\x10\x052\xe3\x05\n" +
+	"\x16ADMISSION_STATE_CLOSED\x10\x052\xaf\x06\n" +
 	"\rRegionService\x12>\n" +
 	"\aReserve\x12\x18.quota.v1.ReserveRequest\x1a\x19.quota.v1.ReserveResponse\x12>\n" +
 	"\aConfirm\x12\x18.quota.v1.ConfirmRequest\x1a\x19.quota.v1.ConfirmResponse\x12>\n" +
@@ -1867,7 +2225,8 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x05Enter\x12\x16.quota.v1.EnterRequest\x1a\x17.quota.v1.EnterResponse\x12M\n" +
 	"\fGetAdmission\x12\x1d.quota.v1.GetAdmissionRequest\x1a\x1e.quota.v1.GetAdmissionResponse\x12M\n" +
 	"\fJoinWaitlist\x12\x1d.quota.v1.JoinWaitlistRequest\x1a\x1e.quota.v1.JoinWaitlistResponse\x12S\n" +
-	"\x0eListBuyerHolds\x12\x1f.quota.v1.ListBuyerHoldsRequest\x1a .quota.v1.ListBuyerHoldsResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\x0eListBuyerHolds\x12\x1f.quota.v1.ListBuyerHoldsRequest\x1a .quota.v1.ListBuyerHoldsResponse\x12J\n" +
+	"\vLineChanges\x12\x1c.quota.v1.LineChangesRequest\x1a\x1d.quota.v1.LineChangesResponseB4Z2github.com/quotaworks/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_region_proto_rawDescOnce sync.Once
@@ -1882,7 +2241,7 @@ func file_quota_v1_region_proto_rawDescGZIP() []byte {
 }
 
 var file_quota_v1_region_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_quota_v1_region_proto_goTypes = []any{
 	(HoldState)(0),                 // 0: quota.v1.HoldState
 	(ConfirmOutcome)(0),            // 1: quota.v1.ConfirmOutcome
@@ -1911,51 +2270,59 @@ var file_quota_v1_region_proto_goTypes = []any{
 	(*JoinWaitlistResponse)(nil),   // 24: quota.v1.JoinWaitlistResponse
 	(*ListBuyerHoldsRequest)(nil),  // 25: quota.v1.ListBuyerHoldsRequest
 	(*ListBuyerHoldsResponse)(nil), // 26: quota.v1.ListBuyerHoldsResponse
-	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
+	(*LineChangesRequest)(nil),     // 27: quota.v1.LineChangesRequest
+	(*LineEntry)(nil),              // 28: quota.v1.LineEntry
+	(*LineChangesResponse)(nil),    // 29: quota.v1.LineChangesResponse
+	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
 }
 var file_quota_v1_region_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.Reservation.state:type_name -> quota.v1.HoldState
-	27, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 2: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
 	1,  // 3: quota.v1.ConfirmResponse.outcome:type_name -> quota.v1.ConfirmOutcome
 	3,  // 4: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
 	3,  // 5: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
 	3,  // 6: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
 	13, // 7: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
-	27, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
-	27, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
+	30, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
+	30, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
 	16, // 10: quota.v1.DescribeSaleResponse.skus:type_name -> quota.v1.SkuView
 	2,  // 11: quota.v1.Admission.state:type_name -> quota.v1.AdmissionState
-	27, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
 	18, // 13: quota.v1.EnterResponse.admission:type_name -> quota.v1.Admission
 	18, // 14: quota.v1.GetAdmissionResponse.admission:type_name -> quota.v1.Admission
 	18, // 15: quota.v1.JoinWaitlistResponse.admission:type_name -> quota.v1.Admission
 	3,  // 16: quota.v1.ListBuyerHoldsResponse.reservations:type_name -> quota.v1.Reservation
-	4,  // 17: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
-	6,  // 18: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
-	8,  // 19: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
-	10, // 20: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
-	12, // 21: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
-	15, // 22: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
-	19, // 23: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
-	21, // 24: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
-	23, // 25: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
-	25, // 26: quota.v1.RegionService.ListBuyerHolds:input_type -> quota.v1.ListBuyerHoldsRequest
-	5,  // 27: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
-	7,  // 28: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
-	9,  // 29: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
-	11, // 30: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
-	14, // 31: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
-	17, // 32: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
-	20, // 33: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
-	22, // 34: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
-	24, // 35: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
-	26, // 36: quota.v1.RegionService.ListBuyerHolds:output_type -> quota.v1.ListBuyerHoldsResponse
-	27, // [27:37] is the sub-list for method output_type
-	17, // [17:27] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	30, // 17: quota.v1.LineEntry.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 18: quota.v1.LineChangesResponse.opens_at:type_name -> google.protobuf.Timestamp
+	28, // 19: quota.v1.LineChangesResponse.entries:type_name -> quota.v1.LineEntry
+	4,  // 20: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
+	6,  // 21: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
+	8,  // 22: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
+	10, // 23: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
+	12, // 24: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
+	15, // 25: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
+	19, // 26: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
+	21, // 27: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
+	23, // 28: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
+	25, // 29: quota.v1.RegionService.ListBuyerHolds:input_type -> quota.v1.ListBuyerHoldsRequest
+	27, // 30: quota.v1.RegionService.LineChanges:input_type -> quota.v1.LineChangesRequest
+	5,  // 31: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
+	7,  // 32: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
+	9,  // 33: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
+	11, // 34: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
+	14, // 35: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
+	17, // 36: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
+	20, // 37: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
+	22, // 38: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
+	24, // 39: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
+	26, // 40: quota.v1.RegionService.ListBuyerHolds:output_type -> quota.v1.ListBuyerHoldsResponse
+	29, // 41: quota.v1.RegionService.LineChanges:output_type -> quota.v1.LineChangesResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_region_proto_init() }
@@ -1969,7 +2336,7 @@ func file_quota_v1_region_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_region_proto_rawDesc), len(file_quota_v1_region_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	RegionService_GetAdmission_FullMethodName   = "/quota.v1.RegionService/GetAdmission"
 	RegionService_JoinWaitlist_FullMethodName   = "/quota.v1.RegionService/JoinWaitlist"
 	RegionService_ListBuyerHolds_FullMethodName = "/quota.v1.RegionService/ListBuyerHolds"
+	RegionService_LineChanges_FullMethodName    = "/quota.v1.RegionService/LineChanges"
 )
 
 // RegionServiceClient is the client API for RegionService service.
@@ -61,6 +62,10 @@ type RegionServiceClient interface {
 	// ListBuyerHolds reads one buyer's holds of a sale at this region, open and closed, newest
 	// first: what a storefront that lost its session shows the buyer.
 	ListBuyerHolds(ctx context.Context, in *ListBuyerHoldsRequest, opts ...grpc.CallOption) (*ListBuyerHoldsResponse, error)
+	// LineChanges answers the entries of a sale's waiting line changed since a version, with
+	// the line's counters: what a storefront edge keeps to answer buyers' polls itself, with
+	// no call to the leader per poll (docs/storefront.md, "Edges").
+	LineChanges(ctx context.Context, in *LineChangesRequest, opts ...grpc.CallOption) (*LineChangesResponse, error)
 }
 
 type regionServiceClient struct {
@@ -171,6 +176,16 @@ func (c *regionServiceClient) ListBuyerHolds(ctx context.Context, in *ListBuyerH
 	return out, nil
 }
 
+func (c *regionServiceClient) LineChanges(ctx context.Context, in *LineChangesRequest, opts ...grpc.CallOption) (*LineChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LineChangesResponse)
+	err := c.cc.Invoke(ctx, RegionService_LineChanges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegionServiceServer is the server API for RegionService service.
 // All implementations must embed UnimplementedRegionServiceServer
 // for forward compatibility.
@@ -201,6 +216,10 @@ type RegionServiceServer interface {
 	// ListBuyerHolds reads one buyer's holds of a sale at this region, open and closed, newest
 	// first: what a storefront that lost its session shows the buyer.
 	ListBuyerHolds(context.Context, *ListBuyerHoldsRequest) (*ListBuyerHoldsResponse, error)
+	// LineChanges answers the entries of a sale's waiting line changed since a version, with
+	// the line's counters: what a storefront edge keeps to answer buyers' polls itself, with
+	// no call to the leader per poll (docs/storefront.md, "Edges").
+	LineChanges(context.Context, *LineChangesRequest) (*LineChangesResponse, error)
 	mustEmbedUnimplementedRegionServiceServer()
 }
 
@@ -240,6 +259,9 @@ func (UnimplementedRegionServiceServer) JoinWaitlist(context.Context, *JoinWaitl
 }
 func (UnimplementedRegionServiceServer) ListBuyerHolds(context.Context, *ListBuyerHoldsRequest) (*ListBuyerHoldsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListBuyerHolds not implemented")
+}
+func (UnimplementedRegionServiceServer) LineChanges(context.Context, *LineChangesRequest) (*LineChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LineChanges not implemented")
 }
 func (UnimplementedRegionServiceServer) mustEmbedUnimplementedRegionServiceServer() {}
 func (UnimplementedRegionServiceServer) testEmbeddedByValue()                       {}
@@ -442,6 +464,24 @@ func _RegionService_ListBuyerHolds_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegionService_LineChanges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LineChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegionServiceServer).LineChanges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegionService_LineChanges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegionServiceServer).LineChanges(ctx, req.(*LineChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegionService_ServiceDesc is the grpc.ServiceDesc for RegionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -488,6 +528,10 @@ var RegionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListBuyerHolds",
 			Handler:    _RegionService_ListBuyerHolds_Handler,
+		},
+		{
+			MethodName: "LineChanges",
+			Handler:    _RegionService_LineChanges_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,245 @@
+package regionedge
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/region/regionrpc"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// The edge serves the storefront routes (regionhttp.Serve) as both the region and its
+// front door: these methods are regionhttp.RegionAPI's and regionhttp.DoorAPI's.
+
+// changes fetches sale's line from the leader since (room, since).
+func (e *Edge) changes(ctx context.Context, sale, room string, since uint64) (region.LineFeed, error) {
+	var f region.LineFeed
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.LineChanges(ctx, &quotav1.LineChangesRequest{SaleId: sale, Room: room, Since: since, Limit: int32(e.cfg.FetchLimit)})
+		if err != nil {
+			return err
+		}
+		f, err = regionrpc.LineFeedFromProto(res)
+		return err
+	})
+	return f, err
+}
+
+// GetAdmission answers a poll from the sale's line as last fed, when it holds the admission
+// and is fresh; else it asks the leader (and watches the sale from now on).
+func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admission, error) {
+	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
+		return region.Admission{}, err
+	}
+	now := e.cfg.Now()
+	if l := e.watch(sale); l != nil && e.fresh(l, now) {
+		if en, ok := l.m.Get(id, now); ok {
+			e.polls.Add(1)
+			return e.answer(sale, l, en)
+		}
+	}
+	e.forwarded.Add(1)
+	var a region.Admission
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.GetAdmission(ctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: id})
+		if err != nil {
+			return err
+		}
+		a, err = regionrpc.AdmissionFromProto(res.GetAdmission())
+		return err
+	})
+	return a, err
+}
+
+// answer is what the leader's door answers of entry en (region.Door's pollIn and answer):
+// a line's closed gate for a buyer still waiting, BOUND_ELSEWHERE, or the admission with its
+// ticket, signed here with the cluster's keys (a ticket is a pure function of the entry and
+// the keys, so it is the one the leader signs).
+func (e *Edge) answer(sale string, l *line, en admission.Entry) (region.Admission, error) {
+	l.mu.Lock()
+	gate, regionName := l.gate, l.region
+	l.mu.Unlock()
+	if gate != "" && !en.State.Final() && en.State != admission.Admitted {
+		return region.Admission{}, region.ClosedError(sale, gate)
+	}
+	a := region.Admission{Entry: en, Sale: sale}
+	switch en.State {
+	case admission.Elsewhere:
+		return a, &apierr.BoundError{Sale: sale, Region: en.Region}
+	case admission.Admitted:
+		tk, err := e.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: en.User, Region: regionName, Admission: en.ID, Expires: en.ExpiresAt})
+		if err != nil {
+			return a, fmt.Errorf("sign the ticket of admission %s: %w", en.ID, err)
+		}
+		a.Ticket = tk
+	}
+	return a, nil
+}
+
+// Enter forwards a buyer's entry to the leader, but for a sale whose line is closed (sold
+// out, paused) as last fed: a buyer with no place there is refused here, as the leader
+// would.
+func (e *Edge) Enter(ctx context.Context, sale, user, addr string) (region.Admission, error) {
+	if err := checkIDs("sale_id", sale, "user_id", user); err != nil {
+		return region.Admission{}, err
+	}
+	now := e.cfg.Now()
+	if l := e.watch(sale); l != nil && e.fresh(l, now) {
+		l.mu.Lock()
+		gate := l.gate
+		l.mu.Unlock()
+		if en, ok := l.m.Lookup(user, now); gate != "" && (!ok || (!en.State.Final() && en.State != admission.Admitted)) {
+			return region.Admission{}, region.ClosedError(sale, gate)
+		}
+	}
+	return e.admission(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Admission, error) {
+		res, err := c.Enter(ctx, &quotav1.EnterRequest{SaleId: sale, UserId: user, ClientAddress: addr})
+		return res.GetAdmission(), err
+	})
+}
+
+// JoinWaitlist forwards to the leader.
+func (e *Edge) JoinWaitlist(ctx context.Context, sale, user, sku string) (region.Admission, error) {
+	return e.admission(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Admission, error) {
+		res, err := c.JoinWaitlist(ctx, &quotav1.JoinWaitlistRequest{SaleId: sale, UserId: user, Sku: sku})
+		return res.GetAdmission(), err
+	})
+}
+
+// admission calls the leader for an admission.
+func (e *Edge) admission(ctx context.Context, fn func(context.Context, quotav1.RegionServiceClient) (*quotav1.Admission, error)) (region.Admission, error) {
+	var a region.Admission
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		pb, err := fn(ctx, c)
+		if err != nil {
+			return err
+		}
+		a, err = regionrpc.AdmissionFromProto(pb)
+		return err
+	})
+	return a, err
+}
+
+// Describe forwards to the leader (the HTTP routes keep each sale's page for a second).
+func (e *Edge) Describe(ctx context.Context, sale string) (region.SaleView, error) {
+	var v region.SaleView
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.DescribeSale(ctx, &quotav1.DescribeSaleRequest{SaleId: sale})
+		if err != nil {
+			return err
+		}
+		v = regionrpc.SaleViewFromProto(res)
+		return nil
+	})
+	return v, err
+}
+
+// Reserve checks a ticket's signature here (a forged or altered ticket never reaches the
+// leader), then forwards the reservation; the leader decides the rest of the ticket (its
+// expiry, its sale, buyer and region, its one use).
+func (e *Edge) Reserve(ctx context.Context, req region.ReserveRequest) (region.ReserveResult, error) {
+	if req.Ticket != "" {
+		tok := req.Token
+		if tok == nil {
+			var err error
+			if tok, err = admission.ParseToken(req.Ticket); err != nil {
+				return region.ReserveResult{}, err
+			}
+		}
+		if _, err := e.cfg.Keys().VerifySignature(tok); err != nil {
+			return region.ReserveResult{}, err
+		}
+	}
+	var out region.ReserveResult
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.Reserve(ctx, &quotav1.ReserveRequest{SaleId: req.Sale, Sku: req.SKU, UserId: req.User,
+			Quantity: int64(req.Quantity), RequestKey: req.RequestKey, Ticket: req.Ticket})
+		if err != nil {
+			return err
+		}
+		out.Replayed = res.GetReplayed()
+		out.Hold, err = regionrpc.HoldFromProto(res.GetReservation())
+		return err
+	})
+	return out, err
+}
+
+// GetReservation forwards to the leader.
+func (e *Edge) GetReservation(ctx context.Context, holdID string) (region.Hold, error) {
+	return e.hold(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Reservation, error) {
+		res, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: holdID})
+		return res.GetReservation(), err
+	})
+}
+
+// Release forwards to the leader.
+func (e *Edge) Release(ctx context.Context, holdID string) (region.Hold, error) {
+	return e.hold(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Reservation, error) {
+		res, err := c.Release(ctx, &quotav1.ReleaseRequest{HoldId: holdID})
+		return res.GetReservation(), err
+	})
+}
+
+func (e *Edge) hold(ctx context.Context, fn func(context.Context, quotav1.RegionServiceClient) (*quotav1.Reservation, error)) (region.Hold, error) {
+	var h region.Hold
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		pb, err := fn(ctx, c)
+		if err != nil {
+			return err
+		}
+		h, err = regionrpc.HoldFromProto(pb)
+		return err
+	})
+	return h, err
+}
+
+// Confirm forwards to the leader.
+func (e *Edge) Confirm(ctx context.Context, holdID, paymentID string) (region.ConfirmResult, error) {
+	var out region.ConfirmResult
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.Confirm(ctx, &quotav1.ConfirmRequest{HoldId: holdID, PaymentId: paymentID})
+		if err != nil {
+			return err
+		}
+		out.Sold, out.Reason = res.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD, res.GetReason()
+		out.Hold, err = regionrpc.HoldFromProto(res.GetReservation())
+		return err
+	})
+	return out, err
+}
+
+// BuyerHolds forwards to the leader.
+func (e *Edge) BuyerHolds(ctx context.Context, sale, user string, limit int) ([]region.Hold, bool, error) {
+	var holds []region.Hold
+	var truncated bool
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.ListBuyerHolds(ctx, &quotav1.ListBuyerHoldsRequest{SaleId: sale, UserId: user, Limit: int32(limit)})
+		if err != nil {
+			return err
+		}
+		holds, truncated = make([]region.Hold, 0, len(res.GetReservations())), res.GetTruncated()
+		for _, pb := range res.GetReservations() {
+			h, err := regionrpc.HoldFromProto(pb)
+			if err != nil {
+				return err
+			}
+			holds = append(holds, h)
+		}
+		return nil
+	})
+	return holds, truncated, err
+}
+
+// checkIDs refuses an id that is no id (transfer.CheckID), naming its field.
+func checkIDs(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if why := transfer.CheckID(fields[i+1]); why != "" {
+			return apierr.Invalid(fields[i], "%s", why)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+// Package regionedge is a region's storefront edge (quotad edge): a process that serves the
+// region's storefront HTTP API (regionhttp) without leading the region. It answers buyers'
+// polls of the waiting line from a mirror of each sale's line (admission.Mirror) that it
+// keeps from the leader's feed (RegionService/LineChanges), signs the tickets of admitted
+// buyers with the cluster's ticket keys as the leader would, refuses a sale's sold-out or
+// paused line itself, checks tickets' signatures, and forwards what must be decided
+// (entering the line, reserving, confirming, releasing, the waitlist, the sale's page) to
+// the region's current leader over gRPC (Upstream), following leadership changes itself.
+// Its state is soft: it can be killed and restarted at any time, and any number can run
+// (docs/storefront.md, "Edges").
+package regionedge
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaworks/quota/admission"
+	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/region"
+	"github.com/quotaworks/quota/transfer"
+)
+
+// Config configures an edge.
+type Config struct {
+	// Region is the region's name.
+	Region string
+	// Upstream calls the region's leader; required.
+	Upstream *Upstream
+	// Keys returns the cluster's ticket keys as last read; required.
+	Keys func() *admission.Keyring
+	// Refresh is how often each watched sale's line is fetched from the leader; default
+	// 250ms. A poll's answer is at most this much older than the leader's own.
+	Refresh time.Duration
+	// MaxStale is how old a line's last fetch may be for its polls to be answered from it;
+	// past it (the leader unreachable that long) polls are forwarded. Default 30s: longer
+	// than a failover, during which buyers keep hearing their place.
+	MaxStale time.Duration
+	// Idle is how long a sale no one asked about stays watched; default 2m.
+	Idle time.Duration
+	// FetchLimit bounds the entries of one fetch; default 50,000.
+	FetchLimit int
+	Logger     *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) validate() error {
+	if c.Upstream == nil || c.Keys == nil {
+		return errors.New("edge: Upstream and Keys are required")
+	}
+	if why := transfer.CheckRegion(c.Region); why != "" {
+		return apierr.Invalid("region", "%s", why)
+	}
+	if c.Refresh == 0 {
+		c.Refresh = 250 * time.Millisecond
+	}
+	if c.MaxStale == 0 {
+		c.MaxStale = 30 * time.Second
+	}
+	if c.Idle == 0 {
+		c.Idle = 2 * time.Minute
+	}
+	if c.FetchLimit == 0 {
+		c.FetchLimit = 50_000
+	}
+	switch {
+	case c.Refresh < 10*time.Millisecond:
+		return apierr.Invalid("refresh", "%s is under 10ms", c.Refresh)
+	case c.MaxStale < c.Refresh:
+		return apierr.Invalid("max_stale", "%s is under the refresh %s", c.MaxStale, c.Refresh)
+	case c.FetchLimit < 1 || c.FetchLimit > region.MaxLineChanges:
+		return apierr.Invalid("fetch_limit", "must be 1..%d", region.MaxLineChanges)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// MaxLines bounds the sales an edge watches at once (as region.MaxRooms bounds a leader's
+// rooms); polls of more sales are forwarded.
+const MaxLines = region.MaxRooms
+
+// Edge is a running storefront edge. It owns one goroutine, which fetches the watched
+// sales' lines every Refresh; Close stops it.
+type Edge struct {
+	cfg   Config
+	mu    sync.Mutex
+	lines map[string]*line
+	// polls counts the polls answered here, forwarded those answered by the leader.
+	polls, forwarded atomic.Uint64
+	cancel           context.CancelFunc
+	done             chan struct{}
+	closeOne         sync.Once
+}
+
+// line is the edge's copy of one sale's line.
+type line struct {
+	m *admission.Mirror
+	// gate and region are the last feed's (region.LineFeed); asked is when a buyer last
+	// asked about the sale (Unix nanoseconds).
+	mu     sync.Mutex
+	gate   string
+	region string
+	asked  atomic.Int64
+}
+
+// New starts an edge.
+func New(cfg Config) (*Edge, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Edge{cfg: cfg, lines: map[string]*line{}, cancel: cancel, done: make(chan struct{})}
+	go e.run(ctx)
+	return e, nil
+}
+
+// Close stops fetching; idempotent. The upstream is the caller's to close.
+func (e *Edge) Close() {
+	e.closeOne.Do(func() {
+		e.cancel()
+		<-e.done
+	})
+}
+
+// Polls is how many polls the edge answered itself, and how many it forwarded to the
+// leader (an admission its lines did not hold yet, or a line too stale).
+func (e *Edge) Polls() (answered, forwarded uint64) { return e.polls.Load(), e.forwarded.Load() }
+
+// watch returns sale's line, watched from now on (nil when MaxLines are watched).
+func (e *Edge) watch(sale string) *line {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l := e.lines[sale]
+	if l == nil {
+		if len(e.lines) >= MaxLines {
+			return nil
+		}
+		l = &line{m: admission.NewMirror()}
+		e.lines[sale] = l
+	}
+	l.asked.Store(e.cfg.Now().UnixNano())
+	return l
+}
+
+// fresh reports whether l was fed recently enough to answer from.
+func (e *Edge) fresh(l *line, now time.Time) bool {
+	at := l.m.Applied()
+	return !at.IsZero() && now.Sub(at) <= e.cfg.MaxStale
+}
+
+// run fetches every watched line every Refresh until ctx ends, and forgets the lines no
+// one asked about for Idle.
+func (e *Edge) run(ctx context.Context) {
+	defer close(e.done)
+	tick := time.NewTicker(e.cfg.Refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := e.cfg.Now()
+		e.mu.Lock()
+		sales := make(map[string]*line, len(e.lines))
+		for sale, l := range e.lines {
+			if now.Sub(time.Unix(0, l.asked.Load())) > e.cfg.Idle {
+				delete(e.lines, sale)
+				continue
+			}
+			sales[sale] = l
+		}
+		e.mu.Unlock()
+		for sale, l := range sales {
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := e.fetch(fctx, sale, l); err != nil && ctx.Err() == nil {
+				e.cfg.Logger.Debug("fetching a waiting line from the leader failed; polls are answered from the last one",
+					"region", e.cfg.Region, "sale", sale, "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// maxFetchRounds bounds the fetches of one line per Refresh (each up to FetchLimit
+// entries); the rest come at the next.
+const maxFetchRounds = 8
+
+// fetch brings l up to the leader's line of sale.
+func (e *Edge) fetch(ctx context.Context, sale string, l *line) error {
+	for range maxFetchRounds {
+		room, since := l.m.Since()
+		f, err := e.changes(ctx, sale, room, since)
+		if err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.gate, l.region = f.Gate, f.Region
+		l.mu.Unlock()
+		l.m.Apply(f.Feed, e.cfg.Now())
+		if !f.More {
+			return nil
+		}
+	}
+	return nil
+}

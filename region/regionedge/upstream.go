@@ -1,0 +1,172 @@
+package regionedge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+)
+
+// Upstream is an edge's client of its region's leader: it calls whichever of the region's
+// processes leads, following each NOT_LEADER answer's leader address, and trying the
+// region's other known processes when the answer names none (a leader just died) or a
+// process does not answer. It keeps one connection per address it has called, at most
+// maxConns.
+type Upstream struct {
+	region string
+	seeds  []string
+	creds  credentials.TransportCredentials
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	cur    string
+	next   int // the seed tried after cur fails
+	closed bool
+}
+
+// maxConns bounds the addresses an upstream keeps a connection to: the seeds and the
+// leaders NOT_LEADER answers named.
+const maxConns = 32
+
+// maxFeedBytes bounds one answer an edge reads from the leader: a full line of
+// admission.DefaultMaxQueue entries fits in it.
+const maxFeedBytes = 64 << 20
+
+// NewUpstream is a client of region's processes at seeds (their gRPC addresses), calling
+// with creds (the storefront's certificate, or insecure).
+func NewUpstream(region string, seeds []string, creds credentials.TransportCredentials) (*Upstream, error) {
+	if len(seeds) == 0 {
+		return nil, errors.New("upstream: name at least one of the region's gRPC addresses")
+	}
+	if len(seeds) > maxConns/2 {
+		return nil, fmt.Errorf("upstream: %d addresses, over %d", len(seeds), maxConns/2)
+	}
+	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*grpc.ClientConn{}, cur: seeds[0]}, nil
+}
+
+// Leader is the address the upstream calls now (the leader as last learned).
+func (u *Upstream) Leader() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.cur
+}
+
+// client is the RegionService client of the current address.
+func (u *Upstream) client() (quotav1.RegionServiceClient, string, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil, "", errors.New("upstream closed")
+	}
+	conn, ok := u.conns[u.cur]
+	if !ok {
+		if len(u.conns) >= maxConns {
+			return nil, "", &apierr.OverloadedError{What: fmt.Sprintf("the edge's connections to region %s (%d, none to %s)", u.region, len(u.conns), u.cur),
+				RetryAfter: time.Second}
+		}
+		var err error
+		conn, err = grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFeedBytes)))
+		if err != nil {
+			return nil, "", err
+		}
+		u.conns[u.cur] = conn
+	}
+	return quotav1.NewRegionServiceClient(conn), u.cur, nil
+}
+
+// moveOn makes the next call go to hint, or, with none, to the next seed; only if the
+// address that failed is still the current one (another call may have moved on already).
+func (u *Upstream) moveOn(failed, hint string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.cur != failed {
+		return
+	}
+	if hint != "" && hint != failed {
+		u.cur = hint
+		return
+	}
+	u.cur = u.seeds[u.next%len(u.seeds)]
+	u.next++
+	if u.cur == failed && len(u.seeds) > 1 {
+		u.cur = u.seeds[u.next%len(u.seeds)]
+		u.next++
+	}
+}
+
+// call runs fn against the region's leader: a NOT_LEADER answer, or an address that does
+// not answer, moves on (to the leader it names, or the next process) and calls again, a few
+// times with short pauses, within ctx. Each retry is safe: NOT_LEADER was decided by no one,
+// and every forwarded call is idempotent by its key (a reservation's request key, a buyer's
+// one place in line, a hold's id). Other answers are returned as they came.
+func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.RegionServiceClient) error) error {
+	attempts := 2*len(u.seeds) + 3
+	var err error
+	for i := range attempts {
+		if i > 0 {
+			if serr := sleepCtx(ctx, time.Duration(min(i*i*20, 400))*time.Millisecond); serr != nil {
+				break
+			}
+		}
+		c, addr, cerr := u.client()
+		if cerr != nil {
+			return cerr
+		}
+		err = fn(ctx, c)
+		if !moveOnFrom(err) {
+			return err
+		}
+		u.moveOn(addr, apierr.LeaderHint(err))
+	}
+	return &apierr.NotLeaderError{Role: "region " + u.region + " (no process answered as its leader: " + errorText(err) + ")"}
+}
+
+// moveOnFrom reports whether err means another process should be asked: NOT_LEADER, or a
+// transport failure (no answer at all).
+func moveOnFrom(err error) bool {
+	if err == nil {
+		return false
+	}
+	if apierr.Reason(err) == "NOT_LEADER" {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && apierr.Reason(err) == ""
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return "none"
+	}
+	return err.Error()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Close closes every connection; idempotent.
+func (u *Upstream) Close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.closed = true
+	for a, c := range u.conns {
+		_ = c.Close() // closing: nothing to do about an error
+		delete(u.conns, a)
+	}
+}
