@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/region"
 	"github.com/quotaworks/quota/transfer"
 )
 
@@ -23,9 +25,18 @@ func TestPollAdmissionReadsNoDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := le.door.GetAdmission(le.ctx, roomSale, a.ID)
-	if err != nil {
-		t.Fatal(err)
+	// At this rate alice is admitted at once, but her binding is written in the background:
+	// wait for the admission to settle, so that the poll below sees the state GetAdmission saw.
+	var want region.Admission
+	deadline := time.Now().Add(10 * time.Second)
+	for want.State != admission.Admitted {
+		if want, err = le.door.GetAdmission(le.ctx, roomSale, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice's admission did not settle: %+v", want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, err := le.pool.Exec(le.ctx, `ALTER TABLE sales RENAME TO sales_away`); err != nil {
 		t.Fatal(err)
