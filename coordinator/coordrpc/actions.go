@@ -2,6 +2,7 @@ package coordrpc
 
 import (
 	"context"
+	"encoding/hex"
 	"log/slog"
 	"time"
 
@@ -47,7 +48,7 @@ func (s *Server) record(ctx context.Context, action, target string, req proto.Me
 		log.Error("the action log could not record a call", "action", action, "target", target, "actor", actor, "result", result, "err", rerr)
 		return
 	}
-	log.Info("action recorded", "seq", a.Seq, "action", action, "target", target, "actor", actor, "role", c.Role, "hash", a.Hash)
+	log.Info("action recorded", "seq", a.Seq, "action", action, "target", target, "actor", actor, "role", c.Role, "hash", hex.EncodeToString(a.Hash))
 }
 
 // ListActions implements CoordinatorService.
