@@ -205,7 +205,7 @@ func (c *localCluster) eventually(within time.Duration, what string, f func() er
 // status parses `cluster status`: process name → its line's fields after the name.
 func (c *localCluster) status() map[string]string {
 	c.t.Helper()
-	out := c.cluster(30*time.Second, "status")
+	out := c.cluster(60*time.Second, "status") // a few etcdctl calls per process: slow on a loaded machine
 	st := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) >= 2 {
