@@ -54,9 +54,9 @@ func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{r: r, d: d, reserveAt: r.Reserve, opts: opts, views: newViewCache()}
+	h := &handler{r: r, d: d, reserveAt: r.Reserve, reserveCartAt: r.ReserveCart, opts: opts, views: newViewCache()}
 	if d != nil {
-		h.reserveAt = d.Reserve
+		h.reserveAt, h.reserveCartAt = d.Reserve, d.ReserveCart
 	}
 	mux := http.NewServeMux()
 	route := func(pattern, method string, fn func(http.ResponseWriter, *http.Request) error) {
@@ -73,6 +73,9 @@ func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 	route("GET /v1/holds/{hold}", svc+"GetReservation", h.getHold)
 	route("POST /v1/holds/{hold}/confirm", svc+"Confirm", h.confirm)
 	route("POST /v1/holds/{hold}/release", svc+"Release", h.release)
+	route("GET /v1/carts/{cart}", svc+"GetReservation", h.getCart)
+	route("POST /v1/carts/{cart}/confirm", svc+"Confirm", h.confirmCart)
+	route("POST /v1/carts/{cart}/release", svc+"Release", h.releaseCart)
 	if opts.Metrics != nil {
 		mux.Handle(MetricsRoute, h.guard(trust.AuthorizeMetrics, func(w http.ResponseWriter, r *http.Request) error {
 			opts.Metrics.ServeHTTP(w, r)
@@ -90,8 +93,10 @@ type handler struct {
 	d *region.Door
 	// reserveAt is d.Reserve, or r.Reserve without a door (as regionrpc.Server.Reserve).
 	reserveAt func(context.Context, region.ReserveRequest) (region.ReserveResult, error)
-	opts      Options
-	views     *viewCache
+	// reserveCartAt is d.ReserveCart, or r.ReserveCart without a door.
+	reserveCartAt func(context.Context, region.CartRequest) (region.CartResult, error)
+	opts          Options
+	views         *viewCache
 }
 
 // door is the region's front door, or region.ErrNoDoor without one.
