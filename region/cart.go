@@ -172,11 +172,30 @@ func checkCartTerms(t SaleTerms, req CartRequest, now time.Time) error {
 	return nil
 }
 
-// ReserveCart holds every line of a cart for req.User, or none (I10), durable before it
-// returns (I6). Bad input changes nothing and names the field. The answer is counted once
-// (Config.Metrics), and each line refused for want of stock adds to the demand.
-func (r *Region) ReserveCart(ctx context.Context, req CartRequest) (CartResult, error) {
-	res, err := r.reserveCart(ctx, req)
+// Carts reserves, confirms and releases the carts of region R, through its front door D when
+// it has one (nil: none). A value of its own, so that the Region and the Door keep one job
+// each.
+type Carts struct {
+	R *Region
+	D *Door
+}
+
+// Reserve holds every line of a cart for req.User, or none (I10), durable before it returns
+// (I6). Bad input changes nothing and names the field. The answer is counted once
+// (Config.Metrics), and each line refused for want of stock adds to the demand. Through the
+// front door, a ticket's admission ends with the cart that used it, as Door.Reserve ends it.
+func (c Carts) Reserve(ctx context.Context, req CartRequest) (CartResult, error) {
+	if c.D != nil {
+		lr := ReserveRequest{Ticket: req.Ticket, Token: req.Token}
+		if lr.token() != nil {
+			if _, err := c.D.ensureLoaded(ctx); err != nil {
+				return CartResult{}, err
+			}
+			req.Token = lr.Token
+		}
+	}
+	r := c.R
+	res, err := reserveCart(ctx, r, req)
 	r.cfg.Metrics.Reserved(err)
 	var ce *CartError
 	if errors.As(err, &ce) {
@@ -184,12 +203,26 @@ func (r *Region) ReserveCart(ctx context.Context, req CartRequest) (CartResult, 
 			r.demand.count(req.line(l.Line), l.Err)
 		}
 	}
+	if err == nil && c.D != nil && res.Holds[0].Admission != "" {
+		endAdmission(c.D, req.Sale, res.Holds[0].Admission)
+	}
 	return res, err
 }
 
-// reserveCart is ReserveCart, uncounted: Region.reserve's steps for a cart, its line 0
+// endAdmission ends an admission whose ticket a hold (or a cart's line 0) was made with at
+// d: its live place is freed for the next buyer.
+func endAdmission(d *Door, sale, admission string) {
+	d.mu.Lock()
+	sr := d.rooms[sale]
+	d.mu.Unlock()
+	if sr != nil {
+		sr.room.Used(admission)
+	}
+}
+
+// reserveCart is Carts.Reserve, uncounted: Region.reserve's steps for a cart, its line 0
 // standing for it where one request is asked about (the ticket, the binding, the key).
-func (r *Region) reserveCart(ctx context.Context, req CartRequest) (CartResult, error) {
+func reserveCart(ctx context.Context, r *Region, req CartRequest) (CartResult, error) {
 	if err := CheckCart(req); err != nil {
 		return CartResult{}, err
 	}
@@ -214,7 +247,7 @@ func (r *Region) reserveCart(ctx context.Context, req CartRequest) (CartResult, 
 	if err != nil {
 		if m := r.state.Load(); vouched && m != nil && !r.inWriter(k) {
 			if prior, ok := m.committedKey(k); ok {
-				return r.replayCartStored(ctx, prior, req)
+				return replayCartStored(ctx, r, prior, req)
 			}
 		}
 		return CartResult{}, err
@@ -231,7 +264,7 @@ func (r *Region) reserveCart(ctx context.Context, req CartRequest) (CartResult, 
 	for range req.Lines {
 		o.ids = append(o.ids, newHoldID(&r.cfg))
 	}
-	return r.cartLookingUp(ctx, w, k, o)
+	return cartLookingUp(ctx, r, w, k, o)
 }
 
 // cartAnswer is the writer's answer to a cart: its result, or the lookup to make first.
@@ -241,7 +274,7 @@ type cartAnswer struct {
 }
 
 // cartLookingUp is reserveLookingUp for a cart, whose line 0's key is the cart's.
-func (r *Region) cartLookingUp(ctx context.Context, w *writer, k keyKey, o *cartOp) (CartResult, error) {
+func cartLookingUp(ctx context.Context, r *Region, w *writer, k keyKey, o *cartOp) (CartResult, error) {
 	need := lookupNone
 	if m := r.state.Load(); m != nil {
 		if _, ok := m.committedKey(k); !ok {
@@ -257,7 +290,7 @@ func (r *Region) cartLookingUp(ctx context.Context, w *writer, k keyKey, o *cart
 				return CartResult{}, err
 			}
 			if o.replay != nil {
-				return r.replayCartStored(ctx, o.replay, o.cart)
+				return replayCartStored(ctx, r, o.replay, o.cart)
 			}
 		}
 		r.track(k, 1)
@@ -271,7 +304,7 @@ func (r *Region) cartLookingUp(ctx context.Context, w *writer, k keyKey, o *cart
 
 // replayCartStored answers a cart whose line 0 is prior with the cart as stored: the same
 // cart gets its holds back, another one ALREADY_EXISTS.
-func (r *Region) replayCartStored(ctx context.Context, prior *memHold, req CartRequest) (CartResult, error) {
+func replayCartStored(ctx context.Context, r *Region, prior *memHold, req CartRequest) (CartResult, error) {
 	if err := sameCart(prior, req); err != nil {
 		return CartResult{}, err
 	}

@@ -26,7 +26,7 @@ func cartEnv(t *testing.T, opts ...func(*region.Config)) *env {
 }
 
 func (e *env) cart(user, key string, lines ...region.CartLine) (region.CartResult, error) {
-	return e.r.ReserveCart(e.ctx, region.CartRequest{Sale: testSale, User: user, RequestKey: key, Lines: lines})
+	return e.carts().Reserve(e.ctx, region.CartRequest{Sale: testSale, User: user, RequestKey: key, Lines: lines})
 }
 
 func line(sku string, q transfer.Units) region.CartLine {
@@ -149,7 +149,7 @@ func TestCartGrantedReplayedAndConflicting(t *testing.T) {
 			t.Errorf("cart1 again with %v: %v; want ALREADY_EXISTS", other, err)
 		}
 	}
-	if got, err := e.r.GetCart(e.ctx, res.CartID); err != nil || len(got.Holds) != 2 || got.Holds[1].ID != res.Holds[1].ID {
+	if got, err := e.carts().Get(e.ctx, res.CartID); err != nil || len(got.Holds) != 2 || got.Holds[1].ID != res.Holds[1].ID {
 		t.Errorf("get cart: %+v %v", got, err)
 	}
 	e.checkPool(testSale, phone, counts{avail: 4, held: 1})
@@ -171,34 +171,34 @@ func TestCartConfirmAndRelease(t *testing.T) {
 		}
 	}
 	for range 2 {
-		res, err := e.r.ConfirmCart(e.ctx, sold.CartID, "p1")
+		res, err := e.carts().Confirm(e.ctx, sold.CartID, "p1")
 		if err != nil || !res.Sold || len(res.Holds) != 2 || res.Holds[0].State != region.Sold || res.Holds[1].State != region.Sold {
 			t.Fatalf("confirm cart: %+v %v; want both lines sold", res, err)
 		}
 	}
-	if _, err := e.r.ReleaseCart(e.ctx, sold.CartID); !errors.Is(err, region.ErrConflict) {
+	if _, err := e.carts().Release(e.ctx, sold.CartID); !errors.Is(err, region.ErrConflict) {
 		t.Errorf("release a sold cart: %v; want CONFLICT", err)
 	}
 	released := e.mustCart("carol", "c1", line(phone, 1), line(cases, 1))
 	for range 2 {
-		res, err := e.r.ReleaseCart(e.ctx, released.CartID)
+		res, err := e.carts().Release(e.ctx, released.CartID)
 		if err != nil || res.Holds[0].State != region.Released || res.Holds[1].State != region.Released {
 			t.Fatalf("release cart: %+v %v; want both lines released", res, err)
 		}
 	}
-	if res, err := e.r.ConfirmCart(e.ctx, released.CartID, "p2"); err != nil || res.Sold || !strings.Contains(res.Reason, "refund") {
+	if res, err := e.carts().Confirm(e.ctx, released.CartID, "p2"); err != nil || res.Sold || !strings.Contains(res.Reason, "refund") {
 		t.Errorf("confirm a released cart: %+v %v; want refund", res, err)
 	}
 	expired := e.mustCart("dave", "c1", line(phone, 1), line(cases, 1))
 	e.clk.Advance(testTTL + time.Second)
-	res, err := e.r.ConfirmCart(e.ctx, expired.CartID, "p3")
+	res, err := e.carts().Confirm(e.ctx, expired.CartID, "p3")
 	if err != nil || res.Sold || res.Holds[0].State != region.Expired || res.Holds[1].State != region.Expired {
 		t.Errorf("confirm an expired cart: %+v %v; want refund, both lines expired", res, err)
 	}
 	if n := count(t, e.pool, `SELECT count(*) FROM late_payments WHERE payment_id IN ('p2', 'p3')`); n != 4 {
 		t.Errorf("%d late payments recorded; want one per line of the two refunded carts (4)", n)
 	}
-	if _, err := e.r.ConfirmCart(e.ctx, "us.0123456789abcdef0123456789ab", "p4"); !errors.Is(err, region.ErrNotFound) {
+	if _, err := e.carts().Confirm(e.ctx, "us.0123456789abcdef0123456789ab", "p4"); !errors.Is(err, region.ErrNotFound) {
 		t.Errorf("confirm an unknown cart: %v; want NOT_FOUND", err)
 	}
 	e.checkPool(testSale, phone, counts{avail: 4, sold: 1})
@@ -239,3 +239,5 @@ func TestCartBadInput(t *testing.T) {
 		t.Errorf("bad carts left %d holds", n)
 	}
 }
+
+func (e *env) carts() region.Carts { return region.Carts{R: e.r} }

@@ -10,11 +10,12 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 )
 
-// ConfirmCart records payment for a whole cart: every line held and unexpired → every line
+// Confirm records payment for a whole cart: every line held and unexpired → every line
 // sold to the payment, in one writer step; otherwise no line is sold and the result says
 // refund (the lines' deadlines are one, so they pass together), the payment recorded for
 // reconciliation against each line. Idempotent on (cart, payment).
-func (r *Region) ConfirmCart(ctx context.Context, cartID, paymentID string) (CartCloseResult, error) {
+func (c Carts) Confirm(ctx context.Context, cartID, paymentID string) (CartCloseResult, error) {
+	r := c.R
 	if err := checkCartID(r.cfg.Name, cartID); err != nil {
 		return CartCloseResult{}, err
 	}
@@ -26,9 +27,10 @@ func (r *Region) ConfirmCart(ctx context.Context, cartID, paymentID string) (Car
 	})
 }
 
-// ReleaseCart gives every held line of a cart back, in one writer step; idempotent. A sold
-// cart is a conflict.
-func (r *Region) ReleaseCart(ctx context.Context, cartID string) (CartCloseResult, error) {
+// Release gives every held line of a cart back, in one writer step; idempotent. A sold cart
+// is a conflict.
+func (c Carts) Release(ctx context.Context, cartID string) (CartCloseResult, error) {
+	r := c.R
 	if err := checkCartID(r.cfg.Name, cartID); err != nil {
 		return CartCloseResult{}, err
 	}
@@ -37,8 +39,9 @@ func (r *Region) ReleaseCart(ctx context.Context, cartID string) (CartCloseResul
 	})
 }
 
-// GetCart reads a cart's holds as committed, archived ones included, in line order.
-func (r *Region) GetCart(ctx context.Context, cartID string) (CartCloseResult, error) {
+// Get reads a cart's holds as committed, archived ones included, in line order.
+func (c Carts) Get(ctx context.Context, cartID string) (CartCloseResult, error) {
+	r := c.R
 	if err := checkCartID(r.cfg.Name, cartID); err != nil {
 		return CartCloseResult{}, err
 	}

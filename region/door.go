@@ -280,35 +280,7 @@ func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, 
 		return res, nil
 	}
 	if err == nil && res.Hold.Admission != "" {
-		d.mu.Lock()
-		sr := d.rooms[req.Sale]
-		d.mu.Unlock()
-		if sr != nil {
-			sr.room.Used(res.Hold.Admission)
-		}
-	}
-	return res, err
-}
-
-// ReserveCart reserves a cart (Region.ReserveCart) and, when a ticket made it, ends the
-// ticket's admission, as Reserve does. A waitlist offer's ticket reserves its SKU alone: the
-// region refuses it for a cart.
-func (d *Door) ReserveCart(ctx context.Context, req CartRequest) (CartResult, error) {
-	lr := ReserveRequest{Ticket: req.Ticket, Token: req.Token}
-	if lr.token() != nil {
-		if _, err := d.ensureLoaded(ctx); err != nil {
-			return CartResult{}, err
-		}
-		req.Token = lr.Token
-	}
-	res, err := d.r.ReserveCart(ctx, req)
-	if err == nil && len(res.Holds) > 0 && res.Holds[0].Admission != "" {
-		d.mu.Lock()
-		sr := d.rooms[req.Sale]
-		d.mu.Unlock()
-		if sr != nil {
-			sr.room.Used(res.Holds[0].Admission)
-		}
+		endAdmission(d, req.Sale, res.Hold.Admission)
 	}
 	return res, err
 }

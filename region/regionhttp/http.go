@@ -54,9 +54,9 @@ func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{r: r, d: d, reserveAt: r.Reserve, reserveCartAt: r.ReserveCart, opts: opts, views: newViewCache()}
+	h := &handler{r: r, d: d, reserveAt: r.Reserve, carts: region.Carts{R: r, D: d}, opts: opts, views: newViewCache()}
 	if d != nil {
-		h.reserveAt, h.reserveCartAt = d.Reserve, d.ReserveCart
+		h.reserveAt = d.Reserve
 	}
 	mux := http.NewServeMux()
 	route := func(pattern, method string, fn func(http.ResponseWriter, *http.Request) error) {
@@ -93,10 +93,10 @@ type handler struct {
 	d *region.Door
 	// reserveAt is d.Reserve, or r.Reserve without a door (as regionrpc.Server.Reserve).
 	reserveAt func(context.Context, region.ReserveRequest) (region.ReserveResult, error)
-	// reserveCartAt is d.ReserveCart, or r.ReserveCart without a door.
-	reserveCartAt func(context.Context, region.CartRequest) (region.CartResult, error)
-	opts          Options
-	views         *viewCache
+	// carts serves the carts of r, through d.
+	carts region.Carts
+	opts  Options
+	views *viewCache
 }
 
 // door is the region's front door, or region.ErrNoDoor without one.

@@ -299,7 +299,7 @@ func (h *handler) reserveCart(w http.ResponseWriter, r *http.Request, body *rese
 	for i, l := range body.Lines {
 		lines[i] = region.CartLine{SKU: l.SKU, Quantity: transfer.Units(l.Quantity)}
 	}
-	res, err := h.reserveCartAt(r.Context(), region.CartRequest{Sale: r.PathValue("sale"), User: user, RequestKey: body.RequestKey,
+	res, err := h.carts.Reserve(r.Context(), region.CartRequest{Sale: r.PathValue("sale"), User: user, RequestKey: body.RequestKey,
 		Lines: lines, Ticket: body.Ticket, Token: tok})
 	if err != nil {
 		return err
@@ -313,7 +313,7 @@ func (h *handler) reserveCart(w http.ResponseWriter, r *http.Request, body *rese
 }
 
 func (h *handler) getCart(w http.ResponseWriter, r *http.Request) error {
-	res, err := h.r.GetCart(r.Context(), r.PathValue("cart"))
+	res, err := h.carts.Get(r.Context(), r.PathValue("cart"))
 	if err != nil {
 		return err
 	}
@@ -337,7 +337,7 @@ func (h *handler) confirmCart(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	res, err := h.r.ConfirmCart(r.Context(), r.PathValue("cart"), body.PaymentID)
+	res, err := h.carts.Confirm(r.Context(), r.PathValue("cart"), body.PaymentID)
 	if err != nil {
 		return err
 	}
@@ -356,7 +356,7 @@ func (h *handler) releaseCart(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	res, err := h.r.ReleaseCart(r.Context(), r.PathValue("cart"))
+	res, err := h.carts.Release(r.Context(), r.PathValue("cart"))
 	if err != nil {
 		return err
 	}

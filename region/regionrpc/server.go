@@ -89,11 +89,7 @@ func (s *Server) reserveCart(ctx context.Context, req *quotav1.ReserveRequest) (
 	for i, l := range req.GetLines() {
 		lines[i] = region.CartLine{SKU: l.GetSku(), Quantity: transfer.Units(l.GetQuantity())}
 	}
-	reserve := s.R.ReserveCart
-	if s.D != nil {
-		reserve = s.D.ReserveCart
-	}
-	res, err := reserve(ctx, region.CartRequest{Sale: req.GetSaleId(), User: req.GetUserId(), RequestKey: req.GetRequestKey(),
+	res, err := region.Carts{R: s.R, D: s.D}.Reserve(ctx, region.CartRequest{Sale: req.GetSaleId(), User: req.GetUserId(), RequestKey: req.GetRequestKey(),
 		Ticket: req.GetTicket(), Lines: lines})
 	if err != nil {
 		return nil, err
@@ -116,7 +112,7 @@ func (s *Server) Confirm(ctx context.Context, req *quotav1.ConfirmRequest) (*quo
 		return nil, err
 	}
 	if cart != "" {
-		res, err := s.R.ConfirmCart(ctx, cart, req.GetPaymentId())
+		res, err := region.Carts{R: s.R}.Confirm(ctx, cart, req.GetPaymentId())
 		if err != nil {
 			return nil, err
 		}
@@ -143,7 +139,7 @@ func (s *Server) Release(ctx context.Context, req *quotav1.ReleaseRequest) (*quo
 		return nil, err
 	}
 	if cart != "" {
-		res, err := s.R.ReleaseCart(ctx, cart)
+		res, err := region.Carts{R: s.R}.Release(ctx, cart)
 		if err != nil {
 			return nil, err
 		}
