@@ -234,11 +234,11 @@ func archiveCandidates(ctx context.Context, q pgxQuerier, cutoff time.Time, limi
 const moveToArchiveSQL = `WITH moved AS (
 		DELETE FROM holds WHERE hold_id = ANY($1::text[]) AND state <> 'held'
 		RETURNING hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at, closed_at,
-			payment_id, admission_id, changed),
+			payment_id, admission_id, cart_id, changed),
 	ins AS (INSERT INTO holds_closed (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at,
-			expires_at, closed_at, payment_id, admission_id, changed, archived)
+			expires_at, closed_at, payment_id, admission_id, cart_id, changed, archived)
 		SELECT hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at, closed_at,
-			payment_id, admission_id, changed, $2::bigint FROM moved),
+			payment_id, admission_id, cart_id, changed, $2::bigint FROM moved),
 	byuser AS (INSERT INTO archived_users AS a (sale_id, user_id, sku, holds, sold)
 		SELECT sale_id, user_id, sku, count(*), coalesce(sum(quantity) FILTER (WHERE state = 'sold'), 0) FROM moved
 		GROUP BY sale_id, user_id, sku

@@ -135,6 +135,60 @@ func (c *Core) Reserve(now time.Time, req ReserveRequest, holdID string) (Reserv
 	return res.ReserveResult, nil
 }
 
+// ReserveCart is Region.ReserveCart decided by the writer's cartOp (I10, and I1, I2, I3, I6
+// for each line); ids are the lines' hold ids.
+func (c *Core) ReserveCart(now time.Time, req CartRequest, ids []string) (CartResult, error) {
+	if err := CheckCart(req); err != nil {
+		return CartResult{}, err
+	}
+	t, ok := c.sales[req.Sale]
+	if !ok {
+		return CartResult{}, fmt.Errorf("sale_id %q: %w", req.Sale, ErrNotFound)
+	}
+	if err := checkCartTerms(t, req, now); err != nil {
+		return CartResult{}, err
+	}
+	if len(ids) != len(req.Lines) {
+		panic("region core: a cart needs one hold id per line") // the caller's: a programmer error
+	}
+	res, err := coreRun[cartAnswer](c, now, &cartOp{reserveOp: reserveOp{req: req.line(0), terms: t, region: c.name, exhausted: c.exhausted,
+		maxKeys: DefaultMaxKeysPerUser}, cart: req, hash: cartHash(req.Lines), ids: ids})
+	if err != nil {
+		return CartResult{}, err
+	}
+	if res.need != lookupNone {
+		panic("region core: a cart asked for a lookup in SQL") // the core retires and archives nothing
+	}
+	return res.CartResult, nil
+}
+
+// ConfirmCart is Region.ConfirmCart decided by the writer's cartCloseOp.
+func (c *Core) ConfirmCart(now time.Time, cartID, payment string) (CartCloseResult, error) {
+	return coreRun[CartCloseResult](c, now, &cartCloseOp{cart: cartID, ids: c.cartLines(cartID), payment: payment})
+}
+
+// ReleaseCart is Region.ReleaseCart decided by the writer's cartCloseOp.
+func (c *Core) ReleaseCart(now time.Time, cartID string) (CartCloseResult, error) {
+	return coreRun[CartCloseResult](c, now, &cartCloseOp{cart: cartID, ids: c.cartLines(cartID), release: true})
+}
+
+// cartLines are the hold ids of a cart's lines, in line order (none: the op answers
+// NOT_FOUND).
+func (c *Core) cartLines(cartID string) []string {
+	var hs []Hold
+	for _, h := range c.m.holds {
+		if h.CartID == cartID {
+			hs = append(hs, h.Hold)
+		}
+	}
+	sortLines(hs)
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.ID
+	}
+	return ids
+}
+
 func (c *Core) exhausted(req ReserveRequest, avail transfer.Units) error {
 	return fmt.Errorf("region %s: %d of %s left, %d asked: %w", c.name, avail, req.SKU, req.Quantity, ErrRegionExhausted)
 }

@@ -285,12 +285,7 @@ func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, 
 		return res, nil
 	}
 	if err == nil && res.Hold.Admission != "" {
-		d.mu.Lock()
-		sr := d.rooms[req.Sale]
-		d.mu.Unlock()
-		if sr != nil {
-			sr.room.Used(res.Hold.Admission)
-		}
+		endAdmission(d, req.Sale, res.Hold.Admission)
 	}
 	return res, err
 }

@@ -267,21 +267,21 @@ func endBackendStarted(ctx context.Context, db *pgxpool.Pool, pid uint32, starte
 }
 
 const insertHoldsSQL = `INSERT INTO holds (hold_id, sale_id, sku, user_id, quantity, request_key, request_hash, state, created_at, expires_at,
-			admission_id, changed)
-		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires, adm, $11::bigint
+			admission_id, cart_id, changed)
+		SELECT id, sale, sku, usr, qty, rkey, rhash, 'held', created, expires, adm, cart, $12::bigint
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::timestamptz[], $9::timestamptz[],
-			$10::text[]) AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires, adm)`
+			$10::text[], $11::text[]) AS v(id, sale, sku, usr, qty, rkey, rhash, created, expires, adm, cart)`
 
 func holdColumnsOf(hs []*memHold) []any {
 	n := len(hs)
 	ids, sales, skus, users, keys, hashes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	qty := make([]int64, n)
-	created, expires, adms := make([]time.Time, n), make([]time.Time, n), make([]string, n)
+	created, expires, adms, carts := make([]time.Time, n), make([]time.Time, n), make([]string, n), make([]string, n)
 	for i, h := range hs {
 		ids[i], sales[i], skus[i], users[i], keys[i], hashes[i] = h.ID, h.Sale, h.SKU, h.User, h.RequestKey, hex.EncodeToString(h.hash[:])
-		qty[i], created[i], expires[i], adms[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt, h.Admission
+		qty[i], created[i], expires[i], adms[i], carts[i] = int64(h.Quantity), h.CreatedAt, h.ExpiresAt, h.Admission, h.CartID
 	}
-	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires, adms}
+	return []any{ids, sales, skus, users, qty, keys, hashes, created, expires, adms, carts}
 }
 
 const closeHoldsSQL = `UPDATE holds h SET state = v.state, payment_id = nullif(v.pay, ''), closed_at = $4, changed = $5::bigint

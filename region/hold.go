@@ -96,6 +96,9 @@ func (o *confirmOp) apply(_ context.Context, b *batch) (ConfirmResult, error, er
 	if h == nil || fatal != nil {
 		return ConfirmResult{}, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
 	}
+	if h.CartID != "" {
+		return ConfirmResult{}, lineAlone(h), nil
+	}
 	switch {
 	case h.State == Sold && h.PaymentID == o.payment:
 		return ConfirmResult{Sold: true, Hold: h.Hold}, nil, nil
@@ -186,6 +189,9 @@ func (o *releaseOp) apply(_ context.Context, b *batch) (Hold, error, error) {
 	h, fatal := b.holdOrStored(o.holdID, o.stored)
 	if h == nil || fatal != nil {
 		return Hold{}, fmt.Errorf("hold_id %q: %w", o.holdID, errHoldNotInMemory), fatal
+	}
+	if h.CartID != "" {
+		return Hold{}, lineAlone(h), nil
 	}
 	switch h.State {
 	case Sold:

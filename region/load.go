@@ -153,7 +153,7 @@ type rowScanner struct {
 func newRowScanner(region string) *rowScanner {
 	s := &rowScanner{region: region, names: interner{}}
 	h := &s.row.hold
-	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &h.Admission, &s.hash, &s.row.closed, &s.stamp}
+	s.dest = []any{&h.ID, &s.sale, &s.sku, &h.User, &s.quantity, &h.RequestKey, &s.state, &h.CreatedAt, &h.ExpiresAt, &h.PaymentID, &h.Admission, &h.CartID, &s.hash, &s.row.closed, &s.stamp}
 	return s
 }
 

@@ -331,16 +331,8 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (reserveAnswer, error, er
 		res, err := replayOf(prior, req)
 		return reserveAnswer{ReserveResult: res}, err, nil
 	}
-	if !b.m.knowsBuyer(req.Sale, req.User) {
-		if o.buyer == nil || o.from != b.m {
-			return reserveAnswer{need: lookupBuyer}, nil, nil // the caller reads the buyer's archived rows and asks again
-		}
-		b.m.mu.Lock()
-		b.m.resolve(o.buyer) // I2: the buyer's archived bought units and keys count from here on
-		b.m.mu.Unlock()
-	}
-	if !o.keyLookedUp && b.m.retiredKey(k) {
-		return reserveAnswer{need: lookupKey}, nil, nil // the caller looks the key up in SQL and asks again
+	if need := o.lookupNeeded(b, k); need != lookupNone {
+		return reserveAnswer{need: need}, nil, nil
 	}
 	if a := o.ticket.Admission; a != "" && b.m.ticketUsedBy(req.Sale, a, req.RequestKey) {
 		return reserveAnswer{}, fmt.Errorf("admission %s's ticket already backs another request_key: %w", a, ErrTicketUsed), nil
@@ -389,6 +381,24 @@ func (o *reserveOp) apply(_ context.Context, b *batch) (reserveAnswer, error, er
 		b.asideDelta[pk] -= min(req.Quantity, aside) // the offer's units leave the waitlist's book
 	}
 	return reserveAnswer{ReserveResult: ReserveResult{Hold: h.Hold}}, nil, nil
+}
+
+// lookupNeeded is what the caller must read from SQL before the writer can decide the
+// reserve of key k (lookupNone: nothing). A buyer whose archived rows were read for this
+// state is resolved here.
+func (o *reserveOp) lookupNeeded(b *batch, k keyKey) lookup {
+	if !b.m.knowsBuyer(k.sale, k.user) {
+		if o.buyer == nil || o.from != b.m {
+			return lookupBuyer // the caller reads the buyer's archived rows and asks again
+		}
+		b.m.mu.Lock()
+		b.m.resolve(o.buyer) // I2: the buyer's archived bought units and keys count from here on
+		b.m.mu.Unlock()
+	}
+	if !o.keyLookedUp && b.m.retiredKey(k) {
+		return lookupKey // the caller looks the key up in SQL and asks again
+	}
+	return lookupNone
 }
 
 // take records a new hold: available → held in its pool, the user's held count up. The

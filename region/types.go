@@ -54,6 +54,9 @@ type Hold struct {
 	// Admission is the waiting room's admission whose ticket the hold was made with, or ""
 	// in a sale without one. No two holds of a sale share one.
 	Admission string
+	// CartID is the cart the hold is a line of (its line 0's hold id), or "" for a hold
+	// reserved alone (cart.go).
+	CartID string
 }
 
 // SaleTerms are the rules of a sale as the coordinator published them to this region: the

@@ -67,6 +67,7 @@ func (w *world) check(final bool) {
 		if r := w.regions[name]; r.dirty || final {
 			r.dirty = false
 			w.checkHolds(r)
+			w.checkCarts(r)
 		}
 	}
 }
@@ -177,6 +178,14 @@ type dupKey struct{ user, key string }
 type checkScratch struct {
 	used   map[userSKU][2]transfer.Units
 	perKey map[dupKey]string
+	carts  map[string]cartSeen
+}
+
+// cartSeen is what a region's durable image has of one cart: its lines' holds, how many are
+// sold, and the user and request key (line 0's, less its '#0') it was asked with.
+type cartSeen struct {
+	lines, sold int
+	user, key   string
 }
 
 // checkHolds checks I6 (every acknowledged hold is in the durable image, with every
@@ -240,5 +249,45 @@ func (w *world) checkHolds(r *regionNode) {
 		if u[0]+u[1] > 3 {
 			w.failf("I2", "region %s user %s has %d of %s, over the limit 3", r.name, k.user, u[0]+u[1], k.sku)
 		}
+	}
+}
+
+// checkCarts checks I10 on a region's durable image: every cart has a hold for each line it
+// was asked with, or none (a refused cart leaves no line held), and its lines are sold all
+// together or not at all.
+func (w *world) checkCarts(r *regionNode) {
+	if w.fail != nil {
+		return
+	}
+	seen := w.scratch.carts
+	clear(seen)
+	r.durable.EachHold(func(h region.Hold) {
+		if h.CartID == "" {
+			return
+		}
+		c := seen[h.CartID]
+		c.lines++
+		if h.State == region.Sold {
+			c.sold++
+		}
+		if key, ok := strings.CutSuffix(h.RequestKey, "#0"); ok {
+			c.user, c.key = h.User, key
+		}
+		seen[h.CartID] = c
+	})
+	var bad []string
+	for id, c := range seen {
+		k := w.store.keys[c.user+"/"+c.key]
+		switch {
+		case k == nil || k.cart == nil:
+			bad = append(bad, fmt.Sprintf("cart %s in region %s has no line 0 of a cart the storefronts asked for", id, r.name))
+		case c.lines != len(k.cart.Lines):
+			bad = append(bad, fmt.Sprintf("cart %s of key %s/%s has %d of its %d lines held in region %s", id, c.user, c.key, c.lines, len(k.cart.Lines), r.name))
+		case c.sold != 0 && c.sold != c.lines:
+			bad = append(bad, fmt.Sprintf("cart %s in region %s has %d of its %d lines sold", id, r.name, c.sold, c.lines))
+		}
+	}
+	if len(bad) > 0 { // visited in no particular order: report the first in order
+		w.failf("I10", "%s", slices.Min(bad))
 	}
 }

@@ -85,6 +85,21 @@ var plantedBugs = []plantedBug{
 		old:  `	if epoch != recorded {`,
 		new:  `	if epoch > recorded {`,
 	},
+	{
+		name: "cart-first-line-alone", file: "region/cart.go",
+		what: "a cart whose second line is refused still holds its first line (the refusal is answered, line 0 taken)",
+		old: `	if err := o.refusals(b); err != nil {
+		return cartAnswer{}, err, nil
+	}`,
+		new: `	if err := o.refusals(b); err != nil {
+		if ce := err.(*CartError); ce.Lines[0].Line > 0 {
+			l := o.cart.Lines[0]
+			b.take(&memHold{Hold: Hold{ID: o.ids[0], Region: o.region, Sale: req.Sale, SKU: l.SKU, User: req.User, Quantity: l.Quantity,
+				RequestKey: req.RequestKey, State: Held, CreatedAt: b.now, ExpiresAt: b.now.Add(o.terms.HoldTTL), CartID: o.ids[0]}, hash: o.hash})
+		}
+		return cartAnswer{}, err, nil
+	}`,
+	},
 }
 
 // TestPlantedBugs (with -planted; `make mutants`) plants each bug of plantedBugs alone in a

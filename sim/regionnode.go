@@ -23,6 +23,15 @@ type (
 		id   int
 		hold string
 	}
+	// cartReq reserves a cart; cartCloseReq confirms it (payment set) or releases it.
+	cartReq struct {
+		id  int
+		req region.CartRequest
+	}
+	cartCloseReq struct {
+		id            int
+		cart, payment string
+	}
 	// coordReq is a participant call of the coordinator's driver.
 	coordReq struct {
 		id   int
@@ -219,6 +228,10 @@ func requestID(body any) int {
 		return b.id
 	case releaseReq:
 		return b.id
+	case cartReq:
+		return b.id
+	case cartCloseReq:
+		return b.id
 	case coordReq:
 		return b.id
 	}
@@ -241,6 +254,18 @@ func (r *regionNode) apply(w *world, live *region.Core, body any) (any, error) {
 		return res, err
 	case releaseReq:
 		return live.Release(w.now, b.hold)
+	case cartReq:
+		ids := make([]string, len(b.req.Lines))
+		for i := range ids {
+			r.holdSeq++
+			ids[i] = fmt.Sprintf("%s-h%d", r.name, r.holdSeq)
+		}
+		return live.ReserveCart(w.now, b.req, ids)
+	case cartCloseReq:
+		if b.payment == "" {
+			return live.ReleaseCart(w.now, b.cart)
+		}
+		return live.ConfirmCart(w.now, b.cart, b.payment)
 	}
 	call := body.(coordReq).call
 	before := live.Fence(call.Transfer.Sale)

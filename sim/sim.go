@@ -200,7 +200,7 @@ func newWorld(cfg Config) *world {
 		regions: map[string]*regionNode{}, ledger: newLedger(), store: newStorefront(), touched: map[string]bool{},
 		pools:   append([]string{transfer.Unallocated}, sh.regions...),
 		procs:   append([]string{"c1", "c2"}, sh.regions...),
-		scratch: checkScratch{used: map[userSKU][2]transfer.Units{}, perKey: map[dupKey]string{}},
+		scratch: checkScratch{used: map[userSKU][2]transfer.Units{}, perKey: map[dupKey]string{}, carts: map[string]cartSeen{}},
 		stats:   Stats{Seed: cfg.Seed, Faults: map[string]int{}, Ops: map[string]int{}}}
 	for _, r := range sh.regions {
 		w.regions[r] = newRegionNode(r)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,6 +25,7 @@ type holdJSON struct {
 	State      string    `json:"state"`
 	ExpiresAt  time.Time `json:"expires_at"`
 	PaymentID  string    `json:"payment_id,omitempty"`
+	CartID     string    `json:"cart_id,omitempty"`
 	Replayed   bool      `json:"replayed,omitempty"`
 	Outcome    string    `json:"outcome,omitempty"`
 	Reason     string    `json:"reason,omitempty"`
@@ -34,7 +36,58 @@ type holdJSON struct {
 func toHoldJSON(r *quotav1.Reservation) holdJSON {
 	return holdJSON{HoldID: r.GetHoldId(), Region: r.GetRegion(), Sale: r.GetSaleId(), SKU: r.GetSku(), User: r.GetUserId(),
 		Quantity: r.GetQuantity(), RequestKey: r.GetRequestKey(), State: regionrpc.HoldStateOf(r.GetState()).String(),
-		ExpiresAt: r.GetExpiresAt().AsTime(), PaymentID: r.GetPaymentId()}
+		ExpiresAt: r.GetExpiresAt().AsTime(), PaymentID: r.GetPaymentId(), CartID: r.GetCartId()}
+}
+
+// cartJSON is a cart as quotactl prints it: its id, its holds (one per line) and, for a
+// confirm, the outcome.
+type cartJSON struct {
+	CartID   string     `json:"cart_id"`
+	Holds    []holdJSON `json:"holds"`
+	Replayed bool       `json:"replayed,omitempty"`
+	Outcome  string     `json:"outcome,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+}
+
+func printCart(e *env, id string, rs []*quotav1.Reservation, c cartJSON) error {
+	c.CartID = id
+	for _, r := range rs {
+		c.Holds = append(c.Holds, toHoldJSON(r))
+	}
+	return e.print(c, func(w io.Writer) {
+		fmt.Fprintf(w, "cart %s: %d lines", c.CartID, len(c.Holds))
+		if c.Replayed {
+			fmt.Fprint(w, " (replayed)")
+		}
+		fmt.Fprintln(w)
+		for _, h := range c.Holds {
+			fmt.Fprintf(w, "  hold %s (%s): %d × %s for %s, %s\n", h.HoldID, h.Region, h.Quantity, h.SKU, h.User, h.State)
+		}
+		if c.Outcome != "" {
+			fmt.Fprintf(w, "%s", c.Outcome)
+			if c.Reason != "" {
+				fmt.Fprintf(w, ": %s", c.Reason)
+			}
+			fmt.Fprintln(w)
+		}
+	})
+}
+
+// cartLines reads --sku as a cart's lines when it names quantities (phone=1,case=1), or
+// nil for one SKU.
+func cartLines(sku string) ([]*quotav1.CartLine, error) {
+	if !strings.Contains(sku, "=") {
+		return nil, nil
+	}
+	names, nums, err := parsePairs("sku", []string{sku})
+	if err != nil {
+		return nil, err
+	}
+	lines := make([]*quotav1.CartLine, len(names))
+	for i, n := range names {
+		lines[i] = &quotav1.CartLine{Sku: n, Quantity: nums[i]}
+	}
+	return lines, nil
 }
 
 func printHold(e *env, h holdJSON) error {
@@ -58,11 +111,26 @@ func printHold(e *env, h holdJSON) error {
 
 func reserveCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "reserve",
-		Short:   "Reserve units at a region (a hold that waits for payment)",
-		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --request-key checkout-1`,
-		Args:    cobra.NoArgs,
+		Use:   "reserve",
+		Short: "Reserve units at a region (a hold that waits for payment)",
+		Long: `Reserve units at a region (a hold that waits for payment). A --sku of SKU=quantity
+pairs reserves a cart: every line held (one hold per line, sharing a cart id) or none.`,
+		Example: `  quotactl reserve --region us --sale launch --sku phone --user alice --quantity 1 --request-key checkout-1
+  quotactl reserve --region us --sale launch --sku phone=1,case=1 --user alice --request-key cart-1`,
+		Args: cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
+			lines, err := cartLines(e.v.GetString("sku"))
+			if err != nil {
+				return err
+			}
+			if lines != nil {
+				resp, err := rc.Reserve(e.ctx, &quotav1.ReserveRequest{SaleId: e.v.GetString("sale"), UserId: e.v.GetString("user"),
+					RequestKey: e.v.GetString("request-key"), Lines: lines})
+				if err != nil {
+					return fmt.Errorf("reserve: %w", err)
+				}
+				return printCart(e, resp.GetCartId(), resp.GetReservations(), cartJSON{Replayed: resp.GetReplayed()})
+			}
 			resp, err := rc.Reserve(e.ctx, &quotav1.ReserveRequest{SaleId: e.v.GetString("sale"), Sku: e.v.GetString("sku"),
 				UserId: e.v.GetString("user"), Quantity: e.v.GetInt64("quantity"), RequestKey: e.v.GetString("request-key")})
 			if err != nil {
@@ -76,7 +144,7 @@ func reserveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.String("region", "", "region to reserve at (required)")
 	f.String("sale", "", "sale id (required)")
-	f.String("sku", "", "SKU (required)")
+	f.String("sku", "", "SKU (required), or a cart's lines as SKU=quantity pairs (phone=1,case=1)")
 	f.String("user", "", "user id (required)")
 	f.Int64("quantity", 1, "units")
 	f.String("request-key", "", "the request key, which makes the call idempotent (required): retrying with the same key at the same region returns the same hold")
@@ -100,6 +168,13 @@ func holdFlags(cmd *cobra.Command) {
 	cmd.Flags().String("hold", "", "hold id (required)")
 }
 
+// holdOrCartFlags are confirm's and release's: --hold, or --cart, a cart's id in its place.
+func holdOrCartFlags(cmd *cobra.Command) {
+	cmd.Flags().String("region", "", "region holding the reservation (required)")
+	cmd.Flags().String("hold", "", "hold id (required, unless --cart)")
+	cmd.Flags().String("cart", "", "a cart's id, in place of --hold: every line of the cart at once")
+}
+
 func confirmCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "confirm",
@@ -107,9 +182,17 @@ func confirmCmd() *cobra.Command {
 		Short:   "Record payment for a hold: sold, or refund when the hold is no longer live",
 		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
-			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), PaymentId: e.v.GetString("payment")})
+			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), CartId: e.v.GetString("cart"),
+				PaymentId: e.v.GetString("payment")})
 			if err != nil {
 				return fmt.Errorf("confirm: %w", err)
+			}
+			if id := e.v.GetString("cart"); id != "" {
+				c := cartJSON{Outcome: "sold", Reason: resp.GetReason()}
+				if resp.GetOutcome() == quotav1.ConfirmOutcome_CONFIRM_OUTCOME_REFUND {
+					c.Outcome = "refund"
+				}
+				return printCart(e, id, resp.GetReservations(), c)
 			}
 			h := toHoldJSON(resp.GetReservation())
 			h.Outcome, h.Reason = "sold", resp.GetReason()
@@ -119,7 +202,7 @@ func confirmCmd() *cobra.Command {
 			return printHold(e, h)
 		}),
 	}
-	holdFlags(cmd)
+	holdOrCartFlags(cmd)
 	cmd.Flags().String("payment", "", "payment id (required)")
 	return cmd
 }
@@ -131,14 +214,17 @@ func releaseCmd() *cobra.Command {
 		Short:   "Give a hold's units back to its region's pool",
 		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
-			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold")})
+			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold"), CartId: e.v.GetString("cart")})
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
+			}
+			if id := e.v.GetString("cart"); id != "" {
+				return printCart(e, id, resp.GetReservations(), cartJSON{})
 			}
 			return printHold(e, toHoldJSON(resp.GetReservation()))
 		}),
 	}
-	holdFlags(cmd)
+	holdOrCartFlags(cmd)
 	return cmd
 }
 

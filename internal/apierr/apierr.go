@@ -130,3 +130,20 @@ func (e *BoundError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrBoundElsewhere) hold.
 func (e *BoundError) Unwrap() error { return ErrBoundElsewhere }
+
+// LineError is a cart's line refused: which line (from 0), its SKU, and why (Err, a sentinel
+// of the table, which decides the answer's code). The HTTP answer names the SKU (sku) and the
+// line (line); the gRPC answer carries both in its ErrorInfo's metadata.
+type LineError struct {
+	Line int
+	SKU  string
+	Err  error
+}
+
+// Error names the line, its SKU and the reason.
+func (e *LineError) Error() string {
+	return fmt.Sprintf("lines[%d] (sku %s): %v", e.Line, e.SKU, e.Err)
+}
+
+// Unwrap makes errors.Is see the line's reason.
+func (e *LineError) Unwrap() error { return e.Err }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +150,10 @@ func build(err error, m mapping) error {
 	var be *BoundError
 	if errors.As(err, &be) {
 		info.Metadata = map[string]string{"region": be.Region}
+	}
+	var le *LineError
+	if errors.As(err, &le) {
+		info.Metadata = map[string]string{"sku": le.SKU, "line": strconv.Itoa(le.Line)}
 	}
 	var over *OverloadedError
 	if errors.As(err, &over) {

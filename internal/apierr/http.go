@@ -34,6 +34,10 @@ type ErrorDetail struct {
 	Region string `json:"region,omitempty"`
 	// Leader is where the region's leader answers, on NOT_LEADER answers, when known.
 	Leader string `json:"leader,omitempty"`
+	// SKU is the SKU of the cart's line that was refused, on a cart's refusal (LineError).
+	SKU string `json:"sku,omitempty"`
+	// Line is that line's index in the request's lines, from 0 (with SKU).
+	Line *int `json:"line,omitempty"`
 }
 
 // codeHTTP is the HTTP status for a gRPC code whose answer carries no reason of this
@@ -93,7 +97,11 @@ func httpOfDomain(err error) (int, ErrorBody) {
 	if errors.As(err, &be) {
 		d.Region, d.Leader = be.Region, ""
 	}
-	if !utf8.ValidString(d.Leader) || !utf8.ValidString(d.Region) { // no ErrorInfo: no details at all
+	var le *LineError
+	if errors.As(err, &le) {
+		d.SKU, d.Line = le.SKU, &le.Line
+	}
+	if !utf8.ValidString(d.Leader) || !utf8.ValidString(d.Region) || !utf8.ValidString(d.SKU) { // no ErrorInfo: no details at all
 		d = ErrorDetail{Code: m.code.String(), Message: d.Message}
 		if m.code == codes.Internal || m.code == codes.Unknown {
 			d.Code = "INTERNAL"
@@ -127,6 +135,7 @@ func httpOfStatus(err error) (int, ErrorBody) {
 			}
 			d.Code = v.GetReason()
 			d.Region, d.Leader = v.GetMetadata()["region"], v.GetMetadata()["leader"]
+			d.SKU, d.Line = lineOf(v.GetMetadata())
 			code = httpOfReason(d.Code, code)
 		case *errdetails.RetryInfo:
 			d.RetryAfterMs = v.GetRetryDelay().AsDuration().Milliseconds()
@@ -140,6 +149,19 @@ func httpOfStatus(err error) (int, ErrorBody) {
 		d.Code = st.Code().String()
 	}
 	return code, ErrorBody{Error: d}
+}
+
+// lineOf reads a refused cart line's SKU and index from an ErrorInfo's metadata.
+func lineOf(md map[string]string) (string, *int) {
+	sku, ok := md["sku"]
+	if !ok {
+		return "", nil
+	}
+	n, err := strconv.Atoi(md["line"])
+	if err != nil {
+		return sku, nil
+	}
+	return sku, &n
 }
 
 func httpOfReason(reason string, dflt int) int {

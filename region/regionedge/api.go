@@ -142,17 +142,8 @@ func (e *Edge) Describe(ctx context.Context, sale string) (region.SaleView, erro
 // leader), then forwards the reservation; the leader decides the rest of the ticket (its
 // expiry, its sale, buyer and region, its one use).
 func (e *Edge) Reserve(ctx context.Context, req region.ReserveRequest) (region.ReserveResult, error) {
-	if req.Ticket != "" {
-		tok := req.Token
-		if tok == nil {
-			var err error
-			if tok, err = admission.ParseToken(req.Ticket); err != nil {
-				return region.ReserveResult{}, err
-			}
-		}
-		if _, err := e.cfg.Keys().VerifySignature(tok); err != nil {
-			return region.ReserveResult{}, err
-		}
+	if err := e.verifyTicket(req.Ticket, req.Token); err != nil {
+		return region.ReserveResult{}, err
 	}
 	var out region.ReserveResult
 	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
@@ -221,15 +212,9 @@ func (e *Edge) BuyerHolds(ctx context.Context, sale, user string, limit int) ([]
 		if err != nil {
 			return err
 		}
-		holds, truncated = make([]region.Hold, 0, len(res.GetReservations())), res.GetTruncated()
-		for _, pb := range res.GetReservations() {
-			h, err := regionrpc.HoldFromProto(pb)
-			if err != nil {
-				return err
-			}
-			holds = append(holds, h)
-		}
-		return nil
+		truncated = res.GetTruncated()
+		holds, err = holdsFromProtos(res.GetReservations())
+		return err
 	})
 	return holds, truncated, err
 }

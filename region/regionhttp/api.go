@@ -28,8 +28,17 @@ type DoorAPI interface {
 	Describe(ctx context.Context, sale string) (region.SaleView, error)
 }
 
-// Serve is Handler over any region and front door: the same routes, authorization and
-// answers, whoever decides behind them. A nil d is a region without a front door.
-func Serve(r RegionAPI, d DoorAPI, opts Options) http.Handler {
-	return handlerOf(r, d, opts)
+// CartAPI is what the storefront routes ask of a region about carts: region.Carts, or a
+// storefront edge that forwards each call to the region's leader (quotad edge).
+type CartAPI interface {
+	Reserve(ctx context.Context, req region.CartRequest) (region.CartResult, error)
+	Get(ctx context.Context, cartID string) (region.CartCloseResult, error)
+	Confirm(ctx context.Context, cartID, paymentID string) (region.CartCloseResult, error)
+	Release(ctx context.Context, cartID string) (region.CartCloseResult, error)
+}
+
+// Serve is Handler over any region, front door and carts: the same routes, authorization
+// and answers, whoever decides behind them. A nil d is a region without a front door.
+func Serve(r RegionAPI, d DoorAPI, c CartAPI, opts Options) http.Handler {
+	return handlerOf(r, d, c, opts)
 }

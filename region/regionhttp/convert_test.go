@@ -29,9 +29,9 @@ func TestHoldJSON(t *testing.T) {
 	exp := time.Date(2026, 12, 2, 9, 0, 0, 123456000, zone)
 	for _, st := range []region.HoldState{region.Held, region.Sold, region.Released, region.Expired} {
 		h := region.Hold{ID: "us.1", Region: "us", Sale: "s", SKU: "tee", User: "alice", Quantity: 2, RequestKey: "k1",
-			State: st, CreatedAt: exp, ExpiresAt: exp, PaymentID: "pay-1", Admission: "a-1"}
+			State: st, CreatedAt: exp, ExpiresAt: exp, PaymentID: "pay-1", Admission: "a-1", CartID: "us.0"}
 		want := `{"hold_id":"us.1","sale_id":"s","sku":"tee","user_id":"alice","quantity":2,"request_key":"k1","state":"` +
-			string(st) + `","expires_at":"2026-12-02T08:00:00.123456Z","payment_id":"pay-1","region":"us","admission_id":"a-1"}`
+			string(st) + `","expires_at":"2026-12-02T08:00:00.123456Z","payment_id":"pay-1","region":"us","admission_id":"a-1","cart_id":"us.0"}`
 		if got := marshal(t, toHoldJSON(h)); got != want {
 			t.Errorf("a %s hold:\n got %s\nwant %s", st, got, want)
 		}

@@ -51,18 +51,19 @@ type Options struct {
 // tickets); nil d: a region without one, whose door routes answer CONFLICT
 // (region.ErrNoDoor) and whose reservations go to r directly.
 func Handler(r *region.Region, d *region.Door, opts Options) http.Handler {
+	carts := region.Carts{R: r, D: d}
 	if d == nil { // no front door: a nil interface, not a typed nil
-		return handlerOf(r, nil, opts)
+		return handlerOf(r, nil, carts, opts)
 	}
-	return handlerOf(r, d, opts)
+	return handlerOf(r, d, carts, opts)
 }
 
 // handlerOf is Handler over any region and front door (Serve).
-func handlerOf(r RegionAPI, d DoorAPI, opts Options) http.Handler {
+func handlerOf(r RegionAPI, d DoorAPI, c CartAPI, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{r: r, d: d, reserveAt: r.Reserve, opts: opts, views: newViewCache()}
+	h := &handler{r: r, d: d, reserveAt: r.Reserve, carts: c, opts: opts, views: newViewCache()}
 	if d != nil {
 		h.reserveAt = d.Reserve
 	}
@@ -81,6 +82,9 @@ func handlerOf(r RegionAPI, d DoorAPI, opts Options) http.Handler {
 	route("GET /v1/holds/{hold}", svc+"GetReservation", h.getHold)
 	route("POST /v1/holds/{hold}/confirm", svc+"Confirm", h.confirm)
 	route("POST /v1/holds/{hold}/release", svc+"Release", h.release)
+	route("GET /v1/carts/{cart}", svc+"GetReservation", h.getCart)
+	route("POST /v1/carts/{cart}/confirm", svc+"Confirm", h.confirmCart)
+	route("POST /v1/carts/{cart}/release", svc+"Release", h.releaseCart)
 	if opts.Metrics != nil {
 		mux.Handle(MetricsRoute, h.guard(trust.AuthorizeMetrics, func(w http.ResponseWriter, r *http.Request) error {
 			opts.Metrics.ServeHTTP(w, r)
@@ -98,8 +102,10 @@ type handler struct {
 	d DoorAPI
 	// reserveAt is d.Reserve, or r.Reserve without a door (as regionrpc.Server.Reserve).
 	reserveAt func(context.Context, region.ReserveRequest) (region.ReserveResult, error)
-	opts      Options
-	views     *viewCache
+	// carts serves the carts of r, through d.
+	carts CartAPI
+	opts  Options
+	views *viewCache
 }
 
 // door is the region's front door, or region.ErrNoDoor without one.

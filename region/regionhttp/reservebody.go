@@ -15,6 +15,15 @@ type reserveBody struct {
 	SKU        string `json:"sku"`
 	Quantity   int64  `json:"quantity"`
 	RequestKey string `json:"request_key"`
+	// Lines, in place of SKU and Quantity, reserve a cart (cart.go). A body with lines is
+	// decoded by decode (plainReserve knows no "lines").
+	Lines []cartLineJSON `json:"lines"`
+}
+
+// cartLineJSON is one line of a cart's reserve body.
+type cartLineJSON struct {
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
 }
 
 // reserveFields are reserveBody's JSON names, in the order of the bits of plainReserve's

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -30,7 +31,7 @@ func bothWays(t *testing.T, b []byte) {
 	if (ferr == nil) != (serr == nil) || ferr != nil && ferr.Error() != serr.Error() {
 		t.Fatalf("body %q: decodeReserve says %v, decode %v", b, ferr, serr)
 	}
-	if ferr == nil && fast != slow {
+	if ferr == nil && !reflect.DeepEqual(fast, slow) {
 		t.Fatalf("body %q: decodeReserve read %+v, decode %+v", b, fast, slow)
 	}
 }
@@ -52,6 +53,10 @@ var reserveBodies = []string{
 	`{"sku" "a"}`, `{,}`, `{"":"a"}`, `{"ticket":""}`, `{"quantity":}`, `{"quantity":-1}`,
 	`{"sku":"a"}` + strings.Repeat(" ", peekSize), `{"sku":"` + strings.Repeat("a", peekSize) + `"}`,
 	`{"sku":"` + strings.Repeat("a", MaxBody) + `"}`, `{"sku":"a"}` + strings.Repeat(" ", MaxBody),
+	// carts: lines in place of sku and quantity
+	`{"user_id":"u1","lines":[{"sku":"phone","quantity":1},{"sku":"case","quantity":1}],"request_key":"k"}`,
+	`{"lines":[]}`, `{"lines":null}`, `{"lines":{}}`, `{"lines":[{"sku":1}]}`, `{"lines":[{"other":1}]}`,
+	`{"lines":[null]}`, `{"lines":[{"quantity":"1"}]}`, `{"sku":"a","lines":[{"sku":"a","quantity":1}]}`,
 }
 
 // TestDecodeReserveIsDecode checks decodeReserve against decode on every kind of body: the

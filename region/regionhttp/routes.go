@@ -223,6 +223,7 @@ type holdJSON struct {
 	PaymentID  string    `json:"payment_id,omitempty"`
 	Region     string    `json:"region"`
 	Admission  string    `json:"admission_id,omitempty"`
+	CartID     string    `json:"cart_id,omitempty"`
 	Replayed   bool      `json:"replayed,omitempty"`
 }
 
@@ -231,7 +232,15 @@ type holdJSON struct {
 func toHoldJSON(h region.Hold) holdJSON {
 	return holdJSON{Hold: h.ID, Sale: h.Sale, SKU: h.SKU, User: h.User, Quantity: int64(h.Quantity),
 		RequestKey: h.RequestKey, State: h.State.String(), ExpiresAt: h.ExpiresAt.UTC(),
-		PaymentID: h.PaymentID, Region: h.Region, Admission: h.Admission}
+		PaymentID: h.PaymentID, Region: h.Region, Admission: h.Admission, CartID: h.CartID}
+}
+
+func toHoldsJSON(hs []region.Hold) []holdJSON {
+	out := make([]holdJSON, len(hs))
+	for i, h := range hs {
+		out[i] = toHoldJSON(h)
+	}
+	return out
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
@@ -251,6 +260,9 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 		}
 		user = tok.Ticket.User
 	}
+	if body.Lines != nil {
+		return h.reserveCart(w, r, &body, user, tok)
+	}
 	res, err := h.reserveAt(r.Context(), region.ReserveRequest{Sale: r.PathValue("sale"), SKU: body.SKU, User: user,
 		Quantity: transfer.Units(body.Quantity), RequestKey: body.RequestKey, Ticket: body.Ticket, Token: tok})
 	if err != nil {
@@ -263,6 +275,92 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) error {
 		code = http.StatusOK
 	}
 	rpcserve.WriteJSON(w, code, out)
+	return nil
+}
+
+// cartJSON is a cart as the edge answers it: its id and its holds, one per line in the
+// request's order (replayed: an earlier identical request's cart).
+type cartJSON struct {
+	CartID   string     `json:"cart_id"`
+	Holds    []holdJSON `json:"holds"`
+	Replayed bool       `json:"replayed,omitempty"`
+}
+
+// reserveCart answers a reserve body with lines: 201 and the cart (200 for a replay), or the
+// refusal of its first refused line, which names that line's sku.
+func (h *handler) reserveCart(w http.ResponseWriter, r *http.Request, body *reserveBody, user string, tok *admission.Token) error {
+	switch {
+	case body.SKU != "" || body.Quantity != 0:
+		return apierr.Invalid("lines", "a cart's lines come in place of sku and quantity: send one or the other")
+	case len(body.Lines) > region.MaxCartLines:
+		return apierr.Invalid("lines", "%d lines, more than the %d a cart may have", len(body.Lines), region.MaxCartLines)
+	}
+	lines := make([]region.CartLine, len(body.Lines))
+	for i, l := range body.Lines {
+		lines[i] = region.CartLine{SKU: l.SKU, Quantity: transfer.Units(l.Quantity)}
+	}
+	res, err := h.carts.Reserve(r.Context(), region.CartRequest{Sale: r.PathValue("sale"), User: user, RequestKey: body.RequestKey,
+		Lines: lines, Ticket: body.Ticket, Token: tok})
+	if err != nil {
+		return err
+	}
+	code := http.StatusCreated
+	if res.Replayed {
+		code = http.StatusOK
+	}
+	rpcserve.WriteJSON(w, code, cartJSON{CartID: res.CartID, Holds: toHoldsJSON(res.Holds), Replayed: res.Replayed})
+	return nil
+}
+
+func (h *handler) getCart(w http.ResponseWriter, r *http.Request) error {
+	res, err := h.carts.Get(r.Context(), r.PathValue("cart"))
+	if err != nil {
+		return err
+	}
+	rpcserve.WriteJSON(w, http.StatusOK, cartJSON{CartID: res.CartID, Holds: toHoldsJSON(res.Holds)})
+	return nil
+}
+
+// cartConfirmJSON is the answer to a cart's confirm: every line sold, or refund the payment
+// (no line was sold to it), with the cart's holds as they are now.
+type cartConfirmJSON struct {
+	Outcome string     `json:"outcome"`
+	Reason  string     `json:"reason,omitempty"`
+	CartID  string     `json:"cart_id"`
+	Holds   []holdJSON `json:"holds"`
+}
+
+func (h *handler) confirmCart(w http.ResponseWriter, r *http.Request) error {
+	var body struct {
+		PaymentID string `json:"payment_id"`
+	}
+	if err := decode(r, &body); err != nil {
+		return err
+	}
+	res, err := h.carts.Confirm(r.Context(), r.PathValue("cart"), body.PaymentID)
+	if err != nil {
+		return err
+	}
+	out := cartConfirmJSON{Outcome: "refund", Reason: res.Reason, CartID: res.CartID, Holds: toHoldsJSON(res.Holds)}
+	if res.Sold {
+		out.Outcome = "sold"
+	}
+	rpcserve.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (h *handler) releaseCart(w http.ResponseWriter, r *http.Request) error {
+	if r.ContentLength > 0 {
+		var body struct{}
+		if err := decode(r, &body); err != nil {
+			return err
+		}
+	}
+	res, err := h.carts.Release(r.Context(), r.PathValue("cart"))
+	if err != nil {
+		return err
+	}
+	rpcserve.WriteJSON(w, http.StatusOK, cartJSON{CartID: res.CartID, Holds: toHoldsJSON(res.Holds)})
 	return nil
 }
 
@@ -298,11 +396,7 @@ func (h *handler) buyerHolds(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := buyerHoldsJSON{Holds: make([]holdJSON, len(holds)), Truncated: truncated}
-	for i, hold := range holds {
-		out.Holds[i] = toHoldJSON(hold)
-	}
-	rpcserve.WriteJSON(w, http.StatusOK, out)
+	rpcserve.WriteJSON(w, http.StatusOK, buyerHoldsJSON{Holds: toHoldsJSON(holds), Truncated: truncated})
 	return nil
 }
 

@@ -162,14 +162,15 @@ func TestHoldToProto(t *testing.T) {
 	states := []region.HoldState{region.Held, region.Sold, region.Released, region.Expired}
 	for range rounds {
 		h := region.Hold{ID: g.id("h"), Sale: g.id("sale"), SKU: g.id("sku"), User: g.id("u"), Quantity: transfer.Units(1 + g.r.Int64N(int64(transfer.MaxUnits))),
-			RequestKey: g.id("k"), State: states[g.r.IntN(len(states))], ExpiresAt: g.time(), PaymentID: g.id("pay"), Region: g.id("r"), Admission: g.id("a")}
+			RequestKey: g.id("k"), State: states[g.r.IntN(len(states))], ExpiresAt: g.time(), PaymentID: g.id("pay"), Region: g.id("r"), Admission: g.id("a"),
+			CartID: g.id("c")}
 		pb := toProto(h)
 		if unset := prototest.Unset(pb); len(unset) != 0 {
 			t.Fatalf("toProto(%+v) left %v unset", h, unset)
 		}
 		if pb.HoldId != h.ID || pb.SaleId != h.Sale || pb.Sku != h.SKU || pb.UserId != h.User || pb.Quantity != int64(h.Quantity) ||
 			pb.RequestKey != h.RequestKey || pb.State != holdStates[h.State] || pb.PaymentId != h.PaymentID || pb.Region != h.Region ||
-			pb.AdmissionId != h.Admission {
+			pb.AdmissionId != h.Admission || pb.CartId != h.CartID {
 			t.Fatalf("toProto(%+v) = %v", h, pb)
 		}
 		wantTime(t, "expires_at", pb.ExpiresAt, h.ExpiresAt)

@@ -22,6 +22,8 @@ func FuzzReserveRequest(f *testing.F) {
 		{SaleId: "", Sku: "phone", UserId: "u", Quantity: 1, RequestKey: "k"},
 		{SaleId: "s", Sku: "p", UserId: strings.Repeat("x", 200), Quantity: -3, RequestKey: "k"},
 		{SaleId: "s/1", Sku: "a.b", UserId: "user@example.com", Quantity: 1 << 50, RequestKey: "k=1"},
+		{SaleId: "s", UserId: "u", RequestKey: "k", Lines: []*quotav1.CartLine{{Sku: "phone", Quantity: 1}, {Sku: "case", Quantity: 1}}},
+		{SaleId: "s", UserId: "u", RequestKey: "k#1", Lines: []*quotav1.CartLine{{Sku: "phone", Quantity: 1}, {Sku: "phone", Quantity: 0}}},
 	} {
 		b, err := proto.Marshal(r)
 		if err != nil {
@@ -32,6 +34,10 @@ func FuzzReserveRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msg quotav1.ReserveRequest
 		if proto.Unmarshal(data, &msg) != nil {
+			return
+		}
+		if len(msg.GetLines()) > 0 {
+			checkFuzzedCart(t, &msg)
 			return
 		}
 		req := region.ReserveRequest{Sale: msg.GetSaleId(), SKU: msg.GetSku(), User: msg.GetUserId(),
@@ -53,6 +59,34 @@ func FuzzReserveRequest(f *testing.F) {
 			t.Fatalf("accepted quantity %d", req.Quantity)
 		}
 	})
+}
+
+// checkFuzzedCart validates a decoded request with lines as a cart: a refusal names a field;
+// an accepted cart has 1..MaxCartLines lines of valid, distinct SKUs and quantities within
+// bounds, and a request key its lines' keys extend within transfer.MaxIDLen.
+func checkFuzzedCart(t *testing.T, msg *quotav1.ReserveRequest) {
+	req := region.CartRequest{Sale: msg.GetSaleId(), User: msg.GetUserId(), RequestKey: msg.GetRequestKey()}
+	for _, l := range msg.GetLines() {
+		req.Lines = append(req.Lines, region.CartLine{SKU: l.GetSku(), Quantity: transfer.Units(l.GetQuantity())})
+	}
+	if err := region.CheckCart(req); err != nil {
+		var inv *apierr.InvalidError
+		if !errors.As(err, &inv) || inv.Field == "" {
+			t.Fatalf("refusal without a field: %v", err)
+		}
+		return
+	}
+	if n := len(req.Lines); n == 0 || n > region.MaxCartLines || len(req.RequestKey)+3 > transfer.MaxIDLen ||
+		strings.Contains(req.RequestKey, "#") {
+		t.Fatalf("accepted a cart of %d lines, key %q", n, req.RequestKey)
+	}
+	seen := map[string]bool{}
+	for _, l := range req.Lines {
+		if seen[l.SKU] || transfer.CheckID(l.SKU) != "" || l.Quantity <= 0 || l.Quantity > transfer.MaxUnits {
+			t.Fatalf("accepted line %+v of %+v", l, req.Lines)
+		}
+		seen[l.SKU] = true
+	}
 }
 
 // FuzzParticipantRequests decodes arbitrary bytes as each of the coordinator's requests, as

@@ -45,13 +45,24 @@ func toProto(h region.Hold) *quotav1.Reservation {
 	return &quotav1.Reservation{
 		HoldId: h.ID, SaleId: h.Sale, Sku: h.SKU, UserId: h.User, Quantity: int64(h.Quantity),
 		RequestKey: h.RequestKey, State: holdStates[h.State], ExpiresAt: timestamppb.New(h.ExpiresAt),
-		PaymentId: h.PaymentID, Region: h.Region, AdmissionId: h.Admission,
+		PaymentId: h.PaymentID, Region: h.Region, AdmissionId: h.Admission, CartId: h.CartID,
 	}
+}
+
+func toProtos(hs []region.Hold) []*quotav1.Reservation {
+	out := make([]*quotav1.Reservation, len(hs))
+	for i, h := range hs {
+		out[i] = toProto(h)
+	}
+	return out
 }
 
 // Reserve implements RegionService: at the front door when the region has one (a ticket is
 // verified there), else at the region.
 func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
+	if len(req.GetLines()) > 0 {
+		return s.reserveCart(ctx, req)
+	}
 	reserve := s.R.Reserve
 	if s.D != nil {
 		reserve = s.D.Reserve
@@ -66,21 +77,74 @@ func (s *Server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	return &quotav1.ReserveResponse{Reservation: toProto(res.Hold), Replayed: res.Replayed}, nil
 }
 
-// Confirm implements RegionService.
+// reserveCart is Reserve of a request with lines: a cart.
+func (s *Server) reserveCart(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
+	if req.GetSku() != "" || req.GetQuantity() != 0 {
+		return nil, apierr.Invalid("lines", "a cart's lines come in place of sku and quantity: send one or the other")
+	}
+	if n := len(req.GetLines()); n > region.MaxCartLines {
+		return nil, apierr.Invalid("lines", "%d lines, more than the %d a cart may have", n, region.MaxCartLines)
+	}
+	lines := make([]region.CartLine, len(req.GetLines()))
+	for i, l := range req.GetLines() {
+		lines[i] = region.CartLine{SKU: l.GetSku(), Quantity: transfer.Units(l.GetQuantity())}
+	}
+	res, err := region.Carts{R: s.R, D: s.D}.Reserve(ctx, region.CartRequest{Sale: req.GetSaleId(), User: req.GetUserId(), RequestKey: req.GetRequestKey(),
+		Ticket: req.GetTicket(), Lines: lines})
+	if err != nil {
+		return nil, err
+	}
+	return &quotav1.ReserveResponse{CartId: res.CartID, Reservations: toProtos(res.Holds), Replayed: res.Replayed}, nil
+}
+
+// cartOrHold is a confirm's or release's target: its cart id, "" for a hold (the one given).
+func cartOrHold(hold, cart string) (string, error) {
+	if hold != "" && cart != "" {
+		return "", apierr.Invalid("cart_id", "give hold_id or cart_id, not both")
+	}
+	return cart, nil
+}
+
+// Confirm implements RegionService: of a hold, or of a cart (cart_id).
 func (s *Server) Confirm(ctx context.Context, req *quotav1.ConfirmRequest) (*quotav1.ConfirmResponse, error) {
+	cart, err := cartOrHold(req.GetHoldId(), req.GetCartId())
+	if err != nil {
+		return nil, err
+	}
+	if cart != "" {
+		res, err := region.Carts{R: s.R}.Confirm(ctx, cart, req.GetPaymentId())
+		if err != nil {
+			return nil, err
+		}
+		return &quotav1.ConfirmResponse{Outcome: outcomeOf(res.Sold), Reservations: toProtos(res.Holds), Reason: res.Reason}, nil
+	}
 	res, err := s.R.Confirm(ctx, req.GetHoldId(), req.GetPaymentId())
 	if err != nil {
 		return nil, err
 	}
-	out := quotav1.ConfirmOutcome_CONFIRM_OUTCOME_REFUND
-	if res.Sold {
-		out = quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD
-	}
-	return &quotav1.ConfirmResponse{Outcome: out, Reservation: toProto(res.Hold), Reason: res.Reason}, nil
+	return &quotav1.ConfirmResponse{Outcome: outcomeOf(res.Sold), Reservation: toProto(res.Hold), Reason: res.Reason}, nil
 }
 
-// Release implements RegionService.
+func outcomeOf(sold bool) quotav1.ConfirmOutcome {
+	if sold {
+		return quotav1.ConfirmOutcome_CONFIRM_OUTCOME_SOLD
+	}
+	return quotav1.ConfirmOutcome_CONFIRM_OUTCOME_REFUND
+}
+
+// Release implements RegionService: of a hold, or of a cart (cart_id).
 func (s *Server) Release(ctx context.Context, req *quotav1.ReleaseRequest) (*quotav1.ReleaseResponse, error) {
+	cart, err := cartOrHold(req.GetHoldId(), req.GetCartId())
+	if err != nil {
+		return nil, err
+	}
+	if cart != "" {
+		res, err := region.Carts{R: s.R}.Release(ctx, cart)
+		if err != nil {
+			return nil, err
+		}
+		return &quotav1.ReleaseResponse{Reservations: toProtos(res.Holds)}, nil
+	}
 	h, err := s.R.Release(ctx, req.GetHoldId())
 	if err != nil {
 		return nil, err
@@ -94,15 +158,22 @@ func (s *Server) ListBuyerHolds(ctx context.Context, req *quotav1.ListBuyerHolds
 	if err != nil {
 		return nil, err
 	}
-	out := &quotav1.ListBuyerHoldsResponse{Reservations: make([]*quotav1.Reservation, len(holds)), Truncated: truncated}
-	for i, h := range holds {
-		out.Reservations[i] = toProto(h)
-	}
-	return out, nil
+	return &quotav1.ListBuyerHoldsResponse{Reservations: toProtos(holds), Truncated: truncated}, nil
 }
 
 // GetReservation implements RegionService.
 func (s *Server) GetReservation(ctx context.Context, req *quotav1.GetReservationRequest) (*quotav1.GetReservationResponse, error) {
+	cart, err := cartOrHold(req.GetHoldId(), req.GetCartId())
+	if err != nil {
+		return nil, err
+	}
+	if cart != "" {
+		res, err := region.Carts{R: s.R}.Get(ctx, cart)
+		if err != nil {
+			return nil, err
+		}
+		return &quotav1.GetReservationResponse{Reservations: toProtos(res.Holds)}, nil
+	}
 	h, err := s.R.GetReservation(ctx, req.GetHoldId())
 	if err != nil {
 		return nil, err

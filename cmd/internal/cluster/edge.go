@@ -108,7 +108,7 @@ func StartEdge(cfg EdgeConfig) (*EdgeNode, error) {
 	nm := newNodeMetrics(roleEdge, cfg.Region, cfg.TLS)
 	n.Metrics = nm.reg
 	registerEdge(nm.reg, cfg.Region, e)
-	h := regionhttp.Serve(e, e, regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
+	h := regionhttp.Serve(e, e, e.Carts(), regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
 		Metrics: metrics.Handler(nm.reg, cfg.Logger)})
 	if n.HTTP, err = rpcserve.ListenHTTP(cfg.Listen, nm.http.Wrap(h), nm.httpOptions(rpcserve.Options{TLS: cfg.TLS,
 		Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {

@@ -720,6 +720,11 @@ func TestOpenAPIEdge(t *testing.T) {
 	bad(waitDrop, map[string]string{"user_id": "wendy"})
 	s.waitlist(shop, us)
 
+	// Carts: held whole or refused naming the line, read, paid and released whole.
+	createOpenAPISale(t, coord, &quotav1.CreateSaleRequest{SaleId: "carts", PerUserLimit: 2, HoldTtlMs: 60000,
+		Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 3}, {Sku: "case", Total: 1}}}, map[string]int64{"us": 1})
+	s.carts(us, shop)
+
 	// No route: the one error shape still.
 	s.do(exchange{c: shop, method: "GET", url: us + "/v1/nowhere", status: 404, code: "NOT_FOUND", unrouted: true})
 	s.do(exchange{c: shop, method: "DELETE", url: us + "/v1/sales/drop", status: 404, code: "NOT_FOUND", unrouted: true})
@@ -740,6 +745,54 @@ func TestOpenAPIEdge(t *testing.T) {
 			t.Logf("%-45s %v", k, sts)
 		}
 	}
+}
+
+// carts drives the cart routes at base's sale "carts" (3 phones, 1 case, no waiting room).
+func (s *specCheck) carts(base string, shop *http.Client) {
+	t := s.t
+	post := func(url string, body any, status int, code string) answer {
+		return s.do(exchange{c: shop, method: "POST", url: url, body: body, status: status, code: code})
+	}
+	get := func(url string, status int, code string) answer {
+		return s.do(exchange{c: shop, method: "GET", url: url, status: status, code: code})
+	}
+	reserve := base + "/v1/sales/carts/reservations"
+	both := []map[string]any{{"sku": "phone", "quantity": 1}, {"sku": "case", "quantity": 1}}
+	cart := post(reserve, map[string]any{"user_id": "cara", "lines": both, "request_key": "c1"}, 201, "")
+	holds, _ := cart.body["holds"].([]any)
+	if id := cart.str("cart_id"); id == "" || len(holds) != 2 || holds[0].(map[string]any)["hold_id"] != id {
+		t.Fatalf("a cart: %v", cart.body)
+	}
+	id := cart.str("cart_id")
+	if rep := post(reserve, map[string]any{"user_id": "cara", "lines": both, "request_key": "c1"}, 200, ""); rep.str("cart_id") != id {
+		t.Errorf("the cart's replay: %v", rep.body)
+	}
+	post(reserve, map[string]any{"user_id": "cara", "lines": both[:1], "request_key": "c1"}, 409, "ALREADY_EXISTS")
+	refused := post(reserve, map[string]any{"user_id": "dan", "lines": both, "request_key": "c1"}, 409, "")
+	if c := refused.errCode(); (c != "REGION_EXHAUSTED" && c != "SOLD_OUT") || refused.errField("sku") != "case" {
+		t.Errorf("a cart whose case is gone: %v; want REGION_EXHAUSTED or SOLD_OUT naming sku case", refused.body)
+	}
+	s.do(exchange{c: shop, method: "POST", url: reserve, body: map[string]any{"user_id": "dan", "lines": []any{}, "request_key": "c2"},
+		status: 400, code: "INVALID_ARGUMENT", invalid: true})
+	post(reserve, map[string]any{"user_id": "dan", "lines": both, "sku": "phone", "request_key": "c2"}, 400, "INVALID_ARGUMENT")
+	post(reserve, map[string]any{"user_id": "dan", "lines": []map[string]any{both[0], both[0]}, "request_key": "c2"}, 400, "INVALID_ARGUMENT")
+	get(base+"/v1/carts/"+id, 200, "")
+	get(base+"/v1/carts/us.0000000000000000000000000000", 404, "NOT_FOUND")
+	s.do(exchange{c: shop, method: "GET", url: base + "/v1/carts/nonsense", status: 400, code: "INVALID_ARGUMENT", invalid: true})
+	line1, _ := holds[1].(map[string]any)["hold_id"].(string)
+	post(base+"/v1/holds/"+line1+"/confirm", map[string]string{"payment_id": "cp-0"}, 409, "CONFLICT")
+	if conf := post(base+"/v1/carts/"+id+"/confirm", map[string]string{"payment_id": "cp-1"}, 200, ""); conf.str("outcome") != "sold" {
+		t.Errorf("the cart's confirm: %v", conf.body)
+	}
+	s.do(exchange{c: shop, method: "POST", url: base + "/v1/carts/" + id + "/release", status: 409, code: "CONFLICT"})
+	other := post(reserve, map[string]any{"user_id": "dan", "lines": both[:1], "request_key": "c3"}, 201, "")
+	oid := other.str("cart_id")
+	s.do(exchange{c: shop, method: "POST", url: base + "/v1/carts/" + oid + "/release", status: 200})
+	if conf := post(base+"/v1/carts/"+oid+"/confirm", map[string]string{"payment_id": "cp-2"}, 200, ""); conf.str("outcome") != "refund" {
+		t.Errorf("confirm of a released cart: %v", conf.body)
+	}
+	post(base+"/v1/carts/us.0000000000000000000000000000/confirm", map[string]string{"payment_id": "cp-3"}, 404, "NOT_FOUND")
+	post(base+"/v1/carts/us.0000000000000000000000000000/release", map[string]any{}, 404, "NOT_FOUND")
 }
 
 // holdsAre reports whether a list of a buyer's holds is exactly want, each "hold_id=state",

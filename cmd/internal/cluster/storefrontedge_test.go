@@ -423,3 +423,48 @@ func TestDevRunsEdges(t *testing.T) {
 		t.Error("the edge answered no poll itself")
 	}
 }
+
+// TestCartsThroughAnEdge: a cart reserved, replayed, read, confirmed and released through a
+// storefront edge is what the leader decided (I10); a refused cart's 409 names its line's SKU
+// at the edge as at the region.
+func TestCartsThroughAnEdge(t *testing.T) {
+	t.Parallel() // its own cluster, no time bound
+	ec := newEdgeCluster(t, "edgequeue", 10, 10, 10)
+	if _, err := ec.coord.CreateSale(ec.ctx, &quotav1.CreateSaleRequest{SaleId: "edgecart", PerUserLimit: 2, HoldTtlMs: 600000,
+		Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}, {Sku: "case", Total: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ec.coord.Allocate(ec.ctx, &quotav1.AllocateRequest{SaleId: "edgecart", RequestId: "alloc-cart",
+		Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	base := "https://" + ec.edge().Addr()
+	c := httpClient(t, trust.Storefront)
+	lines := []map[string]any{{"sku": "phone", "quantity": 1}, {"sku": "case", "quantity": 1}}
+	cart := map[string]any{"user_id": "ann", "request_key": "cart-1", "lines": lines}
+	r := call(t, c, "POST", base+"/v1/sales/edgecart/reservations", cart)
+	holds, _ := r.body["holds"].([]any)
+	if r.code != http.StatusCreated || r.str("cart_id") == "" || len(holds) != 2 {
+		t.Fatalf("a cart through the edge: %d %v; want 201 with a cart id and 2 holds", r.code, r.body)
+	}
+	id := r.str("cart_id")
+	if again := call(t, c, "POST", base+"/v1/sales/edgecart/reservations", cart); again.code != http.StatusOK || again.str("cart_id") != id {
+		t.Errorf("the cart retried with its key: %d %v; want 200 and cart %s", again.code, again.body, id)
+	}
+	if g := call(t, c, "GET", base+"/v1/carts/"+id, nil); g.code != http.StatusOK || len(g.body["holds"].([]any)) != 2 {
+		t.Errorf("GET the cart through the edge: %d %v", g.code, g.body)
+	}
+	refused := call(t, c, "POST", base+"/v1/sales/edgecart/reservations", map[string]any{"user_id": "bob", "request_key": "cart-2", "lines": lines})
+	if refused.code != http.StatusConflict || refused.errField("sku") != "case" {
+		t.Errorf("a cart whose case is gone, through the edge: %d %v; want 409 naming sku case", refused.code, refused.body)
+	}
+	if cf := call(t, c, "POST", base+"/v1/carts/"+id+"/confirm", map[string]string{"payment_id": "pay-1"}); cf.code != http.StatusOK || cf.str("outcome") != "sold" {
+		t.Errorf("the cart's confirm through the edge: %d %v; want sold", cf.code, cf.body)
+	}
+	if rel := call(t, c, "POST", base+"/v1/carts/"+id+"/release", nil); rel.code != http.StatusConflict {
+		t.Errorf("releasing a sold cart through the edge: %d %v; want 409", rel.code, rel.body)
+	}
+	if a, err := ec.coord.Audit(ec.ctx, &quotav1.AuditRequest{SaleId: "edgecart"}); err != nil || !a.GetOk() || len(a.GetSkus()) != 2 {
+		t.Errorf("audit: %v %v", a, err)
+	}
+}

@@ -207,7 +207,9 @@ type Reservation struct {
 	PaymentId  string                 `protobuf:"bytes,9,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
 	Region     string                 `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
 	// admission_id is the admission whose ticket made the hold, in a sale with a waiting room.
-	AdmissionId   string `protobuf:"bytes,11,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	AdmissionId string `protobuf:"bytes,11,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	// cart_id is the cart the hold is a line of (its line 0's hold id), or empty.
+	CartId        string `protobuf:"bytes,12,opt,name=cart_id,json=cartId,proto3" json:"cart_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +321,66 @@ func (x *Reservation) GetAdmissionId() string {
 	return ""
 }
 
+func (x *Reservation) GetCartId() string {
+	if x != nil {
+		return x.CartId
+	}
+	return ""
+}
+
+// CartLine is one line of a cart: quantity units of sku.
+type CartLine struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sku           string                 `protobuf:"bytes,1,opt,name=sku,proto3" json:"sku,omitempty"`
+	Quantity      int64                  `protobuf:"varint,2,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CartLine) Reset() {
+	*x = CartLine{}
+	mi := &file_quota_v1_region_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CartLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CartLine) ProtoMessage() {}
+
+func (x *CartLine) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_region_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CartLine.ProtoReflect.Descriptor instead.
+func (*CartLine) Descriptor() ([]byte, []int) {
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CartLine) GetSku() string {
+	if x != nil {
+		return x.Sku
+	}
+	return ""
+}
+
+func (x *CartLine) GetQuantity() int64 {
+	if x != nil {
+		return x.Quantity
+	}
+	return 0
+}
+
 type ReserveRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	SaleId   string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
@@ -328,15 +390,19 @@ type ReserveRequest struct {
 	// request_key makes the call idempotent per (sale_id, user_id).
 	RequestKey string `protobuf:"bytes,5,opt,name=request_key,json=requestKey,proto3" json:"request_key,omitempty"`
 	// ticket is the admission ticket; required when the sale has a waiting room. It backs at
-	// most one request_key.
-	Ticket        string `protobuf:"bytes,6,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	// most one request_key (one cart).
+	Ticket string `protobuf:"bytes,6,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	// lines, in place of sku and quantity, reserve a cart: every line or none, at most 16
+	// lines, one per SKU. A refusal's ErrorInfo names the first refused line in its metadata
+	// ("sku", "line").
+	Lines         []*CartLine `protobuf:"bytes,7,rep,name=lines,proto3" json:"lines,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[1]
+	mi := &file_quota_v1_region_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -348,7 +414,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[1]
+	mi := &file_quota_v1_region_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -361,7 +427,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{1}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReserveRequest) GetSaleId() string {
@@ -406,18 +472,30 @@ func (x *ReserveRequest) GetTicket() string {
 	return ""
 }
 
+func (x *ReserveRequest) GetLines() []*CartLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
 type ReserveResponse struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Reservation *Reservation           `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reservation is the hold of a reserve of one SKU (unset for a cart).
+	Reservation *Reservation `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	// replayed is true when request_key matched an earlier identical request.
-	Replayed      bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// cart_id is the cart's id, for a cart.
+	CartId string `protobuf:"bytes,3,opt,name=cart_id,json=cartId,proto3" json:"cart_id,omitempty"`
+	// reservations are a cart's holds, one per line, in the request's order.
+	Reservations  []*Reservation `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[2]
+	mi := &file_quota_v1_region_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +507,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[2]
+	mi := &file_quota_v1_region_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +520,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{2}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReserveResponse) GetReservation() *Reservation {
@@ -459,17 +537,33 @@ func (x *ReserveResponse) GetReplayed() bool {
 	return false
 }
 
+func (x *ReserveResponse) GetCartId() string {
+	if x != nil {
+		return x.CartId
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
 type ConfirmRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HoldId        string                 `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
-	PaymentId     string                 `protobuf:"bytes,2,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hold_id, or cart_id: one of them. A line of a cart is confirmed with its cart only.
+	HoldId        string `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	PaymentId     string `protobuf:"bytes,2,opt,name=payment_id,json=paymentId,proto3" json:"payment_id,omitempty"`
+	CartId        string `protobuf:"bytes,3,opt,name=cart_id,json=cartId,proto3" json:"cart_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConfirmRequest) Reset() {
 	*x = ConfirmRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[3]
+	mi := &file_quota_v1_region_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +575,7 @@ func (x *ConfirmRequest) String() string {
 func (*ConfirmRequest) ProtoMessage() {}
 
 func (x *ConfirmRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[3]
+	mi := &file_quota_v1_region_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +588,7 @@ func (x *ConfirmRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmRequest.ProtoReflect.Descriptor instead.
 func (*ConfirmRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{3}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ConfirmRequest) GetHoldId() string {
@@ -511,18 +605,28 @@ func (x *ConfirmRequest) GetPaymentId() string {
 	return ""
 }
 
+func (x *ConfirmRequest) GetCartId() string {
+	if x != nil {
+		return x.CartId
+	}
+	return ""
+}
+
 type ConfirmResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Outcome       ConfirmOutcome         `protobuf:"varint,1,opt,name=outcome,proto3,enum=quota.v1.ConfirmOutcome" json:"outcome,omitempty"`
-	Reservation   *Reservation           `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Outcome ConfirmOutcome         `protobuf:"varint,1,opt,name=outcome,proto3,enum=quota.v1.ConfirmOutcome" json:"outcome,omitempty"`
+	// reservation is the hold confirmed by hold_id (unset for a cart).
+	Reservation *Reservation `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	Reason      string       `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// reservations are a cart's lines, confirmed by cart_id: all sold, or none.
+	Reservations  []*Reservation `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConfirmResponse) Reset() {
 	*x = ConfirmResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[4]
+	mi := &file_quota_v1_region_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +638,7 @@ func (x *ConfirmResponse) String() string {
 func (*ConfirmResponse) ProtoMessage() {}
 
 func (x *ConfirmResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[4]
+	mi := &file_quota_v1_region_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +651,7 @@ func (x *ConfirmResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmResponse.ProtoReflect.Descriptor instead.
 func (*ConfirmResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{4}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConfirmResponse) GetOutcome() ConfirmOutcome {
@@ -571,16 +675,25 @@ func (x *ConfirmResponse) GetReason() string {
 	return ""
 }
 
+func (x *ConfirmResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HoldId        string                 `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hold_id, or cart_id: one of them. A line of a cart is released with its cart only.
+	HoldId        string `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	CartId        string `protobuf:"bytes,2,opt,name=cart_id,json=cartId,proto3" json:"cart_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[5]
+	mi := &file_quota_v1_region_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +705,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[5]
+	mi := &file_quota_v1_region_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +718,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{5}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseRequest) GetHoldId() string {
@@ -615,16 +728,26 @@ func (x *ReleaseRequest) GetHoldId() string {
 	return ""
 }
 
+func (x *ReleaseRequest) GetCartId() string {
+	if x != nil {
+		return x.CartId
+	}
+	return ""
+}
+
 type ReleaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reservation   *Reservation           `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reservation is the hold released by hold_id (unset for a cart).
+	Reservation *Reservation `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// reservations are a cart's lines, released by cart_id.
+	Reservations  []*Reservation `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[6]
+	mi := &file_quota_v1_region_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +759,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[6]
+	mi := &file_quota_v1_region_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +772,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{6}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseResponse) GetReservation() *Reservation {
@@ -659,16 +782,25 @@ func (x *ReleaseResponse) GetReservation() *Reservation {
 	return nil
 }
 
+func (x *ReleaseResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
 type GetReservationRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HoldId        string                 `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hold_id, or cart_id: one of them.
+	HoldId        string `protobuf:"bytes,1,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	CartId        string `protobuf:"bytes,2,opt,name=cart_id,json=cartId,proto3" json:"cart_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[7]
+	mi := &file_quota_v1_region_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +812,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[7]
+	mi := &file_quota_v1_region_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +825,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{7}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetReservationRequest) GetHoldId() string {
@@ -703,16 +835,26 @@ func (x *GetReservationRequest) GetHoldId() string {
 	return ""
 }
 
+func (x *GetReservationRequest) GetCartId() string {
+	if x != nil {
+		return x.CartId
+	}
+	return ""
+}
+
 type GetReservationResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reservation   *Reservation           `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reservation is the hold read by hold_id (unset for a cart).
+	Reservation *Reservation `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// reservations are a cart's lines, read by cart_id, in line order.
+	Reservations  []*Reservation `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[8]
+	mi := &file_quota_v1_region_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +866,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[8]
+	mi := &file_quota_v1_region_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,12 +879,19 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{8}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetReservationResponse) GetReservation() *Reservation {
 	if x != nil {
 		return x.Reservation
+	}
+	return nil
+}
+
+func (x *GetReservationResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
 	}
 	return nil
 }
@@ -756,7 +905,7 @@ type GetStockRequest struct {
 
 func (x *GetStockRequest) Reset() {
 	*x = GetStockRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[9]
+	mi := &file_quota_v1_region_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +917,7 @@ func (x *GetStockRequest) String() string {
 func (*GetStockRequest) ProtoMessage() {}
 
 func (x *GetStockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[9]
+	mi := &file_quota_v1_region_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +930,7 @@ func (x *GetStockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStockRequest.ProtoReflect.Descriptor instead.
 func (*GetStockRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{9}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetStockRequest) GetSaleId() string {
@@ -806,7 +955,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_quota_v1_region_proto_msgTypes[10]
+	mi := &file_quota_v1_region_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +967,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[10]
+	mi := &file_quota_v1_region_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +980,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{10}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Pool) GetRegion() string {
@@ -893,7 +1042,7 @@ type GetStockResponse struct {
 
 func (x *GetStockResponse) Reset() {
 	*x = GetStockResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[11]
+	mi := &file_quota_v1_region_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1054,7 @@ func (x *GetStockResponse) String() string {
 func (*GetStockResponse) ProtoMessage() {}
 
 func (x *GetStockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[11]
+	mi := &file_quota_v1_region_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1067,7 @@ func (x *GetStockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStockResponse.ProtoReflect.Descriptor instead.
 func (*GetStockResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{11}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetStockResponse) GetSaleId() string {
@@ -944,7 +1093,7 @@ type DescribeSaleRequest struct {
 
 func (x *DescribeSaleRequest) Reset() {
 	*x = DescribeSaleRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[12]
+	mi := &file_quota_v1_region_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1105,7 @@ func (x *DescribeSaleRequest) String() string {
 func (*DescribeSaleRequest) ProtoMessage() {}
 
 func (x *DescribeSaleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[12]
+	mi := &file_quota_v1_region_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1118,7 @@ func (x *DescribeSaleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeSaleRequest.ProtoReflect.Descriptor instead.
 func (*DescribeSaleRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{12}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DescribeSaleRequest) GetSaleId() string {
@@ -992,7 +1141,7 @@ type SkuView struct {
 
 func (x *SkuView) Reset() {
 	*x = SkuView{}
-	mi := &file_quota_v1_region_proto_msgTypes[13]
+	mi := &file_quota_v1_region_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1153,7 @@ func (x *SkuView) String() string {
 func (*SkuView) ProtoMessage() {}
 
 func (x *SkuView) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[13]
+	mi := &file_quota_v1_region_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1166,7 @@ func (x *SkuView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkuView.ProtoReflect.Descriptor instead.
 func (*SkuView) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{13}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SkuView) GetSku() string {
@@ -1066,7 +1215,7 @@ type DescribeSaleResponse struct {
 
 func (x *DescribeSaleResponse) Reset() {
 	*x = DescribeSaleResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[14]
+	mi := &file_quota_v1_region_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1227,7 @@ func (x *DescribeSaleResponse) String() string {
 func (*DescribeSaleResponse) ProtoMessage() {}
 
 func (x *DescribeSaleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[14]
+	mi := &file_quota_v1_region_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1240,7 @@ func (x *DescribeSaleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeSaleResponse.ProtoReflect.Descriptor instead.
 func (*DescribeSaleResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{14}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DescribeSaleResponse) GetSaleId() string {
@@ -1185,7 +1334,7 @@ type Admission struct {
 
 func (x *Admission) Reset() {
 	*x = Admission{}
-	mi := &file_quota_v1_region_proto_msgTypes[15]
+	mi := &file_quota_v1_region_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1346,7 @@ func (x *Admission) String() string {
 func (*Admission) ProtoMessage() {}
 
 func (x *Admission) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[15]
+	mi := &file_quota_v1_region_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1359,7 @@ func (x *Admission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admission.ProtoReflect.Descriptor instead.
 func (*Admission) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{15}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Admission) GetAdmissionId() string {
@@ -1310,7 +1459,7 @@ type EnterRequest struct {
 
 func (x *EnterRequest) Reset() {
 	*x = EnterRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[16]
+	mi := &file_quota_v1_region_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1471,7 @@ func (x *EnterRequest) String() string {
 func (*EnterRequest) ProtoMessage() {}
 
 func (x *EnterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[16]
+	mi := &file_quota_v1_region_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1484,7 @@ func (x *EnterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnterRequest.ProtoReflect.Descriptor instead.
 func (*EnterRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{16}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EnterRequest) GetSaleId() string {
@@ -1368,7 +1517,7 @@ type EnterResponse struct {
 
 func (x *EnterResponse) Reset() {
 	*x = EnterResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[17]
+	mi := &file_quota_v1_region_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1529,7 @@ func (x *EnterResponse) String() string {
 func (*EnterResponse) ProtoMessage() {}
 
 func (x *EnterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[17]
+	mi := &file_quota_v1_region_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1542,7 @@ func (x *EnterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnterResponse.ProtoReflect.Descriptor instead.
 func (*EnterResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{17}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnterResponse) GetAdmission() *Admission {
@@ -1413,7 +1562,7 @@ type GetAdmissionRequest struct {
 
 func (x *GetAdmissionRequest) Reset() {
 	*x = GetAdmissionRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[18]
+	mi := &file_quota_v1_region_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1574,7 @@ func (x *GetAdmissionRequest) String() string {
 func (*GetAdmissionRequest) ProtoMessage() {}
 
 func (x *GetAdmissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[18]
+	mi := &file_quota_v1_region_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1587,7 @@ func (x *GetAdmissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAdmissionRequest.ProtoReflect.Descriptor instead.
 func (*GetAdmissionRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{18}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetAdmissionRequest) GetSaleId() string {
@@ -1464,7 +1613,7 @@ type GetAdmissionResponse struct {
 
 func (x *GetAdmissionResponse) Reset() {
 	*x = GetAdmissionResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[19]
+	mi := &file_quota_v1_region_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1625,7 @@ func (x *GetAdmissionResponse) String() string {
 func (*GetAdmissionResponse) ProtoMessage() {}
 
 func (x *GetAdmissionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[19]
+	mi := &file_quota_v1_region_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1638,7 @@ func (x *GetAdmissionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAdmissionResponse.ProtoReflect.Descriptor instead.
 func (*GetAdmissionResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{19}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetAdmissionResponse) GetAdmission() *Admission {
@@ -1510,7 +1659,7 @@ type JoinWaitlistRequest struct {
 
 func (x *JoinWaitlistRequest) Reset() {
 	*x = JoinWaitlistRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[20]
+	mi := &file_quota_v1_region_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1671,7 @@ func (x *JoinWaitlistRequest) String() string {
 func (*JoinWaitlistRequest) ProtoMessage() {}
 
 func (x *JoinWaitlistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[20]
+	mi := &file_quota_v1_region_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1684,7 @@ func (x *JoinWaitlistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinWaitlistRequest.ProtoReflect.Descriptor instead.
 func (*JoinWaitlistRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{20}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinWaitlistRequest) GetSaleId() string {
@@ -1568,7 +1717,7 @@ type JoinWaitlistResponse struct {
 
 func (x *JoinWaitlistResponse) Reset() {
 	*x = JoinWaitlistResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[21]
+	mi := &file_quota_v1_region_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1729,7 @@ func (x *JoinWaitlistResponse) String() string {
 func (*JoinWaitlistResponse) ProtoMessage() {}
 
 func (x *JoinWaitlistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[21]
+	mi := &file_quota_v1_region_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1742,7 @@ func (x *JoinWaitlistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinWaitlistResponse.ProtoReflect.Descriptor instead.
 func (*JoinWaitlistResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{21}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JoinWaitlistResponse) GetAdmission() *Admission {
@@ -1615,7 +1764,7 @@ type ListBuyerHoldsRequest struct {
 
 func (x *ListBuyerHoldsRequest) Reset() {
 	*x = ListBuyerHoldsRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[22]
+	mi := &file_quota_v1_region_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1776,7 @@ func (x *ListBuyerHoldsRequest) String() string {
 func (*ListBuyerHoldsRequest) ProtoMessage() {}
 
 func (x *ListBuyerHoldsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[22]
+	mi := &file_quota_v1_region_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1789,7 @@ func (x *ListBuyerHoldsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuyerHoldsRequest.ProtoReflect.Descriptor instead.
 func (*ListBuyerHoldsRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{22}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListBuyerHoldsRequest) GetSaleId() string {
@@ -1675,7 +1824,7 @@ type ListBuyerHoldsResponse struct {
 
 func (x *ListBuyerHoldsResponse) Reset() {
 	*x = ListBuyerHoldsResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[23]
+	mi := &file_quota_v1_region_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1836,7 @@ func (x *ListBuyerHoldsResponse) String() string {
 func (*ListBuyerHoldsResponse) ProtoMessage() {}
 
 func (x *ListBuyerHoldsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[23]
+	mi := &file_quota_v1_region_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1849,7 @@ func (x *ListBuyerHoldsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBuyerHoldsResponse.ProtoReflect.Descriptor instead.
 func (*ListBuyerHoldsResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{23}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListBuyerHoldsResponse) GetReservations() []*Reservation {
@@ -1732,7 +1881,7 @@ type LineChangesRequest struct {
 
 func (x *LineChangesRequest) Reset() {
 	*x = LineChangesRequest{}
-	mi := &file_quota_v1_region_proto_msgTypes[24]
+	mi := &file_quota_v1_region_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1893,7 @@ func (x *LineChangesRequest) String() string {
 func (*LineChangesRequest) ProtoMessage() {}
 
 func (x *LineChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[24]
+	mi := &file_quota_v1_region_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1906,7 @@ func (x *LineChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineChangesRequest.ProtoReflect.Descriptor instead.
 func (*LineChangesRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{24}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LineChangesRequest) GetSaleId() string {
@@ -1809,7 +1958,7 @@ type LineEntry struct {
 
 func (x *LineEntry) Reset() {
 	*x = LineEntry{}
-	mi := &file_quota_v1_region_proto_msgTypes[25]
+	mi := &file_quota_v1_region_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +1970,7 @@ func (x *LineEntry) String() string {
 func (*LineEntry) ProtoMessage() {}
 
 func (x *LineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[25]
+	mi := &file_quota_v1_region_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +1983,7 @@ func (x *LineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineEntry.ProtoReflect.Descriptor instead.
 func (*LineEntry) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{25}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LineEntry) GetAdmissionId() string {
@@ -1918,7 +2067,7 @@ type LineChangesResponse struct {
 
 func (x *LineChangesResponse) Reset() {
 	*x = LineChangesResponse{}
-	mi := &file_quota_v1_region_proto_msgTypes[26]
+	mi := &file_quota_v1_region_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2079,7 @@ func (x *LineChangesResponse) String() string {
 func (*LineChangesResponse) ProtoMessage() {}
 
 func (x *LineChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_region_proto_msgTypes[26]
+	mi := &file_quota_v1_region_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2092,7 @@ func (x *LineChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineChangesResponse.ProtoReflect.Descriptor instead.
 func (*LineChangesResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_region_proto_rawDescGZIP(), []int{26}
+	return file_quota_v1_region_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LineChangesResponse) GetRoom() string {
@@ -2048,7 +2197,7 @@ var File_quota_v1_region_proto protoreflect.FileDescriptor
 
 const file_quota_v1_region_proto_rawDesc = "" +
 	"\n" +
-	"\x15quota/v1/region.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
+	"\x15quota/v1/region.proto\x12\bquota.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x03\n" +
 	"\vReservation\x12\x17\n" +
 	"\ahold_id\x18\x01 \x01(\tR\x06holdId\x12\x17\n" +
 	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x10\n" +
@@ -2064,7 +2213,11 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"payment_id\x18\t \x01(\tR\tpaymentId\x12\x16\n" +
 	"\x06region\x18\n" +
 	" \x01(\tR\x06region\x12!\n" +
-	"\fadmission_id\x18\v \x01(\tR\vadmissionId\"\xa9\x01\n" +
+	"\fadmission_id\x18\v \x01(\tR\vadmissionId\x12\x17\n" +
+	"\acart_id\x18\f \x01(\tR\x06cartId\"8\n" +
+	"\bCartLine\x12\x10\n" +
+	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x1a\n" +
+	"\bquantity\x18\x02 \x01(\x03R\bquantity\"\xd3\x01\n" +
 	"\x0eReserveRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x10\n" +
 	"\x03sku\x18\x02 \x01(\tR\x03sku\x12\x17\n" +
@@ -2072,26 +2225,35 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\bquantity\x18\x04 \x01(\x03R\bquantity\x12\x1f\n" +
 	"\vrequest_key\x18\x05 \x01(\tR\n" +
 	"requestKey\x12\x16\n" +
-	"\x06ticket\x18\x06 \x01(\tR\x06ticket\"f\n" +
+	"\x06ticket\x18\x06 \x01(\tR\x06ticket\x12(\n" +
+	"\x05lines\x18\a \x03(\v2\x12.quota.v1.CartLineR\x05lines\"\xba\x01\n" +
 	"\x0fReserveResponse\x127\n" +
 	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed\"H\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\x12\x17\n" +
+	"\acart_id\x18\x03 \x01(\tR\x06cartId\x129\n" +
+	"\freservations\x18\x04 \x03(\v2\x15.quota.v1.ReservationR\freservations\"a\n" +
 	"\x0eConfirmRequest\x12\x17\n" +
 	"\ahold_id\x18\x01 \x01(\tR\x06holdId\x12\x1d\n" +
 	"\n" +
-	"payment_id\x18\x02 \x01(\tR\tpaymentId\"\x96\x01\n" +
+	"payment_id\x18\x02 \x01(\tR\tpaymentId\x12\x17\n" +
+	"\acart_id\x18\x03 \x01(\tR\x06cartId\"\xd1\x01\n" +
 	"\x0fConfirmResponse\x122\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x18.quota.v1.ConfirmOutcomeR\aoutcome\x127\n" +
 	"\vreservation\x18\x02 \x01(\v2\x15.quota.v1.ReservationR\vreservation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\")\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x129\n" +
+	"\freservations\x18\x04 \x03(\v2\x15.quota.v1.ReservationR\freservations\"B\n" +
 	"\x0eReleaseRequest\x12\x17\n" +
-	"\ahold_id\x18\x01 \x01(\tR\x06holdId\"J\n" +
+	"\ahold_id\x18\x01 \x01(\tR\x06holdId\x12\x17\n" +
+	"\acart_id\x18\x02 \x01(\tR\x06cartId\"\x85\x01\n" +
 	"\x0fReleaseResponse\x127\n" +
-	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\"0\n" +
+	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\x129\n" +
+	"\freservations\x18\x02 \x03(\v2\x15.quota.v1.ReservationR\freservations\"I\n" +
 	"\x15GetReservationRequest\x12\x17\n" +
-	"\ahold_id\x18\x01 \x01(\tR\x06holdId\"Q\n" +
+	"\ahold_id\x18\x01 \x01(\tR\x06holdId\x12\x17\n" +
+	"\acart_id\x18\x02 \x01(\tR\x06cartId\"\x8c\x01\n" +
 	"\x16GetReservationResponse\x127\n" +
-	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\"*\n" +
+	"\vreservation\x18\x01 \x01(\v2\x15.quota.v1.ReservationR\vreservation\x129\n" +
+	"\freservations\x18\x02 \x03(\v2\x15.quota.v1.ReservationR\freservations\"*\n" +
 	"\x0fGetStockRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\"\xb8\x01\n" +
 	"\x04Pool\x12\x16\n" +
@@ -2241,88 +2403,94 @@ func file_quota_v1_region_proto_rawDescGZIP() []byte {
 }
 
 var file_quota_v1_region_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_quota_v1_region_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_quota_v1_region_proto_goTypes = []any{
 	(HoldState)(0),                 // 0: quota.v1.HoldState
 	(ConfirmOutcome)(0),            // 1: quota.v1.ConfirmOutcome
 	(AdmissionState)(0),            // 2: quota.v1.AdmissionState
 	(*Reservation)(nil),            // 3: quota.v1.Reservation
-	(*ReserveRequest)(nil),         // 4: quota.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 5: quota.v1.ReserveResponse
-	(*ConfirmRequest)(nil),         // 6: quota.v1.ConfirmRequest
-	(*ConfirmResponse)(nil),        // 7: quota.v1.ConfirmResponse
-	(*ReleaseRequest)(nil),         // 8: quota.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 9: quota.v1.ReleaseResponse
-	(*GetReservationRequest)(nil),  // 10: quota.v1.GetReservationRequest
-	(*GetReservationResponse)(nil), // 11: quota.v1.GetReservationResponse
-	(*GetStockRequest)(nil),        // 12: quota.v1.GetStockRequest
-	(*Pool)(nil),                   // 13: quota.v1.Pool
-	(*GetStockResponse)(nil),       // 14: quota.v1.GetStockResponse
-	(*DescribeSaleRequest)(nil),    // 15: quota.v1.DescribeSaleRequest
-	(*SkuView)(nil),                // 16: quota.v1.SkuView
-	(*DescribeSaleResponse)(nil),   // 17: quota.v1.DescribeSaleResponse
-	(*Admission)(nil),              // 18: quota.v1.Admission
-	(*EnterRequest)(nil),           // 19: quota.v1.EnterRequest
-	(*EnterResponse)(nil),          // 20: quota.v1.EnterResponse
-	(*GetAdmissionRequest)(nil),    // 21: quota.v1.GetAdmissionRequest
-	(*GetAdmissionResponse)(nil),   // 22: quota.v1.GetAdmissionResponse
-	(*JoinWaitlistRequest)(nil),    // 23: quota.v1.JoinWaitlistRequest
-	(*JoinWaitlistResponse)(nil),   // 24: quota.v1.JoinWaitlistResponse
-	(*ListBuyerHoldsRequest)(nil),  // 25: quota.v1.ListBuyerHoldsRequest
-	(*ListBuyerHoldsResponse)(nil), // 26: quota.v1.ListBuyerHoldsResponse
-	(*LineChangesRequest)(nil),     // 27: quota.v1.LineChangesRequest
-	(*LineEntry)(nil),              // 28: quota.v1.LineEntry
-	(*LineChangesResponse)(nil),    // 29: quota.v1.LineChangesResponse
-	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
+	(*CartLine)(nil),               // 4: quota.v1.CartLine
+	(*ReserveRequest)(nil),         // 5: quota.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 6: quota.v1.ReserveResponse
+	(*ConfirmRequest)(nil),         // 7: quota.v1.ConfirmRequest
+	(*ConfirmResponse)(nil),        // 8: quota.v1.ConfirmResponse
+	(*ReleaseRequest)(nil),         // 9: quota.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 10: quota.v1.ReleaseResponse
+	(*GetReservationRequest)(nil),  // 11: quota.v1.GetReservationRequest
+	(*GetReservationResponse)(nil), // 12: quota.v1.GetReservationResponse
+	(*GetStockRequest)(nil),        // 13: quota.v1.GetStockRequest
+	(*Pool)(nil),                   // 14: quota.v1.Pool
+	(*GetStockResponse)(nil),       // 15: quota.v1.GetStockResponse
+	(*DescribeSaleRequest)(nil),    // 16: quota.v1.DescribeSaleRequest
+	(*SkuView)(nil),                // 17: quota.v1.SkuView
+	(*DescribeSaleResponse)(nil),   // 18: quota.v1.DescribeSaleResponse
+	(*Admission)(nil),              // 19: quota.v1.Admission
+	(*EnterRequest)(nil),           // 20: quota.v1.EnterRequest
+	(*EnterResponse)(nil),          // 21: quota.v1.EnterResponse
+	(*GetAdmissionRequest)(nil),    // 22: quota.v1.GetAdmissionRequest
+	(*GetAdmissionResponse)(nil),   // 23: quota.v1.GetAdmissionResponse
+	(*JoinWaitlistRequest)(nil),    // 24: quota.v1.JoinWaitlistRequest
+	(*JoinWaitlistResponse)(nil),   // 25: quota.v1.JoinWaitlistResponse
+	(*ListBuyerHoldsRequest)(nil),  // 26: quota.v1.ListBuyerHoldsRequest
+	(*ListBuyerHoldsResponse)(nil), // 27: quota.v1.ListBuyerHoldsResponse
+	(*LineChangesRequest)(nil),     // 28: quota.v1.LineChangesRequest
+	(*LineEntry)(nil),              // 29: quota.v1.LineEntry
+	(*LineChangesResponse)(nil),    // 30: quota.v1.LineChangesResponse
+	(*timestamppb.Timestamp)(nil),  // 31: google.protobuf.Timestamp
 }
 var file_quota_v1_region_proto_depIdxs = []int32{
 	0,  // 0: quota.v1.Reservation.state:type_name -> quota.v1.HoldState
-	30, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 2: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
-	1,  // 3: quota.v1.ConfirmResponse.outcome:type_name -> quota.v1.ConfirmOutcome
-	3,  // 4: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
-	3,  // 5: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
-	3,  // 6: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
-	13, // 7: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
-	30, // 8: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
-	30, // 9: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
-	16, // 10: quota.v1.DescribeSaleResponse.skus:type_name -> quota.v1.SkuView
-	2,  // 11: quota.v1.Admission.state:type_name -> quota.v1.AdmissionState
-	30, // 12: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 13: quota.v1.EnterResponse.admission:type_name -> quota.v1.Admission
-	18, // 14: quota.v1.GetAdmissionResponse.admission:type_name -> quota.v1.Admission
-	18, // 15: quota.v1.JoinWaitlistResponse.admission:type_name -> quota.v1.Admission
-	3,  // 16: quota.v1.ListBuyerHoldsResponse.reservations:type_name -> quota.v1.Reservation
-	30, // 17: quota.v1.LineEntry.expires_at:type_name -> google.protobuf.Timestamp
-	30, // 18: quota.v1.LineChangesResponse.opens_at:type_name -> google.protobuf.Timestamp
-	28, // 19: quota.v1.LineChangesResponse.entries:type_name -> quota.v1.LineEntry
-	4,  // 20: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
-	6,  // 21: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
-	8,  // 22: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
-	10, // 23: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
-	12, // 24: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
-	15, // 25: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
-	19, // 26: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
-	21, // 27: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
-	23, // 28: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
-	25, // 29: quota.v1.RegionService.ListBuyerHolds:input_type -> quota.v1.ListBuyerHoldsRequest
-	27, // 30: quota.v1.RegionService.LineChanges:input_type -> quota.v1.LineChangesRequest
-	5,  // 31: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
-	7,  // 32: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
-	9,  // 33: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
-	11, // 34: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
-	14, // 35: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
-	17, // 36: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
-	20, // 37: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
-	22, // 38: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
-	24, // 39: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
-	26, // 40: quota.v1.RegionService.ListBuyerHolds:output_type -> quota.v1.ListBuyerHoldsResponse
-	29, // 41: quota.v1.RegionService.LineChanges:output_type -> quota.v1.LineChangesResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	31, // 1: quota.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	4,  // 2: quota.v1.ReserveRequest.lines:type_name -> quota.v1.CartLine
+	3,  // 3: quota.v1.ReserveResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 4: quota.v1.ReserveResponse.reservations:type_name -> quota.v1.Reservation
+	1,  // 5: quota.v1.ConfirmResponse.outcome:type_name -> quota.v1.ConfirmOutcome
+	3,  // 6: quota.v1.ConfirmResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 7: quota.v1.ConfirmResponse.reservations:type_name -> quota.v1.Reservation
+	3,  // 8: quota.v1.ReleaseResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 9: quota.v1.ReleaseResponse.reservations:type_name -> quota.v1.Reservation
+	3,  // 10: quota.v1.GetReservationResponse.reservation:type_name -> quota.v1.Reservation
+	3,  // 11: quota.v1.GetReservationResponse.reservations:type_name -> quota.v1.Reservation
+	14, // 12: quota.v1.GetStockResponse.pools:type_name -> quota.v1.Pool
+	31, // 13: quota.v1.DescribeSaleResponse.opens_at:type_name -> google.protobuf.Timestamp
+	31, // 14: quota.v1.DescribeSaleResponse.server_time:type_name -> google.protobuf.Timestamp
+	17, // 15: quota.v1.DescribeSaleResponse.skus:type_name -> quota.v1.SkuView
+	2,  // 16: quota.v1.Admission.state:type_name -> quota.v1.AdmissionState
+	31, // 17: quota.v1.Admission.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 18: quota.v1.EnterResponse.admission:type_name -> quota.v1.Admission
+	19, // 19: quota.v1.GetAdmissionResponse.admission:type_name -> quota.v1.Admission
+	19, // 20: quota.v1.JoinWaitlistResponse.admission:type_name -> quota.v1.Admission
+	3,  // 21: quota.v1.ListBuyerHoldsResponse.reservations:type_name -> quota.v1.Reservation
+	31, // 22: quota.v1.LineEntry.expires_at:type_name -> google.protobuf.Timestamp
+	31, // 23: quota.v1.LineChangesResponse.opens_at:type_name -> google.protobuf.Timestamp
+	29, // 24: quota.v1.LineChangesResponse.entries:type_name -> quota.v1.LineEntry
+	5,  // 25: quota.v1.RegionService.Reserve:input_type -> quota.v1.ReserveRequest
+	7,  // 26: quota.v1.RegionService.Confirm:input_type -> quota.v1.ConfirmRequest
+	9,  // 27: quota.v1.RegionService.Release:input_type -> quota.v1.ReleaseRequest
+	11, // 28: quota.v1.RegionService.GetReservation:input_type -> quota.v1.GetReservationRequest
+	13, // 29: quota.v1.RegionService.GetStock:input_type -> quota.v1.GetStockRequest
+	16, // 30: quota.v1.RegionService.DescribeSale:input_type -> quota.v1.DescribeSaleRequest
+	20, // 31: quota.v1.RegionService.Enter:input_type -> quota.v1.EnterRequest
+	22, // 32: quota.v1.RegionService.GetAdmission:input_type -> quota.v1.GetAdmissionRequest
+	24, // 33: quota.v1.RegionService.JoinWaitlist:input_type -> quota.v1.JoinWaitlistRequest
+	26, // 34: quota.v1.RegionService.ListBuyerHolds:input_type -> quota.v1.ListBuyerHoldsRequest
+	28, // 35: quota.v1.RegionService.LineChanges:input_type -> quota.v1.LineChangesRequest
+	6,  // 36: quota.v1.RegionService.Reserve:output_type -> quota.v1.ReserveResponse
+	8,  // 37: quota.v1.RegionService.Confirm:output_type -> quota.v1.ConfirmResponse
+	10, // 38: quota.v1.RegionService.Release:output_type -> quota.v1.ReleaseResponse
+	12, // 39: quota.v1.RegionService.GetReservation:output_type -> quota.v1.GetReservationResponse
+	15, // 40: quota.v1.RegionService.GetStock:output_type -> quota.v1.GetStockResponse
+	18, // 41: quota.v1.RegionService.DescribeSale:output_type -> quota.v1.DescribeSaleResponse
+	21, // 42: quota.v1.RegionService.Enter:output_type -> quota.v1.EnterResponse
+	23, // 43: quota.v1.RegionService.GetAdmission:output_type -> quota.v1.GetAdmissionResponse
+	25, // 44: quota.v1.RegionService.JoinWaitlist:output_type -> quota.v1.JoinWaitlistResponse
+	27, // 45: quota.v1.RegionService.ListBuyerHolds:output_type -> quota.v1.ListBuyerHoldsResponse
+	30, // 46: quota.v1.RegionService.LineChanges:output_type -> quota.v1.LineChangesResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_region_proto_init() }
@@ -2336,7 +2504,7 @@ func file_quota_v1_region_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_region_proto_rawDesc), len(file_quota_v1_region_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,11 +38,14 @@ const (
 //
 // RegionService is what storefronts call on their nearest region.
 type RegionServiceClient interface {
-	// Reserve takes units from this region's pool and creates a hold that expires.
+	// Reserve takes units from this region's pool and creates a hold that expires; given
+	// lines, it reserves a cart: every line held (one hold per line, sharing a cart id) or
+	// none.
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
-	// Confirm turns a live hold into a sale when the payment arrives in time.
+	// Confirm turns a live hold, or every line of a cart, into a sale when the payment
+	// arrives in time.
 	Confirm(ctx context.Context, in *ConfirmRequest, opts ...grpc.CallOption) (*ConfirmResponse, error)
-	// Release gives a held reservation's units back to the pool.
+	// Release gives a held reservation's units, or a cart's, back to the pool.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// GetReservation reads one hold.
 	GetReservation(ctx context.Context, in *GetReservationRequest, opts ...grpc.CallOption) (*GetReservationResponse, error)
@@ -192,11 +195,14 @@ func (c *regionServiceClient) LineChanges(ctx context.Context, in *LineChangesRe
 //
 // RegionService is what storefronts call on their nearest region.
 type RegionServiceServer interface {
-	// Reserve takes units from this region's pool and creates a hold that expires.
+	// Reserve takes units from this region's pool and creates a hold that expires; given
+	// lines, it reserves a cart: every line held (one hold per line, sharing a cart id) or
+	// none.
 	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
-	// Confirm turns a live hold into a sale when the payment arrives in time.
+	// Confirm turns a live hold, or every line of a cart, into a sale when the payment
+	// arrives in time.
 	Confirm(context.Context, *ConfirmRequest) (*ConfirmResponse, error)
-	// Release gives a held reservation's units back to the pool.
+	// Release gives a held reservation's units, or a cart's, back to the pool.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// GetReservation reads one hold.
 	GetReservation(context.Context, *GetReservationRequest) (*GetReservationResponse, error)
