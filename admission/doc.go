@@ -1,14 +1,16 @@
 // Package admission is the storefront's front door, as pure rules and state with no I/O:
-// the waiting room that admits buyers to a sale at a configured rate (room.go), the signed
-// one-use tickets it hands out (ticket.go, keyring.go), the waitlist that offers units which
-// come back after a sell-out to the buyers who asked first (waitlist.go), and the token
+// the waiting room that admits buyers to a sale at a configured rate (room.go; its line of
+// queued entries in queue.go, a binding's outcomes in outcome.go, a new leader's reload in
+// restore.go, and the feed of changes storefront edges follow in feed.go and mirror.go), the
+// signed one-use tickets it hands out (ticket.go, keyring.go), the waitlist that offers units
+// which come back after a sell-out to the buyers who asked first (waitlist.go), and the token
 // buckets that bound how fast one buyer or one address may knock (limiter.go).
 //
 // Nothing here reads a clock, a file or the network: callers pass the time and the bytes.
-// The region (region/door.go, region/waitlist.go) owns one room and one waitlist per sale it leads, binds each
-// admitted buyer to it through the cluster-wide record (the global per-user limit), and
-// checks a reservation's ticket in its writer, where the ticket's one use is recorded with
-// the hold.
+// The region (region/door.go, region/waitlist.go) owns one room and one waitlist per sale it
+// leads, binds each admitted buyer to it through the cluster-wide record (the global per-user
+// limit), and checks a reservation's ticket in its writer, where the ticket's one use is
+// recorded with the hold.
 package admission
 
 import (
