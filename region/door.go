@@ -81,8 +81,8 @@ type Door struct {
 	binds chan struct{} // a slot per binding write in flight
 	mu    sync.Mutex
 	rooms map[string]*saleRoom
-	// waitlists are the sold-out SKUs' waitlists (waitlist.go).
-	waitlists map[poolKey]*saleWaitlist
+	// offers are its waitlist half: the sold-out SKUs' waitlists (waitlist.go).
+	offers offers
 	// epoch is the term whose lines rooms and waitlists hold (0: none loaded); loadMu is
 	// held while a term's lines load (lineload.go).
 	epoch  int64
@@ -102,10 +102,11 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, waitlists: map[poolKey]*saleWaitlist{}, cancel: cancel, done: make(chan struct{}),
+	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, cancel: cancel, done: make(chan struct{}),
 		gates: gates{r: r, users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
 			addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets)},
 		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger, r.stepDownTerm)}
+	d.offers = offers{d: d, lists: map[poolKey]*saleWaitlist{}}
 	go d.run(ctx)
 	return d, nil
 }
@@ -256,8 +257,8 @@ func pollIn(d *Door, sr *saleRoom, t SaleTerms, id string) (Admission, error) {
 	if e, ok := room.Get(id, now); ok {
 		return d.answer(sale, e)
 	}
-	if wl, e, ok := d.findOffer(sale, id, now); ok {
-		return d.answerWaitlist(sale, wl.pk.sku, e)
+	if wl, e, ok := d.offers.findOffer(sale, id, now); ok {
+		return d.offers.answerWaitlist(sale, wl.pk.sku, e)
 	}
 	return Admission{}, apierr.NotFound("admission_id", id)
 }
@@ -277,7 +278,7 @@ func (d *Door) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, 
 		// An offer no longer out (claimed: this may be a retry) takes no set-aside units: the
 		// region replays a retry, and refuses another key (the ticket's one use) or finds
 		// only what is open to everyone.
-		offer = d.reserveOffer(&req, tok.Ticket)
+		offer = d.offers.reserveOffer(&req, tok.Ticket)
 	}
 	res, err := d.r.Reserve(ctx, req)
 	if err == nil && offer != nil {
@@ -422,7 +423,7 @@ func (d *Door) run(ctx context.Context) {
 			}
 			d.mu.Lock()
 			if d.epoch != 0 && !d.r.Leading() {
-				d.rooms, d.waitlists, d.epoch = map[string]*saleRoom{}, map[poolKey]*saleWaitlist{}, 0
+				d.rooms, d.offers.lists, d.epoch = map[string]*saleRoom{}, map[poolKey]*saleWaitlist{}, 0
 			}
 			d.mu.Unlock()
 			continue
@@ -435,7 +436,7 @@ func (d *Door) run(ctx context.Context) {
 			}
 			cancel()
 		}
-		d.offerReturned(ctx, d.r.cfg.Clock.Now())
+		d.offers.offerReturned(ctx, d.r.cfg.Clock.Now())
 		d.mu.Lock()
 		rooms := make([]*saleRoom, 0, len(d.rooms))
 		for _, sr := range d.rooms {

@@ -181,7 +181,7 @@ func TestWaitlistOfferMadeWhenRecordOutlivesCaller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wl, err := d.waitlist(terms, "x")
+	wl, err := d.offers.waitlist(terms, "x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestWaitlistOfferMadeWhenRecordOutlivesCaller(t *testing.T) {
 	}
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
-	d.offer(gone, wl, 1, now) // it returns before the record commits
+	d.offers.offer(gone, wl, 1, now) // it returns before the record commits
 	deadline := time.Now().Add(5 * time.Second)
 	for wl.list.SetAside() != 1 {
 		if time.Now().After(deadline) {

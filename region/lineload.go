@@ -163,7 +163,7 @@ func (d *Door) restoreWaitlist(ctx context.Context, pk poolKey, epoch int64, ent
 // are set aside again, and how many buyers wait is known to the writer.
 func (d *Door) install(epoch int64, rooms map[string]*saleRoom, lists map[poolKey]*saleWaitlist) {
 	d.mu.Lock()
-	d.rooms, d.waitlists, d.epoch = rooms, lists, epoch
+	d.rooms, d.offers.lists, d.epoch = rooms, lists, epoch
 	d.mu.Unlock()
 	for pk, wl := range lists {
 		d.r.aside.add(pk, transfer.Units(wl.list.SetAside()))

@@ -18,6 +18,14 @@ type saleWaitlist struct {
 	epoch int64          // the term it belongs to: its rows are written under it
 }
 
+// offers is the Door's waitlist half: the sold-out SKUs' waitlists (lists, guarded by the
+// Door's mutex, since a new term replaces them together with the rooms: lineload.go), the
+// offers of the units that come back to them, and the reservations those offers back.
+type offers struct {
+	d     *Door
+	lists map[poolKey]*saleWaitlist
+}
+
 // JoinWaitlist puts user on a sold-out SKU's waitlist (the same place if they are on it):
 // units that come back here (a release, an expiry) are set aside and offered to the line in
 // order, each offer an admission with a ticket for that SKU, before any open buyer may take
@@ -40,7 +48,7 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 		return Admission{}, fmt.Errorf("sku %q is not in sale %s: %w", sku, sale, ErrNotFound)
 	}
 	d.mu.Lock()
-	wl := d.waitlists[poolKey{sale, sku}]
+	wl := d.offers.lists[poolKey{sale, sku}]
 	d.mu.Unlock()
 	// A waitlist with buyers or units set aside stays open: units it set aside count as
 	// available, which can lower the drained flag while its buyers still wait.
@@ -48,10 +56,10 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 	if !active && !d.gates.drained(sale, sku) {
 		return Admission{}, fmt.Errorf("sku %s of sale %s is not sold out: enter the waiting room instead: %w", sku, sale, ErrConflict)
 	}
-	if err := d.bindNow(ctx, sale, user); err != nil {
+	if err := d.offers.bindNow(ctx, sale, user); err != nil {
 		return Admission{}, err
 	}
-	wl, err = d.waitlist(t, sku)
+	wl, err = d.offers.waitlist(t, sku)
 	if err != nil {
 		return Admission{}, err
 	}
@@ -68,11 +76,12 @@ func (d *Door) JoinWaitlist(ctx context.Context, sale, user, sku string) (Admiss
 		}
 	}
 	d.r.aside.setWaiting(wl.pk, wl.list.Len())
-	return d.answerWaitlist(sale, sku, e)
+	return d.offers.answerWaitlist(sale, sku, e)
 }
 
 // bindNow binds user to this region for sale, refusing a buyer bound elsewhere.
-func (d *Door) bindNow(ctx context.Context, sale, user string) error {
+func (o *offers) bindNow(ctx context.Context, sale, user string) error {
+	d := o.d
 	if d.cfg.Bind == nil {
 		return nil
 	}
@@ -89,18 +98,19 @@ func (d *Door) bindNow(ctx context.Context, sale, user string) error {
 }
 
 // waitlist returns sku's waitlist in sale, made on first use.
-func (d *Door) waitlist(t SaleTerms, sku string) (*saleWaitlist, error) {
+func (o *offers) waitlist(t SaleTerms, sku string) (*saleWaitlist, error) {
+	d := o.d
 	pk := poolKey{t.Sale, sku}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if wl := d.waitlists[pk]; wl != nil {
+	if wl := o.lists[pk]; wl != nil {
 		return wl, nil
 	}
 	wl, err := newSaleWaitlist(d.r.cfg.Name, t, sku, d.epoch)
 	if err != nil {
 		return nil, err
 	}
-	d.waitlists[pk] = wl
+	o.lists[pk] = wl
 	return wl, nil
 }
 
@@ -114,7 +124,8 @@ func newSaleWaitlist(region string, t SaleTerms, sku string, epoch int64) (*sale
 }
 
 // answerWaitlist is answer for a waitlist's entry: an offer's ticket is for its SKU only.
-func (d *Door) answerWaitlist(sale, sku string, e admission.Entry) (Admission, error) {
+func (o *offers) answerWaitlist(sale, sku string, e admission.Entry) (Admission, error) {
+	d := o.d
 	a := Admission{Entry: e, Sale: sale, SKU: sku}
 	if e.State == admission.Admitted {
 		tk, err := d.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: e.User, Region: d.r.cfg.Name, Admission: e.ID, SKU: sku,
@@ -128,10 +139,11 @@ func (d *Door) answerWaitlist(sale, sku string, e admission.Entry) (Admission, e
 }
 
 // findOffer returns the waitlist entry id names in sale, if any.
-func (d *Door) findOffer(sale, id string, now time.Time) (*saleWaitlist, admission.Entry, bool) {
+func (o *offers) findOffer(sale, id string, now time.Time) (*saleWaitlist, admission.Entry, bool) {
+	d := o.d
 	d.mu.Lock()
-	lists := make([]*saleWaitlist, 0, len(d.waitlists))
-	for pk, wl := range d.waitlists {
+	lists := make([]*saleWaitlist, 0, len(o.lists))
+	for pk, wl := range o.lists {
 		if pk.sale == sale {
 			lists = append(lists, wl)
 		}
@@ -147,10 +159,11 @@ func (d *Door) findOffer(sale, id string, now time.Time) (*saleWaitlist, admissi
 
 // offerReturned ends the offers that expired and offers the units set aside and not yet
 // offered to the next buyers in line; with no one left in line they go back to every buyer.
-func (d *Door) offerReturned(ctx context.Context, now time.Time) {
+func (o *offers) offerReturned(ctx context.Context, now time.Time) {
+	d := o.d
 	d.mu.Lock()
-	lists := make([]*saleWaitlist, 0, len(d.waitlists))
-	for _, wl := range d.waitlists {
+	lists := make([]*saleWaitlist, 0, len(o.lists))
+	for _, wl := range o.lists {
 		lists = append(lists, wl)
 	}
 	d.mu.Unlock()
@@ -159,7 +172,7 @@ func (d *Door) offerReturned(ctx context.Context, now time.Time) {
 		unoffered := d.r.aside.of(wl.pk) - transfer.Units(wl.list.SetAside())
 		switch {
 		case unoffered > 0 && wl.list.Len() > 0:
-			d.offer(ctx, wl, int(unoffered), now)
+			o.offer(ctx, wl, int(unoffered), now)
 		case unoffered > 0:
 			d.r.aside.add(wl.pk, -unoffered)
 		}
@@ -170,8 +183,9 @@ func (d *Door) offerReturned(ctx context.Context, now time.Time) {
 // reserveOffer prepares a reservation made with a waitlist offer's ticket: while the offer is
 // out, the reservation may take its units from those set aside. It returns the waitlist, or
 // nil when the offer is not out here (claimed, expired, or lost with a failover).
-func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitlist {
-	wl, e, ok := d.findOffer(req.Sale, tk.Admission, d.r.cfg.Clock.Now())
+func (o *offers) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitlist {
+	d := o.d
+	wl, e, ok := o.findOffer(req.Sale, tk.Admission, d.r.cfg.Clock.Now())
 	if !ok || e.State != admission.Admitted {
 		return nil
 	}
@@ -183,7 +197,8 @@ func (d *Door) reserveOffer(req *ReserveRequest, tk admission.Ticket) *saleWaitl
 // new leader finds them out, their units set aside. Each offer is made as its own record
 // commits, whatever becomes of the others and even after this call gave up waiting (its
 // settle); an offer not recorded is not made, and the next pass plans it again.
-func (d *Door) offer(ctx context.Context, wl *saleWaitlist, units int, now time.Time) {
+func (o *offers) offer(ctx context.Context, wl *saleWaitlist, units int, now time.Time) {
+	d := o.d
 	now = now.Truncate(time.Microsecond) // the expiry as stored is the one signed
 	plan := wl.list.PlanOffers(units, int(wl.limit), now)
 	wctx, cancel := context.WithTimeout(ctx, lineWriteTimeout)
