@@ -139,8 +139,8 @@ func (b buyer) release(ctx context.Context, hold string) error {
 }
 
 // refuse counts a buyer turned away at region with reason (the answer's REASON), or a
-// failure.
-func (c *counters) refuse(region, reason string, err error) {
+// failure; false for a failure.
+func (c *counters) refuse(region, reason string, err error) bool {
 	switch reason {
 	case "REGION_EXHAUSTED":
 		c.exhausted.Add(1)
@@ -159,5 +159,7 @@ func (c *counters) refuse(region, reason string, err error) {
 		c.overloaded.Add(1)
 	default:
 		c.fail(err)
+		return false
 	}
+	return true
 }

@@ -47,6 +47,10 @@ type Config struct {
 	Concurrency int
 	// Quantity is the units each buyer asks for.
 	Quantity transfer.Units
+	// Cart, when set, is cart mode: each buyer reserves these lines in one call, in place of
+	// SKU and Quantity (every line held, one hold per line sharing a cart id, or none), and
+	// confirms or releases the cart whole by its cart id. gRPC only; at most MaxCartLines.
+	Cart []CartLine
 	// ConfirmRatio of granted holds are paid for, ReleaseRatio released; the rest abandoned
 	// (they expire).
 	ConfirmRatio, ReleaseRatio float64
@@ -91,10 +95,20 @@ type Stats struct {
 	// Waitlisted counts the buyers told SOLD_OUT who joined a waitlist (HTTPEdge.Waitlist),
 	// Offered those of them given a ticket (an offer, or the waiting room's once units came
 	// back), and WaitedOut those whose wait ended first.
-	Waitlisted, Offered, WaitedOut           int64
+	Waitlisted, Offered, WaitedOut int64
+	// Confirmed, Refunded, Released and Abandoned count what became of the holds (in cart
+	// mode, of the carts: each settled whole).
 	Confirmed, Refunded, Released, Abandoned int64
-	PerRegion                                map[string]int64 // units granted per region
-	Elapsed                                  time.Duration
+	// Carts counts the carts granted in cart mode (Config.Cart), each of whose lines is a hold
+	// counted in Granted, UnitsGranted and Holds. CartsRefused counts the carts refused whole,
+	// nothing held: each is also a buyer counted by its reason above (Exhausted, SoldOut,
+	// Limited, Paused, Bound, Overloaded).
+	Carts, CartsRefused int64
+	// CartRefusals are the refused carts by the SKU of the line that refused them (the first
+	// refused line; "?" when the answer named none), then by reason; nil when none was.
+	CartRefusals map[string]map[string]int64
+	PerRegion    map[string]int64 // units granted per region
+	Elapsed      time.Duration
 	// Holds are the granted holds (id → region), for checks after the run.
 	Holds map[string]string
 	// FirstError is the first failed call's error, so a run that fails says why; "" if none.
@@ -107,9 +121,11 @@ type counters struct {
 	paused, bound, overloaded, throttled, admitted, polls                atomic.Int64
 	waitlisted, offered, waitedOut                                       atomic.Int64
 	confirmed, refunded, released, abandoned                             atomic.Int64
+	carts, cartsRefused                                                  atomic.Int64
 	mu                                                                   sync.Mutex
 	perRegion                                                            map[string]int64
 	holds                                                                map[string]string
+	cartRefusals                                                         map[string]map[string]int64 // sku → reason → carts
 	firstErr                                                             string
 	onExhausted                                                          func(region string, at time.Time)
 }
@@ -140,7 +156,8 @@ func (c *counters) snapshot(start time.Time) Stats {
 		Paused: c.paused.Load(), Bound: c.bound.Load(), Overloaded: c.overloaded.Load(), Throttled: c.throttled.Load(),
 		Admitted: c.admitted.Load(), Polls: c.polls.Load(), Waitlisted: c.waitlisted.Load(), Offered: c.offered.Load(),
 		WaitedOut: c.waitedOut.Load(), Confirmed: c.confirmed.Load(), Refunded: c.refunded.Load(), Released: c.released.Load(), Abandoned: c.abandoned.Load(),
-		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr}
+		PerRegion: pr, Elapsed: time.Since(start), Holds: holds, FirstError: c.firstErr,
+		Carts: c.carts.Load(), CartsRefused: c.cartsRefused.Load(), CartRefusals: copyRefusals(c.cartRefusals)}
 }
 
 // InvalidError is a Config setting Run does not accept. Field names the setting in the form
@@ -186,6 +203,9 @@ func (c *Config) CheckSettings() error {
 	case c.MaxDuration < 0:
 		return &InvalidError{"duration", c.MaxDuration.String(), "must not be negative (0 means 10m)"}
 	}
+	if err := c.checkCart(); err != nil {
+		return err
+	}
 	if c.Quantity == 0 {
 		c.Quantity = 1
 	}
@@ -218,7 +238,8 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}, onExhausted: cfg.OnExhausted}
+	c := &counters{perRegion: map[string]int64{}, holds: map[string]string{}, cartRefusals: map[string]map[string]int64{},
+		onExhausted: cfg.OnExhausted}
 	began := time.Now()
 	stopProgress := startProgress(ctx, cfg, c, began)
 	defer stopProgress()
@@ -293,7 +314,12 @@ func (s *starter) run(ctx context.Context, c *counters, i int, rng *rand.Rand, n
 		newHTTPBuyer(s.cfg, c, name, rng, n).run(ctx)
 		return
 	}
-	buyer{cfg: s.cfg, c: c, region: name, rc: s.clients[i], rng: rng, id: n}.run(ctx)
+	b := buyer{cfg: s.cfg, c: c, region: name, rc: s.clients[i], rng: rng, id: n}
+	if len(s.cfg.Cart) > 0 {
+		cartBuyer{b}.run(ctx)
+		return
+	}
+	b.run(ctx)
 }
 
 func (s *starter) close() {

@@ -17,6 +17,7 @@ import (
 	"github.com/quotaworks/quota/internal/trust"
 	"github.com/quotaworks/quota/loadgen"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"github.com/quotaworks/quota/transfer"
 	"github.com/spf13/cobra"
 )
 
@@ -42,16 +43,23 @@ With --waitlist, a buyer told SOLD_OUT (nothing available anywhere, though some 
 held) joins the SKU's waitlist (POST /v1/sales/{sale}/waitlist) and waits for an offer of
 units that come back, as a release or an expiry, reserving with the offer's ticket. The
 client presents the storefront certificate of --certs-dir over HTTP/2 (plaintext h2c under
---insecure: http:// URLs).`,
+--insecure: http:// URLs).
+
+With --cart (SKU=quantity pairs, as reserve's --sku takes a cart, in place of --sku) each
+buyer reserves a cart over gRPC: every line held (one hold per line, sharing a cart id) or
+none; it then pays for or cancels the cart whole, by its cart id. The totals count the carts
+granted and refused (by the SKU of the line that refused them, and why) besides the holds.`,
 		Example: `  quotactl load --sale launch --sku phone --buyers 50000 --concurrency 1000 --skew us=60,eu=25,ap=15
   quotactl load --sale launch --sku phone --buyers 50000 --concurrency 1000 --skew us=60,eu=25,ap=15 \
-    --http us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402,ap=https://127.0.0.1:8403`,
+    --http us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402,ap=https://127.0.0.1:8403
+  quotactl load --sale launch --cart phone=1,case=1 --buyers 5000 --concurrency 200`,
 		Args: cobra.NoArgs,
 		RunE: withEnv(runLoad),
 	}
 	f := cmd.Flags()
 	f.String("sale", "", "sale id (required)")
-	f.String("sku", "", "SKU (required)")
+	f.String("sku", "", "SKU (required, unless --cart)")
+	f.String("cart", "", "reserve a cart in place of --sku: its lines as SKU=quantity pairs (phone=1,case=1), every line or none")
 	f.Int("buyers", 50000, "how many buyers arrive")
 	f.Int("concurrency", 1000, "buyers in flight at once")
 	f.String("skew", "us=60,eu=25,ap=15", "share of buyers nearest to each region")
@@ -94,8 +102,12 @@ type loadJSON struct {
 	Refunded     int64            `json:"refunded"`
 	Released     int64            `json:"released"`
 	Abandoned    int64            `json:"abandoned"`
-	Seconds      float64          `json:"seconds"`
-	PerSecond    float64          `json:"reserves_per_second"`
+	Carts        *int64           `json:"carts,omitempty"`
+	CartsRefused *int64           `json:"carts_refused,omitempty"`
+	// CartRefusals: the SKU of the line that refused a cart → reason → carts.
+	CartRefusals map[string]map[string]int64 `json:"cart_refusals,omitempty"`
+	Seconds      float64                     `json:"seconds"`
+	PerSecond    float64                     `json:"reserves_per_second"`
 }
 
 func runLoad(e *env) error {
@@ -107,9 +119,13 @@ func runLoad(e *env) error {
 	if err != nil {
 		return err
 	}
+	cart, err := loadCart(e.v.GetString("sku"), e.v.GetString("cart"), edges)
+	if err != nil {
+		return err
+	}
 	cfg := loadgen.Config{Sale: e.v.GetString("sale"), SKU: e.v.GetString("sku"), Buyers: e.v.GetInt("buyers"),
 		Concurrency: e.v.GetInt("concurrency"), ConfirmRatio: e.v.GetFloat64("confirm"), ReleaseRatio: e.v.GetFloat64("release"),
-		MaxDuration: e.v.GetDuration("duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix")}
+		MaxDuration: e.v.GetDuration("duration"), Seed: e.v.GetUint64("seed"), UserPrefix: e.v.GetString("user-prefix"), Cart: cart}
 	var invalid *loadgen.InvalidError
 	if err := cfg.CheckSettings(); errors.As(err, &invalid) { // loadgen names its settings as their flags
 		return usage("--%s %s: %s", invalid.Field, invalid.Value, invalid.Want)
@@ -124,7 +140,8 @@ func runLoad(e *env) error {
 	}
 	cfg.Progress = func(s loadgen.Stats) {
 		fmt.Fprintf(os.Stderr, "  %5.1fs  buyers %6d  granted %6d  exhausted %6d  limited %d  confirmed %6d  refunded %d  failed %d  units %s%s\n",
-			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, perRegion(s.PerRegion), edgeProgress(cfg, s))
+			s.Elapsed.Seconds(), s.Buyers, s.Granted, s.Exhausted, s.Limited, s.Confirmed, s.Refunded, s.Failed, perRegion(s.PerRegion),
+			edgeProgress(cfg, s)+cartProgress(cfg, s))
 	}
 	s, err := loadgen.Run(e.cmd.Context(), cfg)
 	if errors.Is(err, loadgen.ErrEdgeUnreachable) {
@@ -141,11 +158,46 @@ func runLoad(e *env) error {
 	if cfg.HTTP != nil {
 		out.Mode = "http"
 	}
+	if len(cfg.Cart) > 0 {
+		out.Carts, out.CartsRefused, out.CartRefusals = &s.Carts, &s.CartsRefused, s.CartRefusals
+	}
 	err = e.print(out, func(w io.Writer) { printLoadText(w, out, s.Elapsed) })
 	if err == nil && out.Failed > 0 && out.Granted+out.Exhausted+out.SoldOut+out.Limited+out.Paused+out.Earlier+out.Bound+out.Overloaded+out.WaitedOut == 0 {
 		return fmt.Errorf("every reserve failed; the first: %s", out.FirstError)
 	}
 	return err
+}
+
+// loadCart reads --cart: a cart's lines as SKU=quantity pairs, in place of --sku, over gRPC;
+// nil without --cart, when --sku is required.
+func loadCart(sku, cart string, edges map[string]string) ([]loadgen.CartLine, error) {
+	switch {
+	case cart == "" && sku == "":
+		return nil, usage("--sku: required, unless --cart (see quotactl load --help)")
+	case cart == "":
+		return nil, nil
+	case sku != "":
+		return nil, usage("--cart %s: a cart's lines come in place of --sku (%s): give one or the other", cart, sku)
+	case len(edges) > 0:
+		return nil, usage("--cart: carts are reserved over gRPC, not through the HTTP edges of --http")
+	}
+	names, nums, err := parsePairs("cart", []string{cart})
+	if err != nil {
+		return nil, err
+	}
+	lines := make([]loadgen.CartLine, len(names))
+	for i, n := range names {
+		lines[i] = loadgen.CartLine{SKU: n, Quantity: transfer.Units(nums[i])}
+	}
+	return lines, nil
+}
+
+// cartProgress is the progress line's cart-mode part: the carts granted and refused.
+func cartProgress(cfg loadgen.Config, s loadgen.Stats) string {
+	if len(cfg.Cart) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("  carts %6d  refused %d", s.Carts, s.CartsRefused)
 }
 
 // edgeProgress is the progress line's HTTP-mode part: the waiting room's counts.
@@ -302,12 +354,33 @@ func perRegion(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
+// printCartText is a cart-mode load's carts as text: granted, and refused by the SKU of the
+// line that refused them and why ("case: 40 SOLD_OUT").
+func printCartText(w io.Writer, out loadJSON) {
+	fmt.Fprintf(w, "carts: %d granted (%d holds, one per line), %d refused whole", *out.Carts, out.Granted, *out.CartsRefused)
+	var parts []string
+	for _, sku := range slices.Sorted(maps.Keys(out.CartRefusals)) {
+		for _, reason := range slices.Sorted(maps.Keys(out.CartRefusals[sku])) {
+			parts = append(parts, fmt.Sprintf("%s: %d %s", sku, out.CartRefusals[sku][reason], reason))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, " (by the line refused: %s)", strings.Join(parts, ", "))
+	}
+	fmt.Fprintln(w)
+}
+
 // printLoadText is a load's totals as text.
 func printLoadText(w io.Writer, out loadJSON, elapsed time.Duration) {
 	fmt.Fprintf(w, "%d buyers in %s (%.0f reserves/s): %d granted (%d units: %s), %d told region exhausted, %d sold out, %d over limit, %d failed\n",
 		out.Buyers, elapsed.Round(time.Millisecond), out.PerSecond, out.Granted, out.UnitsGranted, perRegion(out.PerRegion), out.Exhausted, out.SoldOut, out.Limited, out.Failed)
-	fmt.Fprintf(w, "holds: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
-		out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
+	settled := "holds"
+	if out.Carts != nil {
+		settled = "carts"
+		printCartText(w, out)
+	}
+	fmt.Fprintf(w, "%s: %d paid, %d refunded, %d cancelled, %d abandoned (expire after the hold ttl); %d retries\n",
+		settled, out.Confirmed, out.Refunded, out.Released, out.Abandoned, out.Retries)
 	if out.Mode == "http" {
 		fmt.Fprintf(w, "waiting room: %d admitted with a ticket, %d polls, %d bound to another region (BOUND_ELSEWHERE), %d throttled (429, retried), %d gave up overloaded\n",
 			out.Admitted, out.Polls, out.Bound, out.Throttled, out.Overloaded)

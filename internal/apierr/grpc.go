@@ -205,6 +205,21 @@ func LeaderHint(err error) string {
 	return ""
 }
 
+// LineSKU returns the SKU of the cart line a refusal of a cart names (a LineError's, carried
+// in the ErrorInfo's metadata), or "".
+func LineSKU(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info.GetMetadata()["sku"]
+		}
+	}
+	return ""
+}
+
 // RetryAfter returns the delay an OVERLOADED status error asks for, or 0.
 func RetryAfter(err error) time.Duration {
 	st, ok := status.FromError(err)

@@ -118,3 +118,17 @@ func TestReasonOf(t *testing.T) {
 		t.Errorf("Reasons %v misses a reason", all)
 	}
 }
+
+// TestLineSKU: a cart's refusal names the refused line's SKU over gRPC, wrapped or not; an
+// error of no line names none.
+func TestLineSKU(t *testing.T) {
+	refused := ToStatus(fmt.Errorf("reserve cart: %w", &LineError{Line: 1, SKU: "case", Err: ErrSoldOut}))
+	if got := LineSKU(refused); got != "case" || Reason(refused) != "SOLD_OUT" {
+		t.Errorf("LineSKU of a refused line: %q (%s), want case (SOLD_OUT)", got, Reason(refused))
+	}
+	for _, err := range []error{ToStatus(ErrSoldOut), errors.New("plain"), nil} {
+		if got := LineSKU(err); got != "" {
+			t.Errorf("LineSKU(%v) = %q, want none", err, got)
+		}
+	}
+}

@@ -15,7 +15,7 @@ var programKeys = map[string]bool{}
 
 func init() {
 	for _, k := range []string{
-		"actions", "admit-rate", "after", "allocate", "allocation", "audit-interval", "audit-retention", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "certs-dir", "client-url", "cluster-token",
+		"actions", "admit-rate", "after", "allocate", "allocation", "audit-interval", "audit-retention", "auto-rebalance", "base-port", "batch-window", "buckets", "buyers", "cart", "certs-dir", "client-url", "cluster-token",
 		"concurrency", "config", "confirm", "console-keys", "coordinator", "cpuprofile", "data-dir", "db-prefix", "demand",
 		"db-url", "dry-run", "duration", "etcd", "etcd-log-level", "expect-head", "from", "gc-percent", "grpc-gateway", "help", "identity",
 		"hold", "hold-ttl", "horizon", "host", "http", "http-listen", "initial-cluster", "insecure", "lease-ttl", "limit", "limits", "listen",
