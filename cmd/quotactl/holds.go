@@ -152,6 +152,18 @@ pairs reserves a cart: every line held (one hold per line, sharing a cart id) or
 	return cmd
 }
 
+// holdOrCart checks confirm's and release's target: --hold or --cart, exactly one.
+func holdOrCart(e *env) error {
+	hold, cart := e.v.GetString("hold"), e.v.GetString("cart")
+	switch {
+	case hold == "" && cart == "":
+		return usage("--hold: required, unless --cart (see %s --help)", e.cmd.CommandPath())
+	case hold != "" && cart != "":
+		return usage("--hold and --cart: give one of them, not both")
+	}
+	return nil
+}
+
 // withRegion runs fn with the settings and a client of the region named by --region.
 func withRegion(fn func(e *env, rc quotav1.RegionServiceClient) error) func(*cobra.Command, []string) error {
 	return withEnv(func(e *env) error {
@@ -182,6 +194,9 @@ func confirmCmd() *cobra.Command {
 		Short:   "Record payment for a hold: sold, or refund when the hold is no longer live",
 		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
+			if err := holdOrCart(e); err != nil {
+				return err
+			}
 			resp, err := rc.Confirm(e.ctx, &quotav1.ConfirmRequest{HoldId: e.v.GetString("hold"), CartId: e.v.GetString("cart"),
 				PaymentId: e.v.GetString("payment")})
 			if err != nil {
@@ -214,6 +229,9 @@ func releaseCmd() *cobra.Command {
 		Short:   "Give a hold's units back to its region's pool",
 		Args:    cobra.NoArgs,
 		RunE: withRegion(func(e *env, rc quotav1.RegionServiceClient) error {
+			if err := holdOrCart(e); err != nil {
+				return err
+			}
 			resp, err := rc.Release(e.ctx, &quotav1.ReleaseRequest{HoldId: e.v.GetString("hold"), CartId: e.v.GetString("cart")})
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
