@@ -31,6 +31,10 @@ type HTTPEdge struct {
 	// Bases are the edges' base URLs by region name ("us" → "https://127.0.0.1:8401"), one
 	// for every region of Config.Regions.
 	Bases map[string]string
+	// More are further base URLs of a region's edges (several edges of one region, each at
+	// its own address): buyer n of the region goes to the (n mod k)-th of Bases[r] followed
+	// by More[r], k of them, and stays there, as a storefront's session does. Optional.
+	More map[string][]string
 	// Waitlist, when positive, is how long a buyer the waiting room tells SOLD_OUT waits on
 	// the SKU's waitlist at its region for an offer (units that came back: a release, an
 	// expiry), reserving with the offer's ticket like any other; it stops waiting earlier
@@ -60,18 +64,36 @@ func (h *HTTPEdge) validate(regions []Region) error {
 		if h.Bases[r.Name] == "" {
 			return fmt.Errorf("loadgen: HTTP mode: no edge URL for region %s", r.Name)
 		}
+		if len(h.More[r.Name]) >= maxEdges {
+			return fmt.Errorf("loadgen: HTTP mode: %d edge URLs for region %s; at most %d", len(h.More[r.Name])+1, r.Name, maxEdges)
+		}
+		for _, u := range h.More[r.Name] {
+			if u == "" {
+				return fmt.Errorf("loadgen: HTTP mode: an empty further edge URL for region %s", r.Name)
+			}
+		}
 	}
 	return nil
 }
 
-// ping checks that every region's edge answers GET /v1/ping with this client.
+// maxEdges bounds the edge URLs of one region.
+const maxEdges = 64
+
+// edges are region r's edge URLs: Bases[r], then More[r].
+func (h *HTTPEdge) edges(r string) []string {
+	return append([]string{h.Bases[r]}, h.More[r]...)
+}
+
+// ping checks that every edge of every region answers GET /v1/ping with this client.
 func (h *HTTPEdge) ping(ctx context.Context, regions []Region) error {
 	for _, r := range regions {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := edgeDo(pctx, h.Client, http.MethodGet, h.Bases[r.Name]+"/v1/ping", "", nil, nil)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("loadgen: region %s: %w at %s: %w", r.Name, ErrEdgeUnreachable, h.Bases[r.Name], err)
+		for _, base := range h.edges(r.Name) {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := edgeDo(pctx, h.Client, http.MethodGet, base+"/v1/ping", "", nil, nil)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("loadgen: region %s: %w at %s: %w", r.Name, ErrEdgeUnreachable, base, err)
+			}
 		}
 	}
 	return nil
@@ -206,7 +228,8 @@ type httpBuyer struct {
 }
 
 func newHTTPBuyer(cfg *Config, c *counters, region string, rng *rand.Rand, n int64) httpBuyer {
-	return httpBuyer{cfg: cfg, c: c, region: region, base: cfg.HTTP.Bases[region], rng: rng,
+	edges := cfg.HTTP.edges(region)
+	return httpBuyer{cfg: cfg, c: c, region: region, base: edges[n%int64(len(edges))], rng: rng,
 		user: fmt.Sprintf("%sbuyer-%d", cfg.UserPrefix, n), addr: syntheticAddress(n),
 		sales: "/v1/sales/" + url.PathEscape(cfg.Sale)}
 }

@@ -281,3 +281,36 @@ func TestHTTPModeWaitlist(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPModeSpreadsBuyersOverARegionsEdges: with two edges of us (Bases and More), every
+// buyer goes through one of them and stays there, and each edge serves about half of them.
+func TestHTTPModeSpreadsBuyersOverARegionsEdges(t *testing.T) {
+	var fakes [2]*fakeEdge
+	var urls [2]string
+	var client *http.Client
+	for i := range fakes {
+		fakes[i] = newFakeEdge(t)
+		srv := httptest.NewUnstartedServer(fakes[i])
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+		defer srv.Close()
+		urls[i] = srv.URL
+		if client == nil {
+			client = srv.Client() // both servers use httptest's one certificate
+		}
+	}
+	const buyers = 200
+	s, err := Run(context.Background(), Config{Sale: "s1", SKU: "phone", Regions: []Region{{Name: "us", Weight: 1}},
+		HTTP:   &HTTPEdge{Client: client, Bases: map[string]string{"us": urls[0]}, More: map[string][]string{"us": {urls[1]}}},
+		Buyers: buyers, Concurrency: 16, ConfirmRatio: 0.5, UserPrefix: "p-", MaxDuration: 30 * time.Second, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Buyers != buyers || s.Failed != 0 {
+		t.Fatalf("stats %+v; want %d buyers, none failed", s, buyers)
+	}
+	a, b := len(fakes[0].addrs), len(fakes[1].addrs)
+	if a+b != buyers || a != buyers/2 || b != buyers/2 {
+		t.Errorf("buyers seen by the two edges: %d and %d; want each buyer at one edge only, %d at each", a, b, buyers/2)
+	}
+}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The demo behind `make demo`: start `quotad dev` (embedded etcd, a coordinator, regions us,
-# eu and ap, each with its own PostgreSQL database and storefront HTTP/JSON edge), create a
-# sale of 10,000 phones split 40/35/25 with a waiting room admitting 2,000 buyers a second at
-# each region, send 50,000 buyers at it through the edges (most nearest to us), each entering
-# its region's waiting room, polling until admitted and reserving with its ticket: us sells
+# The demo behind `make demo`: start `quotad dev --edges 2` (embedded etcd, a coordinator,
+# regions us, eu and ap, each with its own PostgreSQL database and two storefront edges in
+# front of it, which answer the waiting room's polls and forward the rest to the region's
+# leader), create a sale of 10,000 phones split 40/35/25 with a waiting room admitting 2,000
+# buyers a second at each region, send 50,000 buyers at it through the edges (most nearest to
+# us), each entering its region's waiting room at one of its region's edges, polling until
+# admitted and reserving with its ticket: us sells
 # fastest, and the coordinator's automatic rebalancer moves stock toward it from eu and ap
 # while the first 9,000 buy (its plan and transfers are shown), the other 41,000 sell the rest
 # (the rooms then answer SOLD_OUT); then abandoned holds expire, the rooms admit again, a last
@@ -18,8 +20,10 @@ CONCURRENCY=${CONCURRENCY:-1000}
 HOLD_TTL=${HOLD_TTL:-15s}
 ADMIT_RATE=${ADMIT_RATE:-2000}
 SALE="demo-$(date +%Y%m%d-%H%M%S)"
-# Every load goes through the regions' storefront HTTP/JSON edges (quotad dev's ports).
-EDGES=us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402,ap=https://127.0.0.1:8403
+# Every load goes through the storefront edges, two per region (quotad dev --edges 2's ports,
+# base+1201+8i+j), each buyer through one of its region's.
+EDGES=us=https://127.0.0.1:8601,us=https://127.0.0.1:8602,eu=https://127.0.0.1:8609,eu=https://127.0.0.1:8610
+EDGES+=,ap=https://127.0.0.1:8617,ap=https://127.0.0.1:8618
 mkdir -p "$DATA"
 # quotad dev makes the cluster's certificates there when missing; quotactl presents them.
 export QUOTA_CERTS_DIR="$DATA/certs"
@@ -29,8 +33,8 @@ if ./bin/quotactl regions >/dev/null 2>&1; then
 	exit 1
 fi
 
-echo "==> starting quotad dev (log: $DATA/quotad.log)"
-./bin/quotad dev --data-dir "$DATA" --db-prefix quota_demo >"$DATA/quotad.log" 2>&1 &
+echo "==> starting quotad dev with two storefront edges per region (log: $DATA/quotad.log)"
+./bin/quotad dev --edges 2 --data-dir "$DATA" --db-prefix quota_demo >"$DATA/quotad.log" 2>&1 &
 QUOTAD=$!
 trap 'kill $QUOTAD 2>/dev/null; wait $QUOTAD 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
@@ -53,8 +57,9 @@ echo "    a waiting room at each region admitting $ADMIT_RATE buyers a second, e
 FIRST=$(( BUYERS * 9 / 50 ))
 echo
 echo "==> flash sale, first $FIRST of $BUYERS buyers, $CONCURRENCY at a time, nearest region us 60% / eu 25% / ap 15%"
-echo "    through the HTTP edges: each enters its region's waiting room, polls until admitted, reserves with"
-echo "    its ticket, then pays (85%), cancels (5%) or abandons the hold (10%)"
+echo "    through the storefront edges (two per region): each enters its region's waiting room, polls until"
+echo "    admitted (the edges answer the polls), reserves with its ticket, then pays (85%), cancels (5%) or"
+echo "    abandons the hold (10%)"
 ./bin/quotactl load --sale "$SALE" --sku phone --buyers "$FIRST" --concurrency "$CONCURRENCY" \
 	--skew us=60,eu=25,ap=15 --confirm 0.85 --release 0.05 --seed 1 --http "$EDGES"
 

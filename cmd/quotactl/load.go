@@ -70,7 +70,9 @@ granted and refused (by the SKU of the line that refused them, and why) besides 
 	f.Uint64("seed", 1, "random seed")
 	f.String("user-prefix", "", "prefix of buyer ids; default <sale>-s<seed>- (the same seed replays the same buyers)")
 	f.String("http", "", "go through the storefront HTTP/JSON edges and their waiting rooms: each region's base URL,\n"+
-		"as us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402 (quotad dev's); every --skew region needs one; empty: gRPC")
+		"as us=https://127.0.0.1:8401,eu=https://127.0.0.1:8402 (quotad dev's); every --skew region needs one; a region named\n"+
+		"again adds another of its edges, its buyers spread over them (quotad dev --edges 2: us=https://127.0.0.1:8601,\n"+
+		"us=https://127.0.0.1:8602, ...); empty: gRPC")
 	f.Duration("waitlist", 0, "with --http: a buyer told SOLD_OUT joins the SKU's waitlist at its region and waits up to this\n"+
 		"long for an offer (units released or expired), until the sale's page says sold out for good; 0: it leaves")
 	return cmd
@@ -214,8 +216,8 @@ func edgeProgress(cfg loadgen.Config, s loadgen.Stats) string {
 
 // loadTargets fills in where the buyers go: each --skew region's gRPC address (from the
 // coordinator, which also resolves a region after a failover) and, with --http, its edge's
-// URL and an HTTP client presenting the storefront certificate.
-func loadTargets(e *env, cfg *loadgen.Config, names []string, weights []int64, edges map[string]string) error {
+// URLs and an HTTP client presenting the storefront certificate.
+func loadTargets(e *env, cfg *loadgen.Config, names []string, weights []int64, edges map[string][]string) error {
 	var err error
 	wait := e.v.GetDuration("waitlist")
 	switch {
@@ -225,7 +227,7 @@ func loadTargets(e *env, cfg *loadgen.Config, names []string, weights []int64, e
 		return usage("--waitlist: only with --http (the waitlist is the storefront edge's)")
 	}
 	if len(edges) > 0 {
-		cfg.HTTP = &loadgen.HTTPEdge{Bases: map[string]string{}, Waitlist: wait}
+		cfg.HTTP = &loadgen.HTTPEdge{Bases: map[string]string{}, More: map[string][]string{}, Waitlist: wait}
 		if cfg.HTTP.Client, err = e.httpClient(cfg.Concurrency); err != nil {
 			return err
 		}
@@ -248,10 +250,10 @@ func loadTargets(e *env, cfg *loadgen.Config, names []string, weights []int64, e
 		}
 		cfg.Regions = append(cfg.Regions, loadgen.Region{Name: n, Addr: r.GetAddress(), Weight: weights[i]})
 		if cfg.HTTP != nil {
-			if edges[n] == "" {
+			if len(edges[n]) == 0 {
 				return usage("--http: no URL for region %s, which --skew sends buyers to", n)
 			}
-			cfg.HTTP.Bases[n] = edges[n]
+			cfg.HTTP.Bases[n], cfg.HTTP.More[n] = edges[n][0], edges[n][1:]
 		}
 	}
 	if cfg.HTTP != nil {
@@ -276,20 +278,21 @@ func loadTargets(e *env, cfg *loadgen.Config, names []string, weights []int64, e
 }
 
 // parseEdges parses --http: region=URL pairs, commas between them (or spaces, as in
-// QUOTA_HTTP), each URL https:// (http:// under --insecure) with a host and no query.
-func parseEdges(flag string, insecure bool) (map[string]string, error) {
+// QUOTA_HTTP), each URL https:// (http:// under --insecure) with a host and no query; a
+// region named again adds another edge of it (its buyers are spread over them).
+func parseEdges(flag string, insecure bool) (map[string][]string, error) {
 	want := "https"
 	if insecure {
 		want = "http"
 	}
-	edges := map[string]string{}
+	edges := map[string][]string{}
 	for _, kv := range cliconf.SplitList(flag) {
 		name, raw, ok := strings.Cut(kv, "=")
 		if !ok || name == "" || raw == "" {
 			return nil, usage("--http %q: want region=URL, as us=https://127.0.0.1:8401", kv)
 		}
-		if _, dup := edges[name]; dup {
-			return nil, usage("--http: %q given twice", name)
+		if len(edges[name]) >= maxEdgesPerRegion {
+			return nil, usage("--http: more than %d URLs for region %s", maxEdgesPerRegion, name)
 		}
 		u, err := url.Parse(raw)
 		switch {
@@ -302,10 +305,17 @@ func parseEdges(flag string, insecure bool) (map[string]string, error) {
 		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
 			return nil, usage("--http %s=%s: want a base URL, without user, query or fragment", name, raw)
 		}
-		edges[name] = strings.TrimRight(u.String(), "/")
+		base := strings.TrimRight(u.String(), "/")
+		if slices.Contains(edges[name], base) {
+			return nil, usage("--http: %s=%s given twice", name, base)
+		}
+		edges[name] = append(edges[name], base)
 	}
 	return edges, nil
 }
+
+// maxEdgesPerRegion bounds the URLs --http names for one region.
+const maxEdgesPerRegion = 16
 
 func schemeHint(insecure bool) string {
 	if insecure {

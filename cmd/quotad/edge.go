@@ -34,6 +34,8 @@ a storefront that loses one retries against another with the same request keys.`
 	f.StringSlice("upstream", nil, "the gRPC addresses of the region's processes, leader and standbys (required; comma-separated\n"+
 		"or repeated): the edge calls whichever leads")
 	f.String("listen", "127.0.0.1:8601", "the storefront HTTP/JSON address; /metrics serves the edge's Prometheus metrics")
+	f.Bool("reuse-port", false, "listen with SO_REUSEPORT (Linux), so that several edges of the region serve one --listen address:\n"+
+		"the kernel spreads new connections among the live ones, and when one dies the others take its new connections")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create), read again when it changes (required)")
 	f.Duration("refresh", 0, "how often each sale's waiting line is fetched from the leader; a poll's answer is at most this\n"+
 		"much behind the leader's (0: 250ms; at least 10ms)")
@@ -79,7 +81,7 @@ func runEdge(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	cfg := EdgeProcessConfig{Node: cluster.EdgeConfig{Region: v.GetString("region"), Upstream: v.GetStringSlice("upstream"),
-		Listen: v.GetString("listen"), TicketKeys: v.GetString("ticket-keys"), Refresh: v.GetDuration("refresh"),
+		Listen: v.GetString("listen"), ReusePort: v.GetBool("reuse-port"), TicketKeys: v.GetString("ticket-keys"), Refresh: v.GetDuration("refresh"),
 		MaxStale: v.GetDuration("max-stale"), TLS: tlsm, Limits: limits, Logger: log}}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

@@ -32,9 +32,13 @@ import (
 var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "region-ap",
 	"region-us-2", "region-eu-2", "region-ap-2", "coordinator1", "coordinator2"}
 
+// edges are the script's storefront edges, two per region sharing its storefront address.
+var edges = []string{"edge-us", "edge-us-2", "edge-eu", "edge-eu-2", "edge-ap", "edge-ap-2"}
+
 // portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT: gRPC, the
-// regions' HTTP edges (their gRPC port + 1000), etcd's client and peer ports.
-var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1011, 1012, 1013, 181, 182, 183, 191, 192, 193,
+// regions' storefront addresses (their edges'), the region processes' own HTTP listeners
+// (their gRPC port + 1100), etcd's client and peer ports.
+var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1101, 1102, 1103, 1111, 1112, 1113, 181, 182, 183, 191, 192, 193,
 	201, 202, 203, 204, 211, 212, 213, 214, 301, 302, 303, 304, 311, 312, 313, 314}
 
 // binDir holds quotad and quotactl for every cluster of this test binary: each `up` builds
@@ -275,7 +279,7 @@ func (c *localCluster) audit(addr string) {
 
 // dumpLogs prints the end of every process's log.
 func (c *localCluster) dumpLogs() {
-	for _, p := range processes {
+	for _, p := range append(processes[:len(processes):len(processes)], edges...) {
 		b, err := os.ReadFile(filepath.Join(c.dir, p+".log"))
 		if err != nil {
 			continue

@@ -26,12 +26,11 @@ import (
 )
 
 // httpOffset is how far above its gRPC port a region process of the script serves the
-// storefront HTTP edge (--http-listen): region-us at base+1001, region-us-2 at base+1011.
-const httpOffset = 1000
+// storefront HTTP API itself (--http-listen): region-us at base+1101, region-us-2 at base+1111.
+// The regions' storefront addresses (base+1001, ...) are their edges' (storefrontOf).
+const httpOffset = 1100
 
-// The script's region processes listen on their HTTP ports too: the base port a test is given
-// must leave those free as well.
-// edgeOf is the storefront HTTP edge of the region process whose gRPC address is grpcAddr.
+// edgeOf is the storefront HTTP listener of the region process whose gRPC address is grpcAddr.
 func edgeOf(t *testing.T, grpcAddr string) string {
 	t.Helper()
 	host, port, err := net.SplitHostPort(grpcAddr)

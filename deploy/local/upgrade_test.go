@@ -56,7 +56,8 @@ func TestLocalUpgrade(t *testing.T) {
 	if v := os.Getenv("QUOTA_UPGRADE_FROM"); v != "" {
 		from = v
 	}
-	c := newLocalCluster(t, "up", "QUOTA_CLUSTER_LEASE_TTL=2s", "QUOTA_CLUSTER_BUILD=0")
+	// no storefront edges: the previous release has no quotad edge --reuse-port
+	c := newLocalCluster(t, "up", "QUOTA_CLUSTER_LEASE_TTL=2s", "QUOTA_CLUSTER_BUILD=0", "QUOTA_CLUSTER_EDGES=0")
 	c.bin = t.TempDir() // the old binaries: not the package's shared directory (TestMain)
 	c.env = append(c.env, "QUOTA_CLUSTER_BIN="+c.bin)
 	newBin := t.TempDir()

@@ -54,7 +54,7 @@ func ListenHTTP(addr string, h http.Handler, opts Options) (*HTTPServer, error) 
 		tlsCfg = cfg
 		protos.SetHTTP2(true)
 	}
-	lis, err := net.Listen("tcp", addr)
+	lis, err := listenTCP(addr, opts.ReusePort)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
@@ -68,6 +68,21 @@ func ListenHTTP(addr string, h http.Handler, opts Options) (*HTTPServer, error) 
 		MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(lim.MaxConcurrentStreams)}, ConnState: limits.connState}
 	return &HTTPServer{srv: srv, listener: l, log: opts.Logger}, nil
+}
+
+// ErrReusePort: Options.ReusePort asked for on a system without SO_REUSEPORT support here.
+var ErrReusePort = errors.New("SO_REUSEPORT is supported on Linux only")
+
+// listenTCP listens on addr, with SO_REUSEPORT when reusePort is set.
+func listenTCP(addr string, reusePort bool) (net.Listener, error) {
+	var lc net.ListenConfig
+	if reusePort {
+		if reusePortControl == nil {
+			return nil, ErrReusePort
+		}
+		lc.Control = reusePortControl
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
 }
 
 // Addr is the address the server listens on.

@@ -132,3 +132,59 @@ func TestHTTPPublicAsksForNoCertificate(t *testing.T) {
 		t.Errorf("a client offering a certificate to the public listener: %d %v; want it uncertified (401 here)", code, err)
 	}
 }
+
+// TestHTTPReusePortSharesAnAddress: two servers with ReusePort serve one address (without it
+// the second is refused, address in use); once the first stops, the second answers every new
+// connection to that address.
+func TestHTTPReusePortSharesAnAddress(t *testing.T) {
+	m := testcerts.New(t)
+	h := func(name string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, name) })
+	}
+	a, err := rpcserve.ListenHTTP("127.0.0.1:0", h("a"), rpcserve.Options{TLS: m, ReusePort: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Start()
+	t.Cleanup(a.Stop)
+	if _, err := rpcserve.ListenHTTP(a.Addr(), h("x"), rpcserve.Options{TLS: m}); err == nil {
+		t.Fatalf("a second listener on %s without ReusePort: no error, want the address in use", a.Addr())
+	}
+	b, err := rpcserve.ListenHTTP(a.Addr(), h("b"), rpcserve.Options{TLS: m, ReusePort: true})
+	if err != nil {
+		t.Fatalf("a second listener on %s with ReusePort: %v", a.Addr(), err)
+	}
+	b.Start()
+	t.Cleanup(b.Stop)
+	cfg, err := m.ClientConfig(trust.Auditor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// askNew makes n requests, each on a connection of its own, and counts who answered.
+	askNew := func(n int) map[string]int {
+		seen := map[string]int{}
+		for range n {
+			tr := &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}
+			resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Get("https://" + a.Addr() + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if cerr := resp.Body.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[string(body)]++
+		}
+		return seen
+	}
+	if seen := askNew(40); seen["a"] == 0 || seen["b"] == 0 {
+		t.Errorf("40 new connections to both: answered %v, want both to answer some", seen)
+	}
+	a.Stop()
+	if seen := askNew(20); seen["b"] != 20 {
+		t.Errorf("20 new connections after a stopped: answered %v, want b all 20", seen)
+	}
+}

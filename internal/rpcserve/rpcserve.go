@@ -127,6 +127,11 @@ type Options struct {
 	// without one (MaxAnonymousConnections) gives way to MaxConnections, since every
 	// connection is without one. The bounds per address hold as on every listener.
 	Public bool
+	// ReusePort (ListenHTTP only) binds with SO_REUSEPORT, so that several processes of the
+	// same user serve one address and the kernel spreads new connections among the live ones:
+	// when one dies, new connections go to the others (a storefront's address outlives any one
+	// edge process). Linux only; elsewhere ListenHTTP refuses it (ErrReusePort).
+	ReusePort bool
 }
 
 // Server is a gRPC server listening on one address.

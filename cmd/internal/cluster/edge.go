@@ -30,6 +30,9 @@ type EdgeConfig struct {
 	Upstream []string
 	// Listen is the storefront HTTP/JSON address (port 0 picks one).
 	Listen string
+	// ReusePort lets several edges listen on one Listen address (SO_REUSEPORT, Linux): the
+	// kernel spreads new connections among the live ones.
+	ReusePort bool
 	// TicketKeys is the cluster's ticket key file (required).
 	TicketKeys string
 	// Refresh and MaxStale tune the lines' fetch (regionedge.Config); zero: the defaults.
@@ -111,7 +114,7 @@ func StartEdge(cfg EdgeConfig) (*EdgeNode, error) {
 	h := regionhttp.Serve(e, e, e.Carts(), regionhttp.Options{Insecure: cfg.TLS.Insecure(), Logger: cfg.Logger,
 		Metrics: metrics.Handler(nm.reg, cfg.Logger)})
 	if n.HTTP, err = rpcserve.ListenHTTP(cfg.Listen, nm.http.Wrap(h), nm.httpOptions(rpcserve.Options{TLS: cfg.TLS,
-		Limits: cfg.Limits, Logger: cfg.Logger})); err != nil {
+		Limits: cfg.Limits, Logger: cfg.Logger, ReusePort: cfg.ReusePort})); err != nil {
 		e.Close()
 		up.Close()
 		return nil, fmt.Errorf("edge listen: %w", err)
