@@ -172,7 +172,7 @@ func runLoad(e *env) error {
 
 // loadCart reads --cart: a cart's lines as SKU=quantity pairs, in place of --sku, over gRPC;
 // nil without --cart, when --sku is required.
-func loadCart(sku, cart string, edges map[string]string) ([]loadgen.CartLine, error) {
+func loadCart(sku, cart string, edges map[string][]string) ([]loadgen.CartLine, error) {
 	switch {
 	case cart == "" && sku == "":
 		return nil, usage("--sku: required, unless --cart (see quotactl load --help)")
