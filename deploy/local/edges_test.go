@@ -121,7 +121,7 @@ func TestLocalEdgesDieFreely(t *testing.T) {
 		maxLive = 200
 	)
 	started := time.Now()
-	c := newLocalCluster(t, "ed")
+	c := newLocalCluster(t, "ed", "QUOTA_CLUSTER_EDGES=2")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	up := time.Now()

@@ -76,7 +76,7 @@ func TestLocalPollCPU(t *testing.T) {
 	buyers := envInt(t, "QUOTA_POLL_CPU_BUYERS", 5000)
 	window := time.Duration(envInt(t, "QUOTA_POLL_CPU_SECONDS", 20)) * time.Second
 	const sale, warm = "polls", 3 * time.Second
-	c := newLocalCluster(t, "pc")
+	c := newLocalCluster(t, "pc", "QUOTA_CLUSTER_EDGES=2")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c.cluster(5*time.Minute, "up")
