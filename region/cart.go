@@ -91,14 +91,23 @@ type CartCloseResult struct {
 	Reason string
 }
 
-// lineKey is line i's request key in the cart of request key key.
-func lineKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
+// lineKey is line i's request key in the cart of request key key: line 0 keeps the cart's
+// own key, so a single reserve and a cart can never both be granted under one key (each
+// finds the other's hold and its request hash differs: ALREADY_EXISTS, I6); line i > 0 adds
+// '#' and i.
+func lineKey(key string, i int) string {
+	if i == 0 {
+		return key
+	}
+	return key + "#" + strconv.Itoa(i)
+}
 
-// lineIndex is the line a cart line's request key names, or -1 for another key.
+// lineIndex is the line a cart line's request key names: 0 for a key without '#' (line 0's),
+// -1 for a malformed one.
 func lineIndex(key string) int {
 	_, n, ok := strings.Cut(key, "#")
 	if !ok {
-		return -1
+		return 0
 	}
 	i, err := strconv.Atoi(n)
 	if err != nil || i < 0 {
@@ -349,12 +358,13 @@ func (o *cartOp) apply(_ context.Context, b *batch) (cartAnswer, error, error) {
 	if a := o.ticket.Admission; a != "" && b.m.ticketUsedBy(req.Sale, a, req.RequestKey) {
 		return cartAnswer{}, fmt.Errorf("admission %s's ticket already backs another request_key: %w", a, ErrTicketUsed), nil
 	}
+	// The lines' refusals (a pause among them) come before the binding's, as in reserveOp.
+	if err := o.refusals(b); err != nil {
+		return cartAnswer{}, err, nil
+	}
 	if o.unbound {
 		return cartAnswer{}, fmt.Errorf("sale %s was resumed while the cart was on its way, its buyer not yet bound to this region: %w",
 			req.Sale, ErrAborted), nil
-	}
-	if err := o.refusals(b); err != nil {
-		return cartAnswer{}, err, nil
 	}
 	if n := b.m.keysPer[saleUser{req.Sale, req.User}]; n+int32(len(o.cart.Lines)) > o.maxKeys {
 		return cartAnswer{}, fmt.Errorf("user %s has used %d request keys in sale %s here; a cart of %d lines would pass the %d a buyer may: %w",

@@ -182,7 +182,7 @@ type checkScratch struct {
 }
 
 // cartSeen is what a region's durable image has of one cart: its lines' holds, how many are
-// sold, and the user and request key (line 0's, less its '#0') it was asked with.
+// sold, and the user and request key (line 0's, the cart's own) it was asked with.
 type cartSeen struct {
 	lines, sold int
 	user, key   string
@@ -270,8 +270,8 @@ func (w *world) checkCarts(r *regionNode) {
 		if h.State == region.Sold {
 			c.sold++
 		}
-		if key, ok := strings.CutSuffix(h.RequestKey, "#0"); ok {
-			c.user, c.key = h.User, key
+		if h.ID == h.CartID { // line 0: its hold id is the cart id, its key the cart's
+			c.user, c.key = h.User, h.RequestKey
 		}
 		seen[h.CartID] = c
 	})

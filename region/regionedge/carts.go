@@ -19,6 +19,9 @@ func (e *Edge) Carts() Carts { return Carts{e: e} }
 
 // Reserve checks the ticket's signature, then forwards the cart to the leader.
 func (c Carts) Reserve(ctx context.Context, req region.CartRequest) (region.CartResult, error) {
+	if err := region.CheckCart(req); err != nil { // as the leader would: an empty cart is no single reserve
+		return region.CartResult{}, err
+	}
 	if err := c.e.verifyTicket(req.Ticket, req.Token); err != nil {
 		return region.CartResult{}, err
 	}

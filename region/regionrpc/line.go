@@ -115,7 +115,8 @@ func HoldFromProto(pb *quotav1.Reservation) (region.Hold, error) {
 	}
 	return region.Hold{ID: pb.GetHoldId(), Sale: pb.GetSaleId(), SKU: pb.GetSku(), User: pb.GetUserId(),
 		Quantity: transfer.Units(pb.GetQuantity()), RequestKey: pb.GetRequestKey(), State: st,
-		ExpiresAt: pb.GetExpiresAt().AsTime(), PaymentID: pb.GetPaymentId(), Region: pb.GetRegion(), Admission: pb.GetAdmissionId()}, nil
+		ExpiresAt: pb.GetExpiresAt().AsTime(), PaymentID: pb.GetPaymentId(), Region: pb.GetRegion(), Admission: pb.GetAdmissionId(),
+		CartID: pb.GetCartId()}, nil
 }
 
 // SaleViewFromProto is a sale's view as a client of the gRPC API reads it back.
