@@ -33,8 +33,10 @@ var wanRegions = []struct {
 	offset int
 }{{"us", 1}, {"eu", 2}, {"ap", 3}}
 
-// regionFigures are one region's buyers' times at its HTTP edge: entering the waiting room to
-// holding a ticket (admission, with the buyer's binding), and the reservation with the ticket.
+// regionFigures are one region's buyers' times at its HTTP edge: in a sale with a waiting
+// room, entering it to holding a ticket (admission, with the buyer's binding) and the
+// reservation with the ticket; in a sale without one, admit is the buyer's first reservation
+// (with the binding) and reserve their second.
 type regionFigures struct {
 	admit, reserve []time.Duration
 	held           int
@@ -56,9 +58,10 @@ func ms(d time.Duration) string {
 
 // wanSale is one bounded flash sale through the regions' primaries' HTTP edges: perRegion
 // buyers at each region, conc at a time per region, each entering the sale's waiting room,
-// polling its admission every 20 ms until it holds a ticket, then reserving one unit with it.
+// polling its admission every 20 ms until it holds a ticket, then reserving one unit with it
+// (wanBuyer); with open, a sale without a waiting room, each reserving twice (wanOpenBuyer).
 // It returns each region's figures; the whole sale is bounded by limit.
-func (c *localCluster) wanSale(ctx context.Context, sale, prefix string, perRegion, conc int, limit time.Duration) map[string]*regionFigures {
+func (c *localCluster) wanSale(ctx context.Context, sale, prefix string, open bool, perRegion, conc int, limit time.Duration) map[string]*regionFigures {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -76,7 +79,11 @@ func (c *localCluster) wanSale(ctx context.Context, sale, prefix string, perRegi
 			go func() {
 				defer wg.Done()
 				for i := range next {
-					admit, reserve, why := wanBuyer(ctx, hc, base, fmt.Sprintf("%s%s-buyer-%d", prefix, r.name, i))
+					buyer := wanBuyer
+					if open {
+						buyer = wanOpenBuyer
+					}
+					admit, reserve, why := buyer(ctx, hc, base, fmt.Sprintf("%s%s-buyer-%d", prefix, r.name, i))
 					mu.Lock()
 					if why != "" {
 						f.refused[why]++
@@ -140,30 +147,60 @@ func wanBuyer(ctx context.Context, hc *http.Client, base, user string) (admit, r
 	return admit, time.Since(start), ""
 }
 
+// wanOpenBuyer is a buyer of a sale without a waiting room: two reservations of one unit,
+// each timed; the first binds the buyer to the region.
+func wanOpenBuyer(ctx context.Context, hc *http.Client, base, user string) (first, later time.Duration, why string) {
+	var took [2]time.Duration
+	for i := range took {
+		start := time.Now()
+		h, err := edgeDo(ctx, hc, http.MethodPost, base+"/reservations", map[string]any{"user_id": user,
+			"sku": "phone", "quantity": 1, "request_key": fmt.Sprintf("k%d-%s", i, user)})
+		switch {
+		case err != nil:
+			return 0, 0, "reserve: " + err.Error()
+		case h.code/100 != 2:
+			return 0, 0, "reserve " + h.errCode()
+		}
+		took[i] = time.Since(start)
+	}
+	return took[0], took[1], ""
+}
+
 // wanReport logs a table of the figures of each run (by its name), side by side per region.
-func wanReport(t *testing.T, runs []string, figs map[string]map[string]*regionFigures) {
+func wanReport(t *testing.T, runs []string, figs map[string]map[string]*regionFigures, open bool) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-4s %-8s %6s %10s %10s %10s %10s  %s\n", "", "run", "held", "reserve50", "reserve99", "admit50", "admit99", "refused")
+	cols := []any{"", "run", "held", "reserve50", "reserve99", "admit50", "admit99", "refused"}
+	if open {
+		cols = []any{"", "run", "buyers", "second50", "second99", "first50", "first99", "refused"}
+	}
+	fmt.Fprintf(&b, "%-4s %-14s %6s %10s %10s %10s %10s  %s\n", cols...)
 	for _, r := range wanRegions {
 		for _, run := range runs {
 			f := figs[run][r.name]
-			fmt.Fprintf(&b, "%-4s %-8s %6d %10s %10s %10s %10s  %v\n", r.name, run, f.held, ms(pct(f.reserve, 50)), ms(pct(f.reserve, 99)),
+			fmt.Fprintf(&b, "%-4s %-14s %6d %10s %10s %10s %10s  %v\n", r.name, run, f.held, ms(pct(f.reserve, 50)), ms(pct(f.reserve, 99)),
 				ms(pct(f.admit, 50)), ms(pct(f.admit, 99)), f.refused)
 		}
 	}
-	t.Logf("figures at the regions' HTTP edges (ms):\n%s", b.String())
+	what := "a sale with a waiting room: admission (enter to ticket) and the ticketed reservation"
+	if open {
+		what = "a sale without one: a buyer's first reservation (with the binding) and second"
+	}
+	t.Logf("%s, at the regions' HTTP edges (ms):\n%s", what, b.String())
 }
 
-// createWanSale creates a sale with a waiting room and stock units, a third at each region.
-func (c *localCluster) createWanSale(t *testing.T, sale string, stock int) {
+// createWanSale creates a sale of stock units, a third at each region, with a waiting room
+// when room is set.
+func (c *localCluster) createWanSale(t *testing.T, sale string, stock int, room bool) {
 	t.Helper()
+	args := []string{"--coordinator", c.addr(0), "--timeout", "30s", "--certs-dir", c.certsDir(), "sale", "create", "--sale", sale,
+		"--sku", "phone=" + strconv.Itoa(stock), "--per-user-limit", "2", "--hold-ttl", "10m", "--allocate", "us=1,eu=1,ap=1"}
+	if room {
+		args = append(args, "--admit-rate", "1000", "--ticket-ttl", "2m")
+	}
 	// 30 s rather than quotactl's 5 s of the other tests: the allocation crosses the ocean to
 	// eu and ap (a transfer each, and the coordinator's reads of their databases).
-	if out, err := c.run(time.Minute, filepath.Join(c.bin, "quotactl"), "--coordinator", c.addr(0), "--timeout", "30s",
-		"--certs-dir", c.certsDir(), "sale", "create", "--sale", sale, "--sku", "phone="+strconv.Itoa(stock),
-		"--per-user-limit", "2", "--hold-ttl", "10m", "--admit-rate", "1000", "--ticket-ttl", "2m",
-		"--allocate", "us=1,eu=1,ap=1"); err != nil {
+	if out, err := c.run(time.Minute, filepath.Join(c.bin, "quotactl"), args...); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
 }
@@ -187,9 +224,9 @@ func TestLocalWANSmoke(t *testing.T) {
 	c := newLocalCluster(t, "wan", env...)
 	out := c.cluster(4*time.Minute, "up", "--wan")
 	t.Logf("cluster up --wan: %s\n%s", time.Since(started).Round(time.Millisecond), out)
-	c.createWanSale(t, "smoke", 600)
-	figs := c.wanSale(context.Background(), "smoke", "", 40, 4, time.Minute)
-	wanReport(t, []string{"wan"}, map[string]map[string]*regionFigures{"wan": figs})
+	c.createWanSale(t, "smoke", 600, true)
+	figs := c.wanSale(context.Background(), "smoke", "", false, 40, 4, time.Minute)
+	wanReport(t, []string{"wan"}, map[string]map[string]*regionFigures{"wan": figs}, false)
 	for _, r := range wanRegions {
 		f := figs[r.name]
 		if f.held < 30 {
@@ -249,16 +286,17 @@ func TestLocalWANCompare(t *testing.T) {
 	if v := os.Getenv("QUOTA_WAN_RUNS"); v != "" {
 		runs = strings.Split(v, ",")
 	}
-	figs := map[string]map[string]*regionFigures{}
+	figs, open := map[string]map[string]*regionFigures{}, map[string]map[string]*regionFigures{}
 	for _, run := range runs {
 		if !slices.Contains([]string{"loopback", "wan", "wan-local-etcd"}, run) {
 			t.Fatalf("QUOTA_WAN_RUNS=%s: run %q: want loopback, wan or wan-local-etcd", strings.Join(runs, ","), run)
 		}
 		var took time.Duration
-		figs[run], took = wanRun(t, run, perRegion)
+		figs[run], open[run], took = wanRun(t, run, perRegion)
 		t.Logf("%s: eu's standby serves a ticketed buyer %s after eu's leader's SIGKILL (lease 5 s)", run, took.Round(10*time.Millisecond))
 	}
-	wanReport(t, runs, figs)
+	wanReport(t, runs, figs, false)
+	wanReport(t, runs, open, true)
 	if figs["loopback"] == nil || figs["wan"] == nil {
 		return
 	}
@@ -282,7 +320,7 @@ func TestLocalWANCompare(t *testing.T) {
 
 // wanRun is one run of TestLocalWANCompare: a cluster up (with --wan for run "wan"), a warm-up
 // of 10 buyers per region, the sale, eu's leader killed, the audit, the cluster down.
-func wanRun(t *testing.T, run string, perRegion int) (map[string]*regionFigures, time.Duration) {
+func wanRun(t *testing.T, run string, perRegion int) (ticketed, open map[string]*regionFigures, failover time.Duration) {
 	t.Helper()
 	c := newLocalCluster(t, "w"+strconv.Itoa(len(run)))
 	if run == "wan-local-etcd" { // each region process's etcd client to its region's member only
@@ -298,18 +336,27 @@ func wanRun(t *testing.T, run string, perRegion int) (map[string]*regionFigures,
 		args = append(args, "--wan")
 	}
 	up := time.Now()
-	c.cluster(5*time.Minute, args...)
-	t.Logf("%s: cluster %s: %s", run, strings.Join(args, " "), time.Since(up).Round(time.Millisecond))
+	out := c.cluster(5*time.Minute, args...)
+	var raft []string // which member leads raft: it decides what a binding costs each region
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "raft leader") {
+			raft = append(raft, strings.Fields(line)[0])
+		}
+	}
+	t.Logf("%s: cluster %s: %s; raft leader %v", run, strings.Join(args, " "), time.Since(up).Round(time.Millisecond), raft)
 	const sale = "flash"
-	c.createWanSale(t, sale, 2*3*(perRegion+10)) // twice the demand: no region runs dry
+	c.createWanSale(t, sale, 2*3*(perRegion+10), true) // twice the demand: no region runs dry
 	ctx := context.Background()
-	c.wanSale(ctx, sale, "warm-", 10, 4, time.Minute)
-	figs := c.wanSale(ctx, sale, "", perRegion, 8, 3*time.Minute)
-	took := c.wanFailover(t, sale)
+	c.wanSale(ctx, sale, "warm-", false, 10, 4, time.Minute)
+	ticketed = c.wanSale(ctx, sale, "", false, perRegion, 8, 3*time.Minute)
+	c.createWanSale(t, "open", 2*3*2*perRegion, false)
+	open = c.wanSale(ctx, "open", "", true, perRegion, 8, 3*time.Minute)
+	failover = c.wanFailover(t, sale)
 	c.auditSale(t, sale)
+	c.auditSale(t, "open")
 	c.cluster(2*time.Minute, "down", "--purge")
 	c.purged = true
-	return figs, took
+	return ticketed, open, failover
 }
 
 // wanFailover kills eu's leader (region-eu) and returns how long until a new buyer holds a
