@@ -67,6 +67,10 @@ type MemberConfig struct {
 	// and advertises them.
 	ClientURL string
 	PeerURL   string
+	// ListenPeerURL, when set, is where the member listens for its peers instead of PeerURL,
+	// which it still advertises: a proxy in front of the member (deploy/local's --wan delay
+	// links) serves PeerURL and forwards to it. Empty: the member listens on PeerURL.
+	ListenPeerURL string
 	// InitialCluster names every member's peer URL: "e1=http://127.0.0.1:7591,e2=...,e3=...".
 	// It must contain Name=PeerURL.
 	InitialCluster string
@@ -97,7 +101,11 @@ func (c *MemberConfig) Validate() error {
 		}
 		scheme = "https"
 	}
-	for field, raw := range map[string]string{"client-url": c.ClientURL, "peer-url": c.PeerURL} {
+	urls := map[string]string{"client-url": c.ClientURL, "peer-url": c.PeerURL}
+	if c.ListenPeerURL != "" {
+		urls["listen-peer-url"] = c.ListenPeerURL
+	}
+	for field, raw := range urls {
 		u, err := url.Parse(raw)
 		if err != nil || u.Scheme != scheme || u.Host == "" {
 			return fmt.Errorf("%s %q: want %s://host:port%s", field, raw, scheme, tlsHint(c.TLS != nil))
@@ -163,6 +171,10 @@ func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	cu, _ := url.Parse(cfg.ClientURL)
 	pu, _ := url.Parse(cfg.PeerURL)
+	lpu := pu
+	if cfg.ListenPeerURL != "" {
+		lpu, _ = url.Parse(cfg.ListenPeerURL)
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -171,7 +183,7 @@ func StartMember(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	ec.Dir = cfg.Dir
 	ec.ListenClientUrls = []url.URL{*cu}
 	ec.AdvertiseClientUrls = []url.URL{*cu}
-	ec.ListenPeerUrls = []url.URL{*pu}
+	ec.ListenPeerUrls = []url.URL{*lpu}
 	ec.AdvertisePeerUrls = []url.URL{*pu}
 	ec.InitialCluster = cfg.InitialCluster
 	ec.InitialClusterToken = cfg.Token

@@ -86,6 +86,8 @@ func TestTLSMemberConfigWantsHTTPS(t *testing.T) {
 		{Name: "e1", Dir: dir, ClientURL: "https://127.0.0.1:1", PeerURL: "http://127.0.0.1:2", InitialCluster: "e1=http://127.0.0.1:2"},
 		{Name: "e1", Dir: dir, ClientURL: "https://127.0.0.1:1", PeerURL: "https://127.0.0.1:2", InitialCluster: "e1=https://127.0.0.1:2",
 			TLS: &fencing.TLSFiles{CertFile: f, KeyFile: f}},
+		{Name: "e1", Dir: dir, ClientURL: "https://127.0.0.1:1", PeerURL: "https://127.0.0.1:2", ListenPeerURL: "http://127.0.0.1:4",
+			InitialCluster: "e1=https://127.0.0.1:2", TLS: files},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: valid, want an error", c)
@@ -93,6 +95,10 @@ func TestTLSMemberConfigWantsHTTPS(t *testing.T) {
 	}
 	ok := fencing.MemberConfig{Name: "e1", Dir: dir, ClientURL: "https://127.0.0.1:1", PeerURL: "https://127.0.0.1:2",
 		InitialCluster: "e1=https://127.0.0.1:2", TLS: files}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("%+v: %v", ok, err)
+	}
+	ok.ListenPeerURL = "https://127.0.0.1:4" // behind a proxy serving PeerURL
 	if err := ok.Validate(); err != nil {
 		t.Errorf("%+v: %v", ok, err)
 	}

@@ -46,6 +46,8 @@ certificate, and a web page may post to it.`,
 	f.String("data-dir", "", "the member's data directory (required)")
 	f.String("client-url", "", "URL clients reach this member at (listened on and advertised; default https://127.0.0.1:2379, http:// with --insecure)")
 	f.String("peer-url", "", "URL the other members reach this member at (listened on and advertised; default https://127.0.0.1:2380, http:// with --insecure)")
+	f.String("listen-peer-url", "", "where the member listens for its peers when a proxy serves --peer-url in front of it\n"+
+		"(deploy/local's --wan delay links); empty: --peer-url")
 	f.String("initial-cluster", "", "every member as name=peer-url, comma-separated (required; the same on every member)")
 	f.String("cluster-token", "quota-local", "initial cluster token: tells clusters apart when they bootstrap")
 	f.String("etcd-log-level", "warn", "etcd's own log level: debug, info, warn, error")
@@ -69,7 +71,7 @@ func (c *EtcdProcessConfig) Validate() error {
 	if c.Member.InitialCluster == "" {
 		return fmt.Errorf("initial-cluster: must be set, as name=peer-url,name=peer-url,...")
 	}
-	for flag, u := range map[string]string{"client-url": c.Member.ClientURL, "peer-url": c.Member.PeerURL} {
+	for flag, u := range map[string]string{"client-url": c.Member.ClientURL, "peer-url": c.Member.PeerURL, "listen-peer-url": c.Member.ListenPeerURL} {
 		if c.Member.TLS == nil && strings.HasPrefix(u, "https://") {
 			return fmt.Errorf("%s %s: https:// needs --certs-dir (with --insecure the member serves http://)", flag, u)
 		}
@@ -122,7 +124,8 @@ func runEtcd(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	cfg := EtcdProcessConfig{Member: fencing.MemberConfig{Name: v.GetString("name"), Dir: v.GetString("data-dir"),
-		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"), InitialCluster: v.GetString("initial-cluster"),
+		ClientURL: v.GetString("client-url"), PeerURL: v.GetString("peer-url"),
+		ListenPeerURL: v.GetString("listen-peer-url"), InitialCluster: v.GetString("initial-cluster"),
 		Token: v.GetString("cluster-token"), LogLevel: v.GetString("etcd-log-level"), TLS: memberTLS(tlsm),
 		Gateway: v.GetBool("grpc-gateway")}, Regions: v.GetStringSlice("regions")}
 	if !tlsm.Insecure() {

@@ -66,7 +66,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().String("config", "", "config file (yaml, toml or json); keys are the flag names")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	cliconf.AddGCFlags(root.PersistentFlags())
-	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd(), edgeCmd(), etcdCmd())
+	root.AddCommand(devCmd(), coordinatorCmd(), regionCmd(), edgeCmd(), etcdCmd(), wanproxyCmd())
 	return root
 }
 

@@ -39,7 +39,8 @@ var edges = []string{"edge-us", "edge-us-2", "edge-eu", "edge-eu-2", "edge-ap", 
 // regions' storefront addresses (their edges'), the region processes' own HTTP listeners
 // (their gRPC port + 1100), etcd's client and peer ports.
 var portOffsets = []int{0, 1, 2, 3, 10, 11, 12, 13, 1001, 1002, 1003, 1101, 1102, 1103, 1111, 1112, 1113, 181, 182, 183, 191, 192, 193,
-	201, 202, 203, 204, 211, 212, 213, 214, 301, 302, 303, 304, 311, 312, 313, 314}
+	201, 202, 203, 204, 211, 212, 213, 214, 301, 302, 303, 304, 311, 312, 313, 314,
+	401, 402, 403, 410, 411, 412, 413, 414, 415, 416, 417, 418, 422, 423, 432, 433, 442, 443} // the last row: up --wan's
 
 // binDir holds quotad and quotactl for every cluster of this test binary: each `up` builds
 // into it, and once the first has linked them go build finds them up to date (about 1.5 s

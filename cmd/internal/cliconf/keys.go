@@ -28,6 +28,7 @@ func init() {
 		"warmup-ops", "window",
 		"audit-holds", "audit-runs", "closed-holds", "curve-timeout", "curves", "idle-window", "idle-skus", "live-ops", "pool-ops", "pools", "sales", "takeover-live", "takeover-runs", "transfers", "transfers-in-flight",
 		"transfers-via-coordinator", "cert-warn", "advertise", "edges", "upstream", "refresh", "max-stale",
+		"listen-peer-url", "route", "reuse-port",
 		// Deprecated names (Alias), gone with their aliases in the next release: docs/cli.md.
 		"file", "key", "keys", "max-duration", "request-id",
 	} {
