@@ -30,13 +30,13 @@ func (e *Edge) changes(ctx context.Context, sale, room string, since uint64) (re
 }
 
 // GetAdmission answers a poll from the sale's line as last fed, when it holds the admission
-// and is fresh; else it asks the leader (and watches the sale from now on).
+// and is fresh; else it asks the leader (and, once the leader answered, watches the sale).
 func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admission, error) {
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return region.Admission{}, err
 	}
 	now := e.cfg.Now()
-	if l := e.watch(sale); l != nil && e.fresh(l, now) {
+	if l := e.watching(sale); l != nil && e.fresh(l, now) {
 		if en, ok := l.m.Get(id, now); ok {
 			e.polls.Add(1)
 			return e.answer(sale, l, en)
@@ -52,6 +52,9 @@ func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admiss
 		a, err = regionrpc.AdmissionFromProto(res.GetAdmission())
 		return err
 	})
+	if err == nil {
+		e.watch(sale)
+	}
 	return a, err
 }
 
@@ -88,7 +91,7 @@ func (e *Edge) Enter(ctx context.Context, sale, user, addr string) (region.Admis
 		return region.Admission{}, err
 	}
 	now := e.cfg.Now()
-	if l := e.watch(sale); l != nil && e.fresh(l, now) {
+	if l := e.watching(sale); l != nil && e.fresh(l, now) {
 		l.mu.Lock()
 		gate := l.gate
 		l.mu.Unlock()
@@ -96,10 +99,14 @@ func (e *Edge) Enter(ctx context.Context, sale, user, addr string) (region.Admis
 			return region.Admission{}, region.ClosedError(sale, gate)
 		}
 	}
-	return e.admission(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Admission, error) {
+	a, err := e.admission(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) (*quotav1.Admission, error) {
 		res, err := c.Enter(ctx, &quotav1.EnterRequest{SaleId: sale, UserId: user, ClientAddress: addr})
 		return res.GetAdmission(), err
 	})
+	if err == nil {
+		e.watch(sale) // the leader knows the sale: its line is worth a copy
+	}
+	return a, err
 }
 
 // JoinWaitlist forwards to the leader.

@@ -135,7 +135,20 @@ func (e *Edge) Close() {
 // leader (an admission its lines did not hold yet, or a line too stale).
 func (e *Edge) Polls() (answered, forwarded uint64) { return e.polls.Load(), e.forwarded.Load() }
 
-// watch returns sale's line, watched from now on (nil when MaxLines are watched).
+// watching returns sale's line when the edge watches it, marked as asked about; nil when it
+// does not (watch starts that, once the leader has answered for the sale).
+func (e *Edge) watching(sale string) *line {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l := e.lines[sale]
+	if l != nil {
+		l.asked.Store(e.cfg.Now().UnixNano())
+	}
+	return l
+}
+
+// watch returns sale's line, watched from now on (nil when MaxLines are watched). Called only
+// after the leader answered for the sale, so made-up sale ids take no line.
 func (e *Edge) watch(sale string) *line {
 	e.mu.Lock()
 	defer e.mu.Unlock()
