@@ -195,12 +195,37 @@ func (e *Edge) run(ctx context.Context) {
 		e.mu.Unlock()
 		for sale, l := range sales {
 			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := e.fetch(fctx, sale, l); err != nil && ctx.Err() == nil {
+			err := e.fetch(fctx, sale, l)
+			cancel()
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case lineGone(err):
+				e.forget(sale, l)
+				e.cfg.Logger.Info("the leader has no waiting line of the sale (no such sale, or no waiting room); its polls go to the leader",
+					"region", e.cfg.Region, "sale", sale, "err", err)
+			default:
 				e.cfg.Logger.Debug("fetching a waiting line from the leader failed; polls are answered from the last one",
 					"region", e.cfg.Region, "sale", sale, "err", err)
 			}
-			cancel()
 		}
+	}
+}
+
+// lineGone reports whether a leader's LineChanges answer err says it has no line of the sale:
+// NOT_FOUND (it knows no such sale) or CONFLICT (the sale has no waiting room).
+func lineGone(err error) bool {
+	r := apierr.Reason(err)
+	return r == "NOT_FOUND" || r == "CONFLICT"
+}
+
+// forget stops watching sale's line l, unless another line took its place meanwhile: its
+// polls are forwarded to the leader, and a line is watched again once the leader answers
+// for the sale.
+func (e *Edge) forget(sale string, l *line) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lines[sale] == l {
+		delete(e.lines, sale)
 	}
 }
 
