@@ -6,7 +6,8 @@
 // paused line itself, checks tickets' signatures, and forwards what must be decided
 // (entering the line, reserving, confirming, releasing, the waitlist, the sale's page) to
 // the region's current leader over gRPC (Upstream), following leadership changes itself.
-// Its state is soft: it can be killed and restarted at any time, and any number can run
+// It can serve the region's waiting-room page too (regionhttp.ServeRoom: it is a
+// regionhttp.RoomDoor). Its state is soft: it can be killed and restarted at any time, and any number can run
 // (docs/storefront.md, "Edges").
 package regionedge
 
@@ -104,11 +105,13 @@ type Edge struct {
 // line is the edge's copy of one sale's line.
 type line struct {
 	m *admission.Mirror
-	// gate and region are the last feed's (region.LineFeed); asked is when a buyer last
-	// asked about the sale (Unix nanoseconds).
+	// gate and region are the last feed's (region.LineFeed); terms the sale's, once the
+	// waiting-room page asked them (Edge.Terms); asked is when a buyer last asked about the
+	// sale (Unix nanoseconds).
 	mu     sync.Mutex
 	gate   string
 	region string
+	terms  *region.SaleTerms
 	asked  atomic.Int64
 }
 
