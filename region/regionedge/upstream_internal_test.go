@@ -2,6 +2,7 @@ package regionedge
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -98,10 +99,11 @@ func describe(ctx context.Context, u *Upstream) (string, error) {
 
 // TestUpstreamEvictsOldLeaders: the region's leader moves to a new port 40 times (each old
 // leader stopped, as a restarted process's port is gone), more addresses than an upstream
-// keeps connections to. Every call still reaches the current leader, from one caller and
-// from four at once, the connections kept never pass maxConns, and a call in flight on the
-// first leader's connection all along (the least recently used one) is not cut: it ends
-// with its answer.
+// keeps connections to. After each move a call reaches the new leader, the connections kept
+// never pass maxConns, and a call in flight on the first leader's connection all along (the
+// least recently used one) is not cut: it ends with its answer. Meanwhile four callers call
+// over and over: none of their calls is cut or refused either (they may give up as
+// NOT_LEADER, the leader moving faster than their few tries).
 func TestUpstreamEvictsOldLeaders(t *testing.T) {
 	const moves = 40
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -123,26 +125,7 @@ func TestUpstreamEvictsOldLeaders(t *testing.T) {
 		})
 	}()
 	<-first.started
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	errs := make(chan error, 4)
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				if _, err := describe(ctx, u); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
+	stop := describeMeanwhile(ctx, u, 4)
 	prev := first
 	for i := range moves {
 		next := startBoardRegion(t, b)
@@ -162,14 +145,49 @@ func TestUpstreamEvictsOldLeaders(t *testing.T) {
 		}
 		prev = next
 	}
-	close(done)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range stop() {
 		t.Errorf("a concurrent caller: %v", err)
 	}
 	close(first.hold)
 	if err := <-inFlight; err != nil {
 		t.Errorf("the call in flight on the first leader's connection: %v", err)
+	}
+}
+
+// describeMeanwhile has n callers call describe through u over and over until the function
+// it returns is called, which answers the first error of each caller that had one. A call
+// may give up as NOT_LEADER (its few tries all found leaders already moved on, with the
+// leader moving every few tens of milliseconds here); any other error (a connection closed
+// under the call, OVERLOADED) counts.
+func describeMeanwhile(ctx context.Context, u *Upstream, n int) func() []error {
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if _, err := describe(ctx, u); err != nil && !errors.Is(err, apierr.ErrNotLeader) {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	return func() []error {
+		close(done)
+		wg.Wait()
+		close(errs)
+		var out []error
+		for err := range errs {
+			out = append(out, err)
+		}
+		return out
 	}
 }

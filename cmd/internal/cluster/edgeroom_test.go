@@ -28,21 +28,7 @@ import (
 func TestWaitingRoomPageAtAnEdge(t *testing.T) {
 	t.Parallel() // its own cluster, no time bound
 	const sale = "edgeroom"
-	ec := newEdgeCluster(t, "edgeplain", 10, 10, 10)
-	if _, err := ec.coord.CreateSale(ec.ctx, &quotav1.CreateSaleRequest{SaleId: sale, Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}},
-		PerUserLimit: 1, HoldTtlMs: 60000, AdmitRate: 2, TicketTtlMs: 60000, MaxLiveTickets: 10, RoomReturnUrl: "https://shop.example/back"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ec.coord.Allocate(ec.ctx, &quotav1.AllocateRequest{SaleId: sale, RequestId: "alloc-room",
-		Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
-		t.Fatal(err)
-	}
-	e, err := cluster.StartEdge(cluster.EdgeConfig{Region: "us", Upstream: []string{ec.b.Addr(), ec.a.Addr()}, Listen: "127.0.0.1:0",
-		RoomListen: "127.0.0.1:0", TicketKeys: ec.keys, Refresh: 100 * time.Millisecond, TLS: certs, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	ec, e := startRoomEdge(t, sale)
 	browser := httpClient(t, "")
 	room := "https://" + e.RoomAddr()
 	resp, err := browser.Get(room + "/room/" + sale)
@@ -99,6 +85,28 @@ func TestWaitingRoomPageAtAnEdge(t *testing.T) {
 	if answered == answered0 {
 		t.Error("the edge answered none of the page's polls from its copy of the line")
 	}
+}
+
+// startRoomEdge is an edge cluster with sale, whose waiting room admits 2 buyers a second
+// and sends them back to https://shop.example/back, and an edge serving the page.
+func startRoomEdge(t *testing.T, sale string) (*edgeCluster, *cluster.EdgeNode) {
+	t.Helper()
+	ec := newEdgeCluster(t, "edgeplain", 10, 10, 10)
+	if _, err := ec.coord.CreateSale(ec.ctx, &quotav1.CreateSaleRequest{SaleId: sale, Skus: []*quotav1.SkuTotal{{Sku: "phone", Total: 10}},
+		PerUserLimit: 1, HoldTtlMs: 60000, AdmitRate: 2, TicketTtlMs: 60000, MaxLiveTickets: 10, RoomReturnUrl: "https://shop.example/back"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ec.coord.Allocate(ec.ctx, &quotav1.AllocateRequest{SaleId: sale, RequestId: "alloc-" + sale,
+		Weights: []*quotav1.RegionWeight{{Region: "us", Weight: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := cluster.StartEdge(cluster.EdgeConfig{Region: "us", Upstream: []string{ec.b.Addr(), ec.a.Addr()}, Listen: "127.0.0.1:0",
+		RoomListen: "127.0.0.1:0", TicketKeys: ec.keys, Refresh: 100 * time.Millisecond, TLS: certs, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return ec, e
 }
 
 // getPage GETs a page and answers its status.
