@@ -21,7 +21,9 @@ signs admitted buyers' tickets with the cluster's ticket keys as the leader does
 entries to a sold-out or paused line itself and checks tickets' signatures; it forwards
 entering the line, reserving, confirming, releasing, the waitlist and the sale's page to the
 region's leader over gRPC, as a storefront (client.storefront.crt). It finds the leader among
-the --upstream addresses and follows NOT_LEADER answers to the next one by itself.
+the --upstream addresses and follows NOT_LEADER answers to the next one by itself. With
+--room-listen it serves the region's waiting-room page for shoppers' browsers too, as
+quotad region --room-listen does (docs/storefront.md, "The waiting-room page").
 
 Its state is soft: kill it and start it again at any time, run as many as the polls need;
 a storefront that loses one retries against another with the same request keys.`,
@@ -34,8 +36,11 @@ a storefront that loses one retries against another with the same request keys.`
 	f.StringSlice("upstream", nil, "the gRPC addresses of the region's processes, leader and standbys (required; comma-separated\n"+
 		"or repeated): the edge calls whichever leads")
 	f.String("listen", "127.0.0.1:8601", "the storefront HTTP/JSON address; /metrics serves the edge's Prometheus metrics")
-	f.Bool("reuse-port", false, "listen with SO_REUSEPORT (Linux), so that several edges of the region serve one --listen address:\n"+
-		"the kernel spreads new connections among the live ones, and when one dies the others take its new connections")
+	f.String("room-listen", "", "the waiting-room page's public HTTPS address, for shoppers' browsers: a server certificate only,\n"+
+		"no client certificate asked (none when empty)")
+	f.Bool("reuse-port", false, "listen with SO_REUSEPORT (Linux), so that several edges of the region serve one --listen address\n"+
+		"(and one --room-listen): the kernel spreads new connections among the live ones, and when one dies the others take\n"+
+		"its new connections")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create), read again when it changes (required)")
 	f.Duration("refresh", 0, "how often each sale's waiting line is fetched from the leader; a poll's answer is at most this\n"+
 		"much behind the leader's (0: 250ms; at least 10ms)")
@@ -81,7 +86,7 @@ func runEdge(cmd *cobra.Command, _ []string) error {
 		return badUsage(err)
 	}
 	cfg := EdgeProcessConfig{Node: cluster.EdgeConfig{Region: v.GetString("region"), Upstream: v.GetStringSlice("upstream"),
-		Listen: v.GetString("listen"), ReusePort: v.GetBool("reuse-port"), TicketKeys: v.GetString("ticket-keys"), Refresh: v.GetDuration("refresh"),
+		Listen: v.GetString("listen"), RoomListen: v.GetString("room-listen"), ReusePort: v.GetBool("reuse-port"), TicketKeys: v.GetString("ticket-keys"), Refresh: v.GetDuration("refresh"),
 		MaxStale: v.GetDuration("max-stale"), TLS: tlsm, Limits: limits, Logger: log}}
 	if err := cfg.Validate(); err != nil {
 		return badUsage(err)

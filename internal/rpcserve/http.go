@@ -98,18 +98,20 @@ func (s *HTTPServer) Start() {
 const httpDrain = 5 * time.Second
 
 // Stop stops the server, letting requests in flight finish for a few seconds, then closing
-// what remains. Idempotent.
+// what remains; a server never started has its listener closed. Idempotent.
 func (s *HTTPServer) Stop() {
 	s.stopOnce.Do(func() {
+		if s.done == nil {
+			_ = s.listener.Close() // never served: nothing else holds it, nothing to do about an error
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), httpDrain)
 		defer cancel()
 		if err := s.srv.Shutdown(ctx); err != nil {
 			s.log.Warn("http requests still running after the drain; closing them", "err", err, "close", s.srv.Close())
 		}
-		if s.done != nil {
-			if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.log.Warn("http server ended", "err", err)
-			}
+		if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Warn("http server ended", "err", err)
 		}
 	})
 }

@@ -32,6 +32,18 @@ func (e *Edge) changes(ctx context.Context, sale, room string, since uint64) (re
 // GetAdmission answers a poll from the sale's line as last fed, when it holds the admission
 // and is fresh; else it asks the leader (and, once the leader answered, watches the sale).
 func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admission, error) {
+	return e.poll(ctx, sale, id, false)
+}
+
+// PollAdmission is GetAdmission for the waiting-room page's public listener: what the edge's
+// copy does not answer is asked of the leader's memory only (region.Door.PollAdmission), so
+// a poll naming any sale id costs the region no query of its database.
+func (e *Edge) PollAdmission(ctx context.Context, sale, id string) (region.Admission, error) {
+	return e.poll(ctx, sale, id, true)
+}
+
+// poll is GetAdmission, forwarded as memoryOnly says.
+func (e *Edge) poll(ctx context.Context, sale, id string, memoryOnly bool) (region.Admission, error) {
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return region.Admission{}, err
 	}
@@ -45,7 +57,7 @@ func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admiss
 	e.forwarded.Add(1)
 	var a region.Admission
 	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
-		res, err := c.GetAdmission(ctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: id})
+		res, err := c.GetAdmission(ctx, &quotav1.GetAdmissionRequest{SaleId: sale, AdmissionId: id, MemoryOnly: memoryOnly})
 		if err != nil {
 			return err
 		}
@@ -56,6 +68,34 @@ func (e *Edge) GetAdmission(ctx context.Context, sale, id string) (region.Admiss
 		e.watch(sale)
 	}
 	return a, err
+}
+
+// Terms are sale's terms as the leader describes them, kept with the sale's line while the
+// edge watches it (a sale's terms do not change). The waiting-room page asks them only for
+// a signed entry link or an admitted buyer's return URL.
+func (e *Edge) Terms(ctx context.Context, sale string) (region.SaleTerms, error) {
+	if err := checkIDs("sale_id", sale); err != nil {
+		return region.SaleTerms{}, err
+	}
+	l := e.watching(sale)
+	if l != nil {
+		l.mu.Lock()
+		t := l.terms
+		l.mu.Unlock()
+		if t != nil {
+			return *t, nil
+		}
+	}
+	v, err := e.Describe(ctx, sale)
+	if err != nil {
+		return region.SaleTerms{}, err
+	}
+	if l != nil {
+		l.mu.Lock()
+		l.terms = &v.Terms
+		l.mu.Unlock()
+	}
+	return v.Terms, nil
 }
 
 // answer is what the leader's door answers of entry en (region.Door's pollIn and answer):

@@ -6,7 +6,8 @@
 // paused line itself, checks tickets' signatures, and forwards what must be decided
 // (entering the line, reserving, confirming, releasing, the waitlist, the sale's page) to
 // the region's current leader over gRPC (Upstream), following leadership changes itself.
-// Its state is soft: it can be killed and restarted at any time, and any number can run
+// It can serve the region's waiting-room page too (regionhttp.ServeRoom: it is a
+// regionhttp.RoomDoor). Its state is soft: it can be killed and restarted at any time, and any number can run
 // (docs/storefront.md, "Edges").
 package regionedge
 
@@ -104,11 +105,13 @@ type Edge struct {
 // line is the edge's copy of one sale's line.
 type line struct {
 	m *admission.Mirror
-	// gate and region are the last feed's (region.LineFeed); asked is when a buyer last
-	// asked about the sale (Unix nanoseconds).
+	// gate and region are the last feed's (region.LineFeed); terms the sale's, once the
+	// waiting-room page asked them (Edge.Terms); asked is when a buyer last asked about the
+	// sale (Unix nanoseconds).
 	mu     sync.Mutex
 	gate   string
 	region string
+	terms  *region.SaleTerms
 	asked  atomic.Int64
 }
 
@@ -195,12 +198,37 @@ func (e *Edge) run(ctx context.Context) {
 		e.mu.Unlock()
 		for sale, l := range sales {
 			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := e.fetch(fctx, sale, l); err != nil && ctx.Err() == nil {
+			err := e.fetch(fctx, sale, l)
+			cancel()
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case lineGone(err):
+				e.forget(sale, l)
+				e.cfg.Logger.Info("the leader has no waiting line of the sale (no such sale, or no waiting room); its polls go to the leader",
+					"region", e.cfg.Region, "sale", sale, "err", err)
+			default:
 				e.cfg.Logger.Debug("fetching a waiting line from the leader failed; polls are answered from the last one",
 					"region", e.cfg.Region, "sale", sale, "err", err)
 			}
-			cancel()
 		}
+	}
+}
+
+// lineGone reports whether a leader's LineChanges answer err says it has no line of the sale:
+// NOT_FOUND (it knows no such sale) or CONFLICT (the sale has no waiting room).
+func lineGone(err error) bool {
+	r := apierr.Reason(err)
+	return r == "NOT_FOUND" || r == "CONFLICT"
+}
+
+// forget stops watching sale's line l, unless another line took its place meanwhile: its
+// polls are forwarded to the leader, and a line is watched again once the leader answers
+// for the sale.
+func (e *Edge) forget(sale string, l *line) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lines[sale] == l {
+		delete(e.lines, sale)
 	}
 }
 

@@ -19,16 +19,29 @@ import (
 // processes leads, following each NOT_LEADER answer's leader address, and trying the
 // region's other known processes when the answer names none (a leader just died) or a
 // process does not answer. It keeps one connection per address it has called, at most
-// maxConns.
+// maxConns: past them the least recently used connection no call is using is closed, so
+// leaders restarted on new ports (or bad hints) never use the bound up. A connection is
+// closed only when no call is on it, and one that is closed is never handed out again.
 type Upstream struct {
 	region string
 	seeds  []string
 	creds  credentials.TransportCredentials
 	mu     sync.Mutex
-	conns  map[string]*grpc.ClientConn
+	conns  map[string]*upConn
+	uses   uint64 // counts the calls handed a connection: each conn's last use
 	cur    string
 	next   int // the seed tried after cur fails
 	closed bool
+}
+
+// upConn is one connection of an upstream, with the calls on it now and when it was last
+// handed to one.
+type upConn struct {
+	addr     string
+	conn     *grpc.ClientConn
+	client   quotav1.RegionServiceClient
+	inFlight int
+	lastUse  uint64
 }
 
 // maxConns bounds the addresses an upstream keeps a connection to: the seeds and the
@@ -48,7 +61,7 @@ func NewUpstream(region string, seeds []string, creds credentials.TransportCrede
 	if len(seeds) > maxConns/2 {
 		return nil, fmt.Errorf("upstream: %d addresses, over %d", len(seeds), maxConns/2)
 	}
-	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*grpc.ClientConn{}, cur: seeds[0]}, nil
+	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*upConn{}, cur: seeds[0]}, nil
 }
 
 // Leader is the address the upstream calls now (the leader as last learned).
@@ -58,28 +71,57 @@ func (u *Upstream) Leader() string {
 	return u.cur
 }
 
-// client is the RegionService client of the current address.
-func (u *Upstream) client() (quotav1.RegionServiceClient, string, error) {
+// acquire hands out the connection to the current address, counted as in use until
+// release: the current one, or a new one (in place of the least recently used idle one once
+// maxConns are open).
+func (u *Upstream) acquire() (*upConn, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
-		return nil, "", errors.New("upstream closed")
+		return nil, errors.New("upstream closed")
 	}
-	conn, ok := u.conns[u.cur]
+	c, ok := u.conns[u.cur]
 	if !ok {
-		if len(u.conns) >= maxConns {
-			return nil, "", &apierr.OverloadedError{What: fmt.Sprintf("the edge's connections to region %s (%d, none to %s)", u.region, len(u.conns), u.cur),
-				RetryAfter: time.Second}
+		if len(u.conns) >= maxConns && !u.evictIdle() {
+			return nil, &apierr.OverloadedError{What: fmt.Sprintf("the edge's connections to region %s (%d, each in use, none to %s)",
+				u.region, len(u.conns), u.cur), RetryAfter: time.Second}
 		}
-		var err error
-		conn, err = grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
+		conn, err := grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFeedBytes)))
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		u.conns[u.cur] = conn
+		c = &upConn{addr: u.cur, conn: conn, client: quotav1.NewRegionServiceClient(conn)}
+		u.conns[u.cur] = c
 	}
-	return quotav1.NewRegionServiceClient(conn), u.cur, nil
+	u.uses++
+	c.inFlight++
+	c.lastUse = u.uses
+	return c, nil
+}
+
+// evictIdle closes the least recently used connection no call is using, and reports whether
+// there was one. Called with u.mu held.
+func (u *Upstream) evictIdle() bool {
+	var victim *upConn
+	for _, c := range u.conns {
+		if c.inFlight == 0 && (victim == nil || c.lastUse < victim.lastUse) {
+			victim = c
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	delete(u.conns, victim.addr)
+	_ = victim.conn.Close() // no call is on it: nothing to do about an error
+	return true
+}
+
+// release ends a call's use of c.
+func (u *Upstream) release(c *upConn) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c.inFlight--
 }
 
 // moveOn makes the next call go to hint, or, with none, to the next seed; only if the
@@ -116,15 +158,16 @@ func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.Re
 				break
 			}
 		}
-		c, addr, cerr := u.client()
+		c, cerr := u.acquire()
 		if cerr != nil {
 			return cerr
 		}
-		err = fn(ctx, c)
+		err = fn(ctx, c.client)
+		u.release(c)
 		if !moveOnFrom(err) {
 			return err
 		}
-		u.moveOn(addr, apierr.LeaderHint(err))
+		u.moveOn(c.addr, apierr.LeaderHint(err))
 	}
 	return &apierr.NotLeaderError{Role: "region " + u.region + " (no process answered as its leader: " + errorText(err) + ")"}
 }
@@ -160,13 +203,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Close closes every connection; idempotent.
+// Close closes every connection, cutting the calls on them; idempotent.
 func (u *Upstream) Close() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.closed = true
 	for a, c := range u.conns {
-		_ = c.Close() // closing: nothing to do about an error
+		_ = c.conn.Close() // closing: nothing to do about an error
 		delete(u.conns, a)
 	}
 }

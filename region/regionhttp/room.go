@@ -2,6 +2,7 @@ package regionhttp
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
@@ -23,8 +24,9 @@ import (
 	"github.com/quotaworks/quota/transfer"
 )
 
-// The waiting-room page (docs/storefront.md, "The waiting-room page"): what a region serves
-// shoppers' browsers on a public listener of its own, with no client certificate. It serves
+// The waiting-room page (docs/storefront.md, "The waiting-room page"): what a region, or a
+// storefront edge of it (ServeRoom), serves shoppers' browsers on a public listener of its
+// own, with no client certificate. It serves
 // the page, its two static files and the two calls the page makes, nothing else:
 //
 //	GET  /room/{sale}                          the page (a signed entry link in its query)
@@ -68,8 +70,31 @@ type RoomOptions struct {
 	Now func() time.Time
 }
 
+// RoomDoor is what the waiting-room page asks of a region's front door: *region.Door, or a
+// storefront edge (quotad edge) that answers polls from its copy of the line and forwards
+// the rest to the region's leader.
+type RoomDoor interface {
+	// Terms are a sale's terms: the page asks them only for a signed entry link or an
+	// admitted buyer's return URL.
+	Terms(ctx context.Context, sale string) (region.SaleTerms, error)
+	// Enter puts a buyer in the sale's line, with the address that connected.
+	Enter(ctx context.Context, sale, user, addr string) (region.Admission, error)
+	// PollAdmission answers a poll from callers no certificate vouches for: from memory
+	// only, so a poll naming any sale id costs no query of the region's database.
+	PollAdmission(ctx context.Context, sale, id string) (region.Admission, error)
+}
+
 // RoomHandler serves the waiting-room page of region's front door d.
 func RoomHandler(d *region.Door, opts RoomOptions) (http.Handler, error) {
+	if d == nil { // not a typed nil inside the interface
+		return nil, errors.New("waiting-room page: needs the front door and the ticket keys (--ticket-keys)")
+	}
+	return ServeRoom(d, opts)
+}
+
+// ServeRoom is RoomHandler over any front door: the same page, files and calls, whoever
+// answers behind them.
+func ServeRoom(d RoomDoor, opts RoomOptions) (http.Handler, error) {
 	if d == nil || opts.Keys == nil {
 		return nil, errors.New("waiting-room page: needs the front door and the ticket keys (--ticket-keys)")
 	}
@@ -84,7 +109,7 @@ func RoomHandler(d *region.Door, opts RoomOptions) (http.Handler, error) {
 var roomTypes = map[string]string{"room.js": "text/javascript; charset=utf-8", "room.css": "text/css; charset=utf-8"}
 
 // newRoomHandler reads the static files once, with their ETags.
-func newRoomHandler(d *region.Door, opts RoomOptions) (*roomHandler, error) {
+func newRoomHandler(d RoomDoor, opts RoomOptions) (*roomHandler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -135,7 +160,7 @@ func SetRoomHeaders(h http.Header) {
 }
 
 type roomHandler struct {
-	d      *region.Door
+	d      RoomDoor
 	opts   RoomOptions
 	assets map[string]asset
 }

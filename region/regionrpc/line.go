@@ -126,6 +126,7 @@ func SaleViewFromProto(pb *quotav1.DescribeSaleResponse) region.SaleView {
 			HoldTTL: time.Duration(pb.GetHoldTtlMs()) * time.Millisecond, OpensAt: pb.GetOpensAt().AsTime()}}
 	v.Terms.Admission.Rate = pb.GetAdmitRate()
 	v.Terms.Admission.TicketTTL = time.Duration(pb.GetTicketTtlMs()) * time.Millisecond
+	v.Terms.Admission.ReturnURL = pb.GetRoomReturnUrl()
 	for _, k := range pb.GetSkus() {
 		v.SKUs = append(v.SKUs, region.SKUView{SKU: k.GetSku(), SoldOut: k.GetSoldOut(), Paused: k.GetPaused(), Available: transfer.Units(k.GetAvailable())})
 	}

@@ -54,7 +54,11 @@ func (s *Server) GetAdmission(ctx context.Context, req *quotav1.GetAdmissionRequ
 	if err != nil {
 		return nil, err
 	}
-	a, err := d.GetAdmission(ctx, req.GetSaleId(), req.GetAdmissionId())
+	poll := d.GetAdmission
+	if req.GetMemoryOnly() {
+		poll = d.PollAdmission
+	}
+	a, err := poll(ctx, req.GetSaleId(), req.GetAdmissionId())
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +78,8 @@ func (s *Server) DescribeSale(ctx context.Context, req *quotav1.DescribeSaleRequ
 	t := v.Terms
 	out := &quotav1.DescribeSaleResponse{SaleId: t.Sale, Region: v.Region, PerUserLimit: int64(t.PerUserLimit),
 		HoldTtlMs: t.HoldTTL.Milliseconds(), OpensAt: timestamppb.New(t.OpensAt), ServerTime: timestamppb.New(v.ServerTime),
-		Paused: v.Paused, AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds()}
+		Paused: v.Paused, AdmitRate: t.Admission.Rate, TicketTtlMs: t.Admission.TicketTTL.Milliseconds(),
+		RoomReturnUrl: t.Admission.ReturnURL}
 	for _, k := range v.SKUs {
 		out.Skus = append(out.Skus, &quotav1.SkuView{Sku: k.SKU, SoldOut: k.SoldOut, Available: int64(k.Available), Paused: k.Paused})
 	}

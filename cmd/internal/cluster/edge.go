@@ -30,8 +30,12 @@ type EdgeConfig struct {
 	Upstream []string
 	// Listen is the storefront HTTP/JSON address (port 0 picks one).
 	Listen string
-	// ReusePort lets several edges listen on one Listen address (SO_REUSEPORT, Linux): the
-	// kernel spreads new connections among the live ones.
+	// RoomListen, when set, is the waiting-room page's public listener (a server certificate
+	// only, for shoppers' browsers): the page a region serves at --room-listen, answered by
+	// the edge (docs/storefront.md, "The waiting-room page").
+	RoomListen string
+	// ReusePort lets several edges listen on one Listen address, and one RoomListen
+	// (SO_REUSEPORT, Linux): the kernel spreads new connections among the live ones.
 	ReusePort bool
 	// TicketKeys is the cluster's ticket key file (required).
 	TicketKeys string
@@ -70,6 +74,8 @@ func (c *EdgeConfig) Validate() error {
 type EdgeNode struct {
 	Edge *regionedge.Edge
 	HTTP *rpcserve.HTTPServer
+	// Room is the waiting-room page's public listener; nil without RoomListen.
+	Room *rpcserve.HTTPServer
 	// Metrics is the edge's Prometheus registry, served at /metrics.
 	Metrics  *prometheus.Registry
 	upstream *regionedge.Upstream
@@ -119,6 +125,12 @@ func StartEdge(cfg EdgeConfig) (*EdgeNode, error) {
 		up.Close()
 		return nil, fmt.Errorf("edge listen: %w", err)
 	}
+	if n.Room, err = openEdgeRoom(cfg, e, keys, nm); err != nil {
+		n.HTTP.Stop()
+		e.Close()
+		up.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Add(1)
@@ -127,7 +139,28 @@ func StartEdge(cfg EdgeConfig) (*EdgeNode, error) {
 		keys.watch(ctx)
 	}()
 	n.HTTP.Start()
+	if n.Room != nil {
+		n.Room.Start()
+	}
 	return n, nil
+}
+
+// openEdgeRoom opens the waiting-room page's public listener of edge e, when cfg asks for
+// one: the region's page (regionhttp.ServeRoom) over the edge, a server certificate only.
+func openEdgeRoom(cfg EdgeConfig, e *regionedge.Edge, keys *ticketKeys, nm *nodeMetrics) (*rpcserve.HTTPServer, error) {
+	if cfg.RoomListen == "" {
+		return nil, nil
+	}
+	h, err := regionhttp.ServeRoom(e, regionhttp.RoomOptions{Region: cfg.Region, Keys: keys.get, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	rs, err := rpcserve.ListenHTTP(cfg.RoomListen, h, nm.httpOptions(rpcserve.Options{TLS: cfg.TLS, Limits: cfg.Limits,
+		Logger: cfg.Logger, ReusePort: cfg.ReusePort, Public: true}))
+	if err != nil {
+		return nil, fmt.Errorf("edge room-listen: %w", err)
+	}
+	return rs, nil
 }
 
 // registerEdge exports the edge's poll counts.
@@ -149,9 +182,20 @@ func registerEdge(reg prometheus.Registerer, regionName string, e *regionedge.Ed
 // Addr is the edge's HTTP address.
 func (n *EdgeNode) Addr() string { return n.HTTP.Addr() }
 
+// RoomAddr is the waiting-room page's address, or "" when the edge serves none.
+func (n *EdgeNode) RoomAddr() string {
+	if n.Room == nil {
+		return ""
+	}
+	return n.Room.Addr()
+}
+
 // Close stops serving, then the lines' fetch and the upstream's connections; idempotent.
 func (n *EdgeNode) Close() {
 	n.once.Do(func() {
+		if n.Room != nil {
+			n.Room.Stop()
+		}
 		n.HTTP.Stop()
 		n.cancel()
 		n.wg.Wait()

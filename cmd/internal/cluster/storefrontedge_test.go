@@ -34,6 +34,13 @@ const edgeLease = 2 * time.Second
 
 func newEdgeCluster(t *testing.T, sale string, total, rate, maxLive int64) *edgeCluster {
 	t.Helper()
+	return newEdgeClusterOn(t, sale, total, rate, maxLive, false)
+}
+
+// newEdgeClusterOn is newEdgeCluster; with standbyOwnDB the standby runs on a database of
+// its own, which knows no sale: once it leads, the region has lost the sale.
+func newEdgeClusterOn(t *testing.T, sale string, total, rate, maxLive int64, standbyOwnDB bool) *edgeCluster {
+	t.Helper()
 	e, err := fencing.StartEmbedded(t.TempDir(), testnet.URL(t), testnet.URL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +58,7 @@ func newEdgeCluster(t *testing.T, sale string, total, rate, maxLive int64) *edge
 		t.Fatal(err)
 	}
 	db := testpg.NewDB(t, "edges")
-	start := func() *cluster.RegionNode {
+	start := func(db string) *cluster.RegionNode {
 		n, err := cluster.StartRegion(ctx, cluster.RegionConfig{Region: region.Config{Name: "us", Verify: verify()}, Listen: "127.0.0.1:0",
 			TicketKeys: ec.keys, DBURL: db, LeaseTTL: edgeLease, TLS: certs, Logger: testLogger()}, etcd)
 		if err != nil {
@@ -60,11 +67,15 @@ func newEdgeCluster(t *testing.T, sale string, total, rate, maxLive int64) *edge
 		t.Cleanup(n.Close)
 		return n
 	}
-	ec.a = start()
+	ec.a = start(db)
 	if err := ec.a.WaitLeading(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ec.b = start()
+	if standbyOwnDB {
+		ec.b = start(testpg.NewDB(t, "edges_lost"))
+	} else {
+		ec.b = start(db)
+	}
 	cn, err := cluster.StartCoordinator(ctx, cluster.CoordinatorConfig{Listen: "127.0.0.1:0", DBURL: testpg.NewDB(t, "ledger"),
 		Regions: []cluster.RegionEndpoint{{Name: "us", Addr: ec.a.Addr(), DBURL: db}}, LeaseTTL: edgeLease, FollowLeaders: true,
 		TLS: certs, Logger: testLogger()}, etcd)

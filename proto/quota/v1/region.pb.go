@@ -1198,17 +1198,20 @@ func (x *SkuView) GetPaused() bool {
 }
 
 type DescribeSaleResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
-	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
-	PerUserLimit  int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
-	HoldTtlMs     int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
-	OpensAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
-	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
-	Paused        bool                   `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
-	AdmitRate     int64                  `protobuf:"varint,8,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
-	TicketTtlMs   int64                  `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
-	Skus          []*SkuView             `protobuf:"bytes,10,rep,name=skus,proto3" json:"skus,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SaleId       string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	Region       string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	PerUserLimit int64                  `protobuf:"varint,3,opt,name=per_user_limit,json=perUserLimit,proto3" json:"per_user_limit,omitempty"`
+	HoldTtlMs    int64                  `protobuf:"varint,4,opt,name=hold_ttl_ms,json=holdTtlMs,proto3" json:"hold_ttl_ms,omitempty"`
+	OpensAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=opens_at,json=opensAt,proto3" json:"opens_at,omitempty"`
+	ServerTime   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	Paused       bool                   `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
+	AdmitRate    int64                  `protobuf:"varint,8,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	TicketTtlMs  int64                  `protobuf:"varint,9,opt,name=ticket_ttl_ms,json=ticketTtlMs,proto3" json:"ticket_ttl_ms,omitempty"`
+	Skus         []*SkuView             `protobuf:"bytes,10,rep,name=skus,proto3" json:"skus,omitempty"`
+	// room_return_url is where the waiting-room page sends an admitted shopper ("": the sale
+	// has no page); a storefront edge serving the page reads it here.
+	RoomReturnUrl string `protobuf:"bytes,11,opt,name=room_return_url,json=roomReturnUrl,proto3" json:"room_return_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1311,6 +1314,13 @@ func (x *DescribeSaleResponse) GetSkus() []*SkuView {
 		return x.Skus
 	}
 	return nil
+}
+
+func (x *DescribeSaleResponse) GetRoomReturnUrl() string {
+	if x != nil {
+		return x.RoomReturnUrl
+	}
+	return ""
 }
 
 type Admission struct {
@@ -1553,9 +1563,13 @@ func (x *EnterResponse) GetAdmission() *Admission {
 }
 
 type GetAdmissionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SaleId        string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
-	AdmissionId   string                 `protobuf:"bytes,2,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SaleId      string                 `protobuf:"bytes,1,opt,name=sale_id,json=saleId,proto3" json:"sale_id,omitempty"`
+	AdmissionId string                 `protobuf:"bytes,2,opt,name=admission_id,json=admissionId,proto3" json:"admission_id,omitempty"`
+	// memory_only answers from the leader's memory only, as its waiting-room page's polls are
+	// (a storefront edge serving the page forwards them so): a sale whose waiting room the
+	// leader does not hold is NOT_FOUND, with no query of its database.
+	MemoryOnly    bool `protobuf:"varint,3,opt,name=memory_only,json=memoryOnly,proto3" json:"memory_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1602,6 +1616,13 @@ func (x *GetAdmissionRequest) GetAdmissionId() string {
 		return x.AdmissionId
 	}
 	return ""
+}
+
+func (x *GetAdmissionRequest) GetMemoryOnly() bool {
+	if x != nil {
+		return x.MemoryOnly
+	}
+	return false
 }
 
 type GetAdmissionResponse struct {
@@ -2275,7 +2296,7 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x03sku\x18\x01 \x01(\tR\x03sku\x12\x19\n" +
 	"\bsold_out\x18\x02 \x01(\bR\asoldOut\x12\x1c\n" +
 	"\tavailable\x18\x03 \x01(\x03R\tavailable\x12\x16\n" +
-	"\x06paused\x18\x04 \x01(\bR\x06paused\"\x83\x03\n" +
+	"\x06paused\x18\x04 \x01(\bR\x06paused\"\xab\x03\n" +
 	"\x14DescribeSaleResponse\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12$\n" +
@@ -2289,7 +2310,8 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"admit_rate\x18\b \x01(\x03R\tadmitRate\x12\"\n" +
 	"\rticket_ttl_ms\x18\t \x01(\x03R\vticketTtlMs\x12%\n" +
 	"\x04skus\x18\n" +
-	" \x03(\v2\x11.quota.v1.SkuViewR\x04skus\"\x93\x03\n" +
+	" \x03(\v2\x11.quota.v1.SkuViewR\x04skus\x12&\n" +
+	"\x0froom_return_url\x18\v \x01(\tR\rroomReturnUrl\"\x93\x03\n" +
 	"\tAdmission\x12!\n" +
 	"\fadmission_id\x18\x01 \x01(\tR\vadmissionId\x12\x17\n" +
 	"\asale_id\x18\x02 \x01(\tR\x06saleId\x12\x17\n" +
@@ -2310,10 +2332,12 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\x12%\n" +
 	"\x0eclient_address\x18\x03 \x01(\tR\rclientAddress\"B\n" +
 	"\rEnterResponse\x121\n" +
-	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"Q\n" +
+	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"r\n" +
 	"\x13GetAdmissionRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12!\n" +
-	"\fadmission_id\x18\x02 \x01(\tR\vadmissionId\"I\n" +
+	"\fadmission_id\x18\x02 \x01(\tR\vadmissionId\x12\x1f\n" +
+	"\vmemory_only\x18\x03 \x01(\bR\n" +
+	"memoryOnly\"I\n" +
 	"\x14GetAdmissionResponse\x121\n" +
 	"\tadmission\x18\x01 \x01(\v2\x13.quota.v1.AdmissionR\tadmission\"Y\n" +
 	"\x13JoinWaitlistRequest\x12\x17\n" +

@@ -1,0 +1,193 @@
+package regionedge
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaworks/quota/internal/apierr"
+	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// leaderBoard is which of the test's region processes leads.
+type leaderBoard struct {
+	mu     sync.Mutex
+	leader string
+}
+
+func (b *leaderBoard) get() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.leader
+}
+
+func (b *leaderBoard) set(addr string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.leader = addr
+}
+
+// boardRegion is a region process over gRPC on loopback as the upstream sees one: the
+// leader (the board's) answers DescribeSale with its own address; every other process
+// answers NOT_LEADER naming the leader. GetReservation at the leader waits for hold (closed)
+// once it has said so on started.
+type boardRegion struct {
+	quotav1.UnimplementedRegionServiceServer
+	addr    string
+	board   *leaderBoard
+	started chan struct{}
+	hold    chan struct{}
+	srv     *grpc.Server
+}
+
+func (s *boardRegion) leading() error {
+	if l := s.board.get(); l != s.addr {
+		return apierr.ToStatus(&apierr.NotLeaderError{Role: "region us", Leader: l})
+	}
+	return nil
+}
+
+func (s *boardRegion) DescribeSale(_ context.Context, req *quotav1.DescribeSaleRequest) (*quotav1.DescribeSaleResponse, error) {
+	if err := s.leading(); err != nil {
+		return nil, err
+	}
+	return &quotav1.DescribeSaleResponse{SaleId: req.GetSaleId(), Region: s.addr}, nil
+}
+
+func (s *boardRegion) GetReservation(ctx context.Context, _ *quotav1.GetReservationRequest) (*quotav1.GetReservationResponse, error) {
+	if err := s.leading(); err != nil {
+		return nil, err
+	}
+	s.started <- struct{}{}
+	select {
+	case <-s.hold:
+		return &quotav1.GetReservationResponse{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// startBoardRegion serves a boardRegion on a new loopback port.
+func startBoardRegion(t *testing.T, b *leaderBoard) *boardRegion {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &boardRegion{addr: ln.Addr().String(), board: b, started: make(chan struct{}, 1), hold: make(chan struct{}), srv: grpc.NewServer()}
+	quotav1.RegisterRegionServiceServer(s.srv, s)
+	go func() { _ = s.srv.Serve(ln) }() // Serve returns once Stop is called
+	t.Cleanup(s.srv.Stop)
+	return s
+}
+
+// describe calls DescribeSale through u and returns the address that answered.
+func describe(ctx context.Context, u *Upstream) (string, error) {
+	var at string
+	err := u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		res, err := c.DescribeSale(ctx, &quotav1.DescribeSaleRequest{SaleId: "s"})
+		at = res.GetRegion()
+		return err
+	})
+	return at, err
+}
+
+// TestUpstreamEvictsOldLeaders: the region's leader moves to a new port 40 times (each old
+// leader stopped, as a restarted process's port is gone), more addresses than an upstream
+// keeps connections to. After each move a call reaches the new leader, the connections kept
+// never pass maxConns, and a call in flight on the first leader's connection all along (the
+// least recently used one) is not cut: it ends with its answer. Meanwhile four callers call
+// over and over: none of their calls is cut or refused either (they may give up as
+// NOT_LEADER, the leader moving faster than their few tries).
+func TestUpstreamEvictsOldLeaders(t *testing.T) {
+	const moves = 40
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := &leaderBoard{}
+	seed := startBoardRegion(t, b)
+	first := startBoardRegion(t, b)
+	b.set(first.addr)
+	u, err := NewUpstream("us", []string{seed.addr}, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	inFlight := make(chan error, 1)
+	go func() {
+		inFlight <- u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+			_, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: "h"})
+			return err
+		})
+	}()
+	<-first.started
+	stop := describeMeanwhile(ctx, u, 4)
+	prev := first
+	for i := range moves {
+		next := startBoardRegion(t, b)
+		b.set(next.addr)
+		if prev != first {
+			prev.srv.Stop()
+		}
+		at, err := describe(ctx, u)
+		if err != nil || at != next.addr {
+			t.Fatalf("leader %d of %d at %s: the call answered %q, %v", i+1, moves, next.addr, at, err)
+		}
+		u.mu.Lock()
+		n := len(u.conns)
+		u.mu.Unlock()
+		if n > maxConns {
+			t.Fatalf("leader %d: %d connections kept, over %d", i+1, n, maxConns)
+		}
+		prev = next
+	}
+	for _, err := range stop() {
+		t.Errorf("a concurrent caller: %v", err)
+	}
+	close(first.hold)
+	if err := <-inFlight; err != nil {
+		t.Errorf("the call in flight on the first leader's connection: %v", err)
+	}
+}
+
+// describeMeanwhile has n callers call describe through u over and over until the function
+// it returns is called, which answers the first error of each caller that had one. A call
+// may give up as NOT_LEADER (its few tries all found leaders already moved on, with the
+// leader moving every few tens of milliseconds here); any other error (a connection closed
+// under the call, OVERLOADED) counts.
+func describeMeanwhile(ctx context.Context, u *Upstream, n int) func() []error {
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if _, err := describe(ctx, u); err != nil && !errors.Is(err, apierr.ErrNotLeader) {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	return func() []error {
+		close(done)
+		wg.Wait()
+		close(errs)
+		var out []error
+		for err := range errs {
+			out = append(out, err)
+		}
+		return out
+	}
+}
