@@ -42,6 +42,10 @@ type DoorConfig struct {
 	Tick time.Duration
 	// BindsInFlight bounds the binding writes under way at once; default 64.
 	BindsInFlight int
+	// BindWait is how long an admission waits for the binding of a buyer the region does not
+	// know before it admits them and lets the binding finish in the background (doorbind.go);
+	// default 20ms. Only for a region that binds (Config.Binding).
+	BindWait time.Duration
 	// Logger receives operational messages; default the region's.
 	Logger *slog.Logger
 }
@@ -58,6 +62,10 @@ func (c *DoorConfig) validate(r *Region) error {
 	setDefault(&c.MaxQueue, admission.DefaultMaxQueue)
 	setDefault(&c.Tick, 10*time.Millisecond)
 	setDefault(&c.BindsInFlight, 64)
+	setDefault(&c.BindWait, 20*time.Millisecond)
+	if c.BindWait < 0 || c.BindWait > bindTimeout {
+		return fmt.Errorf("door: bind wait %s: must be 0..%s", c.BindWait, bindTimeout)
+	}
 	if c.Logger == nil {
 		c.Logger = r.cfg.Logger
 	}

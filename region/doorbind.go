@@ -19,21 +19,26 @@ const maxBindsLater = 1024
 // bindTimeout bounds one binding write.
 const bindTimeout = 2 * time.Second
 
+// bindAnswer is a binding's outcome: the region recorded, or why there is none.
+type bindAnswer struct {
+	bound string
+	err   error
+}
+
 // bind decides where e's buyer is bound, records the outcome (line.go) and only then admits
 // the buyer or ends the entry Elsewhere; a binding or a record that fails puts the buyer back
-// first in line. A region that binds its buyers (Config.Binding) admits a buyer it does not
-// know before the binding answers (bindLater): the binding is an etcd write that crosses the
-// ocean when the regions are far apart, and it guards the sale (Confirm) rather than the
-// ticket. Only a Door whose region does not bind (DoorConfig.Bind alone) waits for it here.
+// first in line. A region that binds its buyers (Config.Binding) waits for the binding of a
+// buyer it does not know for DoorConfig.BindWait at most, then admits them and lets the
+// binding finish in the background (bindLater): with the regions an ocean apart it is an etcd
+// commit across the ocean, and it guards the sale (Confirm) rather than the ticket. A Door
+// whose region does not bind (DoorConfig.Bind alone) waits for the binding.
 func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry, wg *sync.WaitGroup) {
 	room, sale := sr.room, sr.sale
-	bound, later := d.r.cfg.Name, false
+	bound := d.r.cfg.Name
+	var later <-chan bindAnswer
 	switch {
 	case d.r.binds != nil:
-		var known bool
-		if bound, known = d.r.binds.cached(saleUser{sale, e.User}); !known {
-			bound, later = d.r.cfg.Name, true
-		}
+		bound, later = d.bindOrWait(ctx, sr, e, wg)
 	case d.cfg.Bind != nil:
 		bctx, cancel := context.WithTimeout(ctx, bindTimeout)
 		var err error
@@ -67,39 +72,84 @@ func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry, wg *sy
 	defer cancel()
 	if err := d.line.record(wctx, &lineReq{epoch: sr.epoch, row: row, settle: settle}); err != nil {
 		d.cfg.Logger.Warn("recording an admission failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
-		return
 	}
-	if later {
-		d.bindLater(ctx, sr, e, wg)
+	if later != nil {
+		d.afterAdmission(ctx, sr, e, later, wg) // the answer still comes, recorded or not
 	}
 }
 
-// bindLater binds the buyer of e, an admission this region made before knowing the buyer's
-// binding, in the background: bound here, the region remembers it (a confirm then needs no
-// etcd); bound to another region, the admission is withdrawn (its entry ends Elsewhere, its
-// ticket refused from then on: bindings.elsewhere) and the holds made on it are released
-// (releaseBoundElsewhere). At most cap(d.later) run at once; beyond, and when the write
-// fails, the buyer's first confirm binds them (confirmBound), so nothing is sold unbound.
-func (d *Door) bindLater(ctx context.Context, sr *saleRoom, e admission.Entry, wg *sync.WaitGroup) {
+// bindOrWait is where e's buyer is bound as far as the admission needs to know: from the
+// region's memory; else the binding is started (bindLater) and waited for DoorConfig.BindWait
+// at most. When it has not answered by then, or failed, the buyer is admitted here (bound is
+// this region) and later, when not nil, brings the answer. No slot for a binding: the buyer
+// is admitted, and their confirm binds them.
+func (d *Door) bindOrWait(ctx context.Context, sr *saleRoom, e admission.Entry, wg *sync.WaitGroup) (bound string, later <-chan bindAnswer) {
+	here := d.r.cfg.Name
+	if v, ok := d.r.binds.cached(saleUser{sr.sale, e.User}); ok {
+		return v, nil
+	}
+	ans := d.bindLater(ctx, sr.sale, e.User, wg)
+	if ans == nil {
+		return here, nil
+	}
+	t := time.NewTimer(d.cfg.BindWait)
+	defer t.Stop()
+	select {
+	case a := <-ans:
+		if a.err != nil {
+			d.cfg.Logger.Warn("binding a buyer failed; admitted, their confirm binds them", "sale", sr.sale, "user", e.User, "err", a.err)
+			return here, nil
+		}
+		return a.bound, nil
+	case <-t.C:
+		return here, ans
+	case <-ctx.Done():
+		return here, nil
+	}
+}
+
+// bindLater binds (sale, user) in the background, in one of cap(d.later) slots, and answers
+// on the channel it returns (buffered: the binding never waits for a reader); nil when every
+// slot is taken. Bound here, the region remembers it, so a confirm needs no etcd.
+func (d *Door) bindLater(ctx context.Context, sale, user string, wg *sync.WaitGroup) <-chan bindAnswer {
 	select {
 	case d.later <- struct{}{}:
 	default:
-		d.cfg.Logger.Debug("binding after admission skipped: too many under way; the buyer's confirm binds", "sale", sr.sale, "user", e.User)
-		return
+		d.cfg.Logger.Debug("binding an admitted buyer skipped: too many under way; their confirm binds them", "sale", sale, "user", user)
+		return nil
 	}
+	ans := make(chan bindAnswer, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer func() { <-d.later }()
-		k := saleUser{sr.sale, e.User}
-		bound, err := d.r.binds.of(ctx, k)
-		if err != nil {
-			d.cfg.Logger.Warn("binding an admitted buyer failed; their confirm binds them", "sale", sr.sale, "user", e.User, "err", err)
+		bound, err := d.r.binds.of(ctx, saleUser{sale, user})
+		ans <- bindAnswer{bound, err}
+	}()
+	return ans
+}
+
+// afterAdmission waits in the background for the binding of e's buyer, admitted here before
+// it answered: bound to another region, the admission is withdrawn (its entry ends
+// Elsewhere, its ticket refused from then on: bindings.elsewhere) and the holds made on it are
+// released (releaseBoundElsewhere). A binding that fails is left to the buyer's first confirm
+// (confirmBound), so nothing is sold unbound.
+func (d *Door) afterAdmission(ctx context.Context, sr *saleRoom, e admission.Entry, later <-chan bindAnswer, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var a bindAnswer
+		select {
+		case a = <-later:
+		case <-ctx.Done():
 			return
 		}
-		if bound != d.r.cfg.Name {
-			d.withdraw(ctx, sr, e.ID, bound)
-			releaseBoundElsewhere(ctx, d.r, k, bound)
+		switch {
+		case a.err != nil:
+			d.cfg.Logger.Warn("binding an admitted buyer failed; their confirm binds them", "sale", sr.sale, "user", e.User, "err", a.err)
+		case a.bound != d.r.cfg.Name:
+			d.withdraw(ctx, sr, e.ID, a.bound)
+			releaseBoundElsewhere(ctx, d.r, saleUser{sr.sale, e.User}, a.bound)
 		}
 	}()
 }
