@@ -169,7 +169,7 @@ func (s *shopper) reserve(base, ticket string) bool {
 			time.Sleep(250 * time.Millisecond)
 			continue
 		default:
-			s.run.odd(fmt.Sprintf("reserve %d %s %v", code, c, body))
+			s.run.odd(fmt.Sprintf("reserve %d %s", code, c))
 		}
 		return true
 	}
