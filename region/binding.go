@@ -217,8 +217,9 @@ func (e *bindingNeeded) Error() string {
 }
 
 // confirmable is the confirm's binding guard, decided in the writer's step: nil when h may
-// be sold here (or is not held and unexpired at now: nothing is sold), BOUND_ELSEWHERE when its buyer is known to be bound to another region, or a
-// *bindingNeeded when the region does not know. Only a held hold made with a waiting room's
+// be sold here (or is not held and unexpired at now: nothing is sold), BOUND_ELSEWHERE when
+// its buyer is known to be bound to another region, or a *bindingNeeded when the region does
+// not know. Only a held hold made with a waiting room's
 // ticket (Admission set) can have been made before its buyer's binding answered (Door.bind);
 // a sale without one binds before the hold is decided (bindings.buyer). checked says the
 // caller bound the buyer here just now (its memory of it may since have been dropped). b
