@@ -46,8 +46,13 @@ func mirrorRun(t *testing.T, seed uint64) {
 				case 1:
 					_ = r.Requeue(id)
 				default:
-					if _, err := r.Admit(id, now.Add(time.Duration(1+rng.IntN(3))*time.Second)); err == nil && rng.IntN(2) == 0 {
-						r.Used(id)
+					if _, err := r.Admit(id, now.Add(time.Duration(1+rng.IntN(3))*time.Second)); err == nil {
+						switch rng.IntN(3) {
+						case 0:
+							r.Used(id)
+						case 1:
+							_, _ = r.Elsewhere(id, "eu") // the binding answered after the admission
+						}
 					}
 				}
 				break

@@ -37,9 +37,11 @@ func (r *Room) Admit(id string, expires time.Time) (Entry, error) {
 	return r.view(e, r.clock), nil
 }
 
-// Elsewhere records that the Binding entry id's buyer is bound to region, another one: the
-// entry ends Elsewhere and frees its place under MaxLive. Repeating it with the same region
-// answers the entry; any other state is an error wrapping apierr.ErrConflict.
+// Elsewhere records that the Binding or Admitted entry id's buyer is bound to region, another
+// one: the entry ends Elsewhere and frees its place under MaxLive. An Admitted entry's ticket
+// is then withdrawn (a room admits before the buyer's binding answers: region/door.go).
+// Repeating it with the same region answers the entry; any other state is an error wrapping
+// apierr.ErrConflict.
 func (r *Room) Elsewhere(id, region string) (Entry, error) {
 	if region == "" {
 		return Entry{}, apierr.Invalid("region", "empty")
@@ -53,11 +55,16 @@ func (r *Room) Elsewhere(id, region string) (Entry, error) {
 	if e.state == Elsewhere && e.region == region {
 		return r.view(e, r.clock), nil
 	}
-	if e.state != Binding {
+	switch e.state {
+	case Binding:
+		r.binding--
+	case Admitted:
+		heap.Remove(&r.tickets, e.heapIdx)
+		r.live--
+	default:
 		return Entry{}, conflict(e, "bind elsewhere")
 	}
 	e.region = region
-	r.binding--
 	r.finish(e, Elsewhere)
 	return r.view(e, r.clock), nil
 }

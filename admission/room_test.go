@@ -444,7 +444,6 @@ func TestWrongStateConflict(t *testing.T) {
 		{"admit again, other expiry", second(r.Admit(q.ID, exp.Add(time.Second))), apierr.ErrConflict},
 		{"admit unknown", second(r.Admit("nope", exp)), apierr.ErrNotFound},
 		{"admit zero expiry", second(r.Admit(q.ID, time.Time{})), apierr.ErrInvalid},
-		{"elsewhere admitted", second(r.Elsewhere(q.ID, "us")), apierr.ErrConflict},
 		{"elsewhere no region", second(r.Elsewhere(q.ID, "")), apierr.ErrInvalid},
 		{"requeue admitted", r.Requeue(q.ID), apierr.ErrConflict},
 		{"requeue unknown", r.Requeue("nope"), apierr.ErrNotFound},
@@ -458,6 +457,38 @@ func TestWrongStateConflict(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// An Admitted entry whose buyer's binding answers another region ends Elsewhere: its ticket
+// is withdrawn and its place under MaxLive freed; a Used one stays Used.
+func TestElsewhereWithdrawsAnAdmission(t *testing.T) {
+	r := newRoom(t, func(c *RoomConfig) { c.Rate, c.MaxLive = 1e6, 1 })
+	a := mustEnter(t, r, "a", opens)
+	b := mustEnter(t, r, "b", opens)
+	r.Due(opens, 2) // a only: one live ticket at most
+	if _, err := r.Admit(a.ID, opens.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if due := r.Due(opens, 2); len(due) != 0 {
+		t.Fatalf("due with the one live ticket taken: %+v", due)
+	}
+	e, err := r.Elsewhere(a.ID, "eu")
+	if err != nil || e.State != Elsewhere || e.Region != "eu" {
+		t.Fatalf("Elsewhere of an admitted entry: %+v, %v", e, err)
+	}
+	if st := r.Stats(opens); st.Live != 0 || st.Elsewhere != 1 {
+		t.Errorf("stats after withdrawing: %+v, want no live ticket, one elsewhere", st)
+	}
+	if due := r.Due(opens, 2); len(due) != 1 || due[0].ID != b.ID {
+		t.Fatalf("due after withdrawing a's ticket: %+v, want b", due)
+	}
+	if _, err := r.Admit(b.ID, opens.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	r.Used(b.ID)
+	if _, err := r.Elsewhere(b.ID, "eu"); !errors.Is(err, apierr.ErrConflict) {
+		t.Errorf("Elsewhere of a used entry: %v, want CONFLICT", err)
+	}
+}
 
 func TestRoomConcurrent(t *testing.T) {
 	r := newRoom(t, func(c *RoomConfig) { c.Rate, c.MaxLive, c.NewID = 1000, 20, nil })

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -193,13 +194,99 @@ func (b *bindings) buyer(ctx context.Context, t SaleTerms, req ReserveRequest, p
 
 // elsewhere is buyer from memory only: BOUND_ELSEWHERE for a buyer this region knows to be
 // bound to another, nil otherwise. It runs before the empty pool's answer, which binds no
-// one.
-func (b *bindings) elsewhere(t SaleTerms, req ReserveRequest) error {
-	if b == nil || t.Admission.Waiting() {
+// one. In a sale with a waiting room it refuses the ticket of a buyer whose binding answered
+// another region after the room admitted them here (Door.bind).
+func (b *bindings) elsewhere(sale, user string) error {
+	if b == nil {
 		return nil
 	}
-	if bound, ok := b.cached(saleUser{req.Sale, req.User}); ok && bound != b.region {
-		return &apierr.BoundError{Sale: req.Sale, Region: bound}
+	if bound, ok := b.cached(saleUser{sale, user}); ok && bound != b.region {
+		return &apierr.BoundError{Sale: sale, Region: bound}
 	}
 	return nil
+}
+
+// bindingNeeded is a confirm's answer from the writer when the hold's buyer was admitted by a
+// waiting room before their binding answered and this region does not know it yet: the
+// caller binds the buyer (bindings.of) and asks again, or refuses. It never reaches a caller
+// of the region.
+type bindingNeeded struct{ k saleUser }
+
+func (e *bindingNeeded) Error() string {
+	return fmt.Sprintf("buyer %s of sale %s: binding not known here", e.k.user, e.k.sale)
+}
+
+// confirmable is the confirm's binding guard, decided in the writer's step: nil when h may
+// be sold here (or is not held and unexpired at now: nothing is sold), BOUND_ELSEWHERE when
+// its buyer is known to be bound to another region, or a *bindingNeeded when the region does
+// not know. Only a held hold made with a waiting room's
+// ticket (Admission set) can have been made before its buyer's binding answered (Door.bind);
+// a sale without one binds before the hold is decided (bindings.buyer). checked says the
+// caller bound the buyer here just now (its memory of it may since have been dropped). b
+// nil: the region binds no one.
+func (b *bindings) confirmable(h *memHold, now time.Time, checked bool) error {
+	if b == nil || checked || h.State != Held || !now.Before(h.ExpiresAt) || h.Admission == "" {
+		return nil
+	}
+	bound, ok := b.cached(saleUser{h.Sale, h.User})
+	switch {
+	case !ok:
+		return &bindingNeeded{saleUser{h.Sale, h.User}}
+	case bound != b.region:
+		return &apierr.BoundError{Sale: h.Sale, Region: bound}
+	}
+	return nil
+}
+
+// confirmBound runs a confirm (submit, with checked false then true) so that no hold of a
+// buyer admitted before their binding answered is sold unless the buyer is bound here: when
+// the writer does not know the binding (bindingNeeded), it is written or read in etcd
+// (bindings.of, create-if-absent: a buyer with a hold here and bound nowhere is bound here)
+// and the confirm asked again; a buyer bound elsewhere is refused BOUND_ELSEWHERE and
+// release gives their holds here back. Preserves the per-user limit across regions for what
+// is sold (docs/invariants.md, "The per-user limit").
+func confirmBound[T any](ctx context.Context, r *Region, submit func(checked bool) (T, error)) (T, error) {
+	res, err := submit(false)
+	var need *bindingNeeded
+	if !errors.As(err, &need) {
+		return res, err
+	}
+	bound, err := r.binds.of(ctx, need.k)
+	if err != nil {
+		return res, fmt.Errorf("binding buyer %s to region %s for sale %s before the sale: %v: %w", need.k.user, r.cfg.Name, need.k.sale, err, apierr.ErrAborted)
+	}
+	if bound != r.cfg.Name {
+		releaseBoundElsewhere(ctx, r, need.k, bound)
+		return res, &apierr.BoundError{Sale: need.k.sale, Region: bound}
+	}
+	return submit(true)
+}
+
+// releaseBoundElsewhere gives back the holds this region's writer made for k's buyer, who is
+// bound to region bound (another): they were made on a ticket handed out before the binding
+// answered (Door.bind), and none of them can be sold here (confirmable). Best effort: what
+// fails is logged, and a hold left behind still cannot be sold and expires at its deadline.
+func releaseBoundElsewhere(ctx context.Context, r *Region, k saleUser, bound string) {
+	holds, _, err := r.BuyerHolds(ctx, k.sale, k.user, MaxBuyerHolds)
+	if err != nil {
+		r.cfg.Logger.Warn("reading the holds of a buyer bound elsewhere failed; they expire", "sale", k.sale, "user", k.user, "bound", bound, "err", err)
+		return
+	}
+	carts := map[string]bool{}
+	for _, h := range holds {
+		if h.State != Held || carts[h.CartID] {
+			continue
+		}
+		if h.CartID != "" {
+			carts[h.CartID] = true
+			_, err = Carts{R: r}.Release(ctx, h.CartID)
+		} else {
+			_, err = r.Release(ctx, h.ID)
+		}
+		if err != nil {
+			r.cfg.Logger.Warn("releasing a hold of a buyer bound elsewhere failed; it expires", "sale", k.sale, "user", k.user, "hold", h.ID, "bound", bound, "err", err)
+			continue
+		}
+		r.cfg.Logger.Info("released a hold of a buyer bound elsewhere", "sale", k.sale, "user", k.user, "hold", h.ID, "bound", bound)
+	}
 }

@@ -261,7 +261,7 @@ func reserveCart(ctx context.Context, r *Region, req CartRequest) (CartResult, e
 		}
 		return CartResult{}, err
 	}
-	if err := r.binds.elsewhere(t, first); err != nil {
+	if err := r.binds.elsewhere(first.Sale, first.User); err != nil {
 		return CartResult{}, err
 	}
 	unbound, err := r.binds.buyer(ctx, t, first, r.paused.Load())

@@ -22,8 +22,10 @@ func (c Carts) Confirm(ctx context.Context, cartID, paymentID string) (CartClose
 	if err := checkIDs("payment_id", paymentID); err != nil {
 		return CartCloseResult{}, err
 	}
-	return submitForCart(ctx, r, cartID, func(ids []string, stored map[string]*memHold) op[CartCloseResult] {
-		return &cartCloseOp{cart: cartID, ids: ids, payment: paymentID, stored: stored}
+	return confirmBound(ctx, r, func(checked bool) (CartCloseResult, error) {
+		return submitForCart(ctx, r, cartID, func(ids []string, stored map[string]*memHold) op[CartCloseResult] {
+			return &cartCloseOp{cart: cartID, ids: ids, payment: paymentID, stored: stored, binds: r.binds, checked: checked}
+		})
 	})
 }
 
@@ -127,6 +129,9 @@ type cartCloseOp struct {
 	payment string
 	release bool
 	stored  map[string]*memHold // the lines as read from SQL, when memory has retired one
+	// binds and checked are the binding guard's (bindings.confirmable), for a confirm.
+	binds   *bindings
+	checked bool
 }
 
 func (o *cartCloseOp) apply(_ context.Context, b *batch) (CartCloseResult, error, error) {
@@ -146,6 +151,9 @@ func (o *cartCloseOp) apply(_ context.Context, b *batch) (CartCloseResult, error
 	}
 	if o.release {
 		return o.releaseAll(b, hs)
+	}
+	if err := o.binds.confirmable(hs[0], b.now, o.checked); err != nil {
+		return CartCloseResult{}, err, nil // one buyer's lines: line 0 speaks for all; nothing changed
 	}
 	return o.confirmAll(b, hs), nil, nil
 }

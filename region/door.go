@@ -42,6 +42,10 @@ type DoorConfig struct {
 	Tick time.Duration
 	// BindsInFlight bounds the binding writes under way at once; default 64.
 	BindsInFlight int
+	// BindWait is how long an admission waits for the binding of a buyer the region does not
+	// know before it admits them and lets the binding finish in the background (doorbind.go);
+	// default 20ms. Only for a region that binds (Config.Binding).
+	BindWait time.Duration
 	// Logger receives operational messages; default the region's.
 	Logger *slog.Logger
 }
@@ -58,6 +62,10 @@ func (c *DoorConfig) validate(r *Region) error {
 	setDefault(&c.MaxQueue, admission.DefaultMaxQueue)
 	setDefault(&c.Tick, 10*time.Millisecond)
 	setDefault(&c.BindsInFlight, 64)
+	setDefault(&c.BindWait, 20*time.Millisecond)
+	if c.BindWait < 0 || c.BindWait > bindTimeout {
+		return fmt.Errorf("door: bind wait %s: must be 0..%s", c.BindWait, bindTimeout)
+	}
 	if c.Logger == nil {
 		c.Logger = r.cfg.Logger
 	}
@@ -79,6 +87,7 @@ type Door struct {
 	cfg   DoorConfig
 	gates gates
 	binds chan struct{} // a slot per binding write in flight
+	later chan struct{} // a slot per binding after an admission in flight (bindLater)
 	mu    sync.Mutex
 	rooms map[string]*saleRoom
 	// offers are its waitlist half: the sold-out SKUs' waitlists (waitlist.go).
@@ -105,7 +114,7 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 	d := &Door{r: r, cfg: cfg, rooms: map[string]*saleRoom{}, cancel: cancel, done: make(chan struct{}),
 		gates: gates{r: r, users: admission.NewLimiter(cfg.PerUserRate, cfg.PerUserBurst, cfg.MaxBuckets),
 			addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets)},
-		binds: make(chan struct{}, cfg.BindsInFlight), line: newLineWriter(r.pool, cfg.Logger, r.stepDownTerm)}
+		binds: make(chan struct{}, cfg.BindsInFlight), later: make(chan struct{}, maxBindsLater), line: newLineWriter(r.pool, cfg.Logger, r.stepDownTerm)}
 	d.offers = offers{d: d, lists: map[poolKey]*saleWaitlist{}}
 	go d.run(ctx)
 	return d, nil
@@ -299,6 +308,12 @@ func (d *Door) answer(sale string, e admission.Entry) (Admission, error) {
 	switch e.State {
 	case admission.Elsewhere:
 		return a, &apierr.BoundError{Sale: sale, Region: e.Region}
+	case admission.Used:
+		// A ticket used before the buyer's binding answered another region (bindLater): its
+		// holds were given back; the buyer is told where they are bound.
+		if err := d.r.binds.elsewhere(sale, e.User); err != nil {
+			return a, err
+		}
 	case admission.Admitted:
 		tk, err := d.cfg.Keys().Sign(admission.Ticket{Sale: sale, User: e.User, Region: d.r.cfg.Name, Admission: e.ID, Expires: e.ExpiresAt})
 		if err != nil {
@@ -469,53 +484,8 @@ func (d *Door) admitDue(ctx context.Context, sr *saleRoom, wg *sync.WaitGroup) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-d.binds }()
-			d.bind(ctx, sr, e)
+			d.bind(ctx, sr, e, wg)
 		}()
-	}
-}
-
-// bindTimeout bounds one binding write.
-const bindTimeout = 2 * time.Second
-
-// bind binds e's buyer (Bind), records the outcome (line.go) and only then admits the buyer
-// or ends the entry Elsewhere; a binding or a record that fails puts the buyer back first in
-// line.
-func (d *Door) bind(ctx context.Context, sr *saleRoom, e admission.Entry) {
-	room, sale := sr.room, sr.sale
-	bound := d.r.cfg.Name
-	if d.cfg.Bind != nil {
-		bctx, cancel := context.WithTimeout(ctx, bindTimeout)
-		var err error
-		bound, err = d.cfg.Bind(bctx, sale, e.User, d.r.cfg.Name)
-		cancel()
-		if err != nil {
-			d.cfg.Logger.Warn("binding a buyer failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
-			d.requeue(room, e.ID)
-			return
-		}
-	}
-	row := lineRow{sale: sale, id: e.ID, state: lineElsewhere, region: bound}
-	settle := func(err error) {
-		if err == nil {
-			_, err = room.Elsewhere(e.ID, bound)
-		}
-		d.settled(room, e.ID, err)
-	}
-	if bound == d.r.cfg.Name {
-		// The database keeps microseconds: the expiry a new leader reads is the one signed.
-		expires := d.r.cfg.Clock.Now().Add(sr.ticketTTL).Truncate(time.Microsecond)
-		row = lineRow{sale: sale, id: e.ID, state: lineAdmitted, expires: expires}
-		settle = func(err error) {
-			if err == nil {
-				_, err = room.Admit(e.ID, expires)
-			}
-			d.settled(room, e.ID, err)
-		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, lineWriteTimeout)
-	defer cancel()
-	if err := d.line.record(wctx, &lineReq{epoch: sr.epoch, row: row, settle: settle}); err != nil {
-		d.cfg.Logger.Warn("recording an admission failed; the buyer stays first in line", "sale", sale, "user", e.User, "err", err)
 	}
 }
 

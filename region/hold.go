@@ -20,8 +20,10 @@ func (r *Region) Confirm(ctx context.Context, holdID, paymentID string) (Confirm
 	if err := checkIDs("payment_id", paymentID); err != nil {
 		return ConfirmResult{}, err
 	}
-	return submitForHold[ConfirmResult](ctx, r, holdID, func(stored *memHold) op[ConfirmResult] {
-		return &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name, stored: stored}
+	return confirmBound(ctx, r, func(checked bool) (ConfirmResult, error) {
+		return submitForHold[ConfirmResult](ctx, r, holdID, func(stored *memHold) op[ConfirmResult] {
+			return &confirmOp{holdID: holdID, payment: paymentID, region: r.cfg.Name, stored: stored, binds: r.binds, checked: checked}
+		})
 	})
 }
 
@@ -85,11 +87,15 @@ func readHold(ctx context.Context, q rowQuerier, region, id string) (Hold, error
 type confirmOp struct {
 	holdID, payment, region string
 	stored                  *memHold // the hold as read from SQL, when memory has retired it
+	// binds and checked are the binding guard's (bindings.confirmable).
+	binds   *bindings
+	checked bool
 }
 
 // apply is the guarded transition held → sold, taken only while the hold is held and
 // unexpired at the batch's decision time (I6: no Confirm turns an expired or released hold
-// into a sale). A payment that comes too late is answered "refund" and recorded in
+// into a sale), and only for a buyer bound to this region (bindings.confirmable: the
+// per-user limit across regions). A payment that comes too late is answered "refund" and recorded in
 // late_payments; a hold found held past its deadline is expired on the spot.
 func (o *confirmOp) apply(_ context.Context, b *batch) (ConfirmResult, error, error) {
 	h, fatal := b.holdOrStored(o.holdID, o.stored)
@@ -98,6 +104,9 @@ func (o *confirmOp) apply(_ context.Context, b *batch) (ConfirmResult, error, er
 	}
 	if h.CartID != "" {
 		return ConfirmResult{}, lineAlone(h), nil
+	}
+	if err := o.binds.confirmable(h, b.now, o.checked); err != nil {
+		return ConfirmResult{}, err, nil // the per-user limit across regions: nothing changed
 	}
 	switch {
 	case h.State == Sold && h.PaymentID == o.payment:

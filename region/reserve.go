@@ -55,7 +55,7 @@ func (r *Region) reserve(ctx context.Context, req ReserveRequest) (ReserveResult
 		}
 		return ReserveResult{}, err
 	}
-	if err := r.binds.elsewhere(t, req); err != nil {
+	if err := r.binds.elsewhere(req.Sale, req.User); err != nil {
 		return ReserveResult{}, err
 	}
 	if avail, ok := r.cachedAvailable(poolKey{req.Sale, req.SKU}); ok && !r.inWriter(k) {

@@ -95,15 +95,58 @@ func TestPerUserLimitHoldsAcrossRegions(t *testing.T) {
 	t.Run("with a waiting room", func(t *testing.T) {
 		lead(t)
 		createWaitingSale(t, d, "room", 300, 100, map[string]int64{"us": 40, "eu": 35, "ap": 25})
-		ta := tryEverywhere(t, d, func(ctx context.Context, region string, i int) (string, int64) {
+		wave := 0
+		try := func(ctx context.Context, region string, i int) (string, int64) {
 			ticket, reason := enterUntilAdmitted(ctx, rc[region], "room", "bob")
 			if ticket == "" {
 				return reason, 0
 			}
-			return reserveOnce(ctx, rc[region], hc, edgeURL(d, region), "room", "bob", ticket, fmt.Sprintf("%s-%d", region, i), i%2 == 0)
-		})
-		checkOneRegion(t, d, "room", "bob", ta)
+			return reserveOnce(ctx, rc[region], hc, edgeURL(d, region), "room", "bob", ticket, fmt.Sprintf("%d-%s-%d", wave, region, i), i%2 == 0)
+		}
+		// A waiting room admits before the buyer's binding answers: each region may grant
+		// bob up to the limit until then; every region but the one bound gives them back.
+		ta := tryEverywhere(t, d, try)
+		for region, n := range ta.granted {
+			if n > 2 {
+				t.Errorf("%s granted bob %d units, over the limit of 2 a region: %s", region, n, ta)
+			}
+		}
+		bound := settledAtOneRegion(t, d, "room", "bob")
+		wave++
+		checkAnswers(t, tryEverywhere(t, d, try), "bob", bound)
 	})
+}
+
+// settledAtOneRegion waits (20 s at most) until the buyer's held units are at the region
+// etcd binds them to only, and returns it: 1..2 units there, none held at the others.
+func settledAtOneRegion(t *testing.T, d *cluster.Dev, sale, user string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bound, ok, err := fencing.Bound(ctx, d.EtcdClient, sale, user)
+	if err != nil || !ok {
+		t.Fatalf("binding of %s in etcd: %q, %v, %v", user, bound, ok, err)
+	}
+	dbs := regionDBs(t, d, "us", "eu", "ap")
+	for { // released ones aside: holds at the other regions are given back once their bindings answer
+		held := map[string]int64{}
+		for name, db := range dbs {
+			var n int64
+			if err := db.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM holds WHERE sale_id = $1 AND user_id = $2 AND state <> 'released'`,
+				sale, user).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			held[name] = n
+		}
+		if held[bound] >= 1 && held[bound] <= 2 && held["us"]+held["eu"]+held["ap"] == held[bound] {
+			t.Logf("%s bound to %s, units held or sold by region: %v", user, bound, held)
+			return bound
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s bound to %s, units held or sold by region: %v; want 1..2 there and none elsewhere", user, bound, held)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // tryEverywhere runs try perUserTries times at each region, all at once, within a minute.
@@ -258,6 +301,13 @@ func checkOneRegion(t *testing.T, d *cluster.Dev, sale, user string, ta *tally) 
 	if held[bound] != total {
 		t.Errorf("%s holds %v, bound to %s: every unit should be there", user, held, bound)
 	}
+	checkAnswers(t, ta, user, bound)
+}
+
+// checkAnswers checks that every region but bound answered the buyer BOUND_ELSEWHERE naming
+// it, and bound a hold or a refusal of its own.
+func checkAnswers(t *testing.T, ta *tally, user, bound string) {
+	t.Helper()
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
 	for k, n := range ta.answers {

@@ -162,6 +162,8 @@ func (s *shopper) reserve(base, ticket string) bool {
 			s.run.soldOut.Add(1)
 		case c == "REGION_EXHAUSTED":
 			s.run.exhausted.Add(1)
+		case c == "BOUND_ELSEWHERE": // admitted here before the binding answered another region
+			s.run.bound.Add(1)
 		case c == "NOT_LEADER" || c == "UNKNOWN_OUTCOME" || code == 0:
 			s.run.failedOver.Add(1)
 			time.Sleep(250 * time.Millisecond)
