@@ -365,17 +365,7 @@ func TestWaitingRoomListenerIsPublic(t *testing.T) {
 	}
 	q := link.Query()
 	enter := func(user string) answer {
-		body := fmt.Sprintf(`{"user": %q, "exp": %q, "sig": %q}`, user, q.Get("exp"), q.Get("sig"))
-		resp, err := c.Post(room+"/room/drop/admissions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		a := answer{code: resp.StatusCode, header: resp.Header}
-		if err := json.NewDecoder(resp.Body).Decode(&a.body); err != nil {
-			t.Fatal(err)
-		}
-		return a
+		return enterRoom(t, c, room, "drop", map[string]string{"user": user, "exp": q.Get("exp"), "sig": q.Get("sig")})
 	}
 	if a := enter("mallory"); a.code != 401 || !strings.Contains(a.errField("message"), "bad signature") {
 		t.Fatalf("another shopper's link: %d %v", a.code, a.body)
