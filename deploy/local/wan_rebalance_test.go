@@ -429,11 +429,18 @@ func rebalanceReport(t *testing.T, runs []string, figs map[string]*rebalanceFigu
 	row("units sold at ap / total", func(f *rebalanceFigures) string {
 		return fmt.Sprintf("%d/%d (%.1f %%)", f.sold, rebalanceUnits, 100*float64(f.sold)/rebalanceUnits)
 	})
-	row("buyers at ap (refused, by answer)", func(f *rebalanceFigures) string { return fmt.Sprintf("%d %v", f.buyers, f.refused) })
+	row("buyers at ap", func(f *rebalanceFigures) string { return strconv.Itoa(f.buyers) })
+	row("  told REGION_EXHAUSTED / SOLD_OUT / other", func(f *rebalanceFigures) string {
+		other := f.buyers - f.sold - f.refused["REGION_EXHAUSTED"] - f.refused["SOLD_OUT"]
+		return fmt.Sprintf("%d / %d / %d", f.refused["REGION_EXHAUSTED"], f.refused["SOLD_OUT"], other)
+	})
 	row("sell-out: first buyer to SOLD_OUT at ap (s)", func(f *rebalanceFigures) string { return secs(f.sellOut) })
 	row("first buyer to the last unit sold (s)", func(f *rebalanceFigures) string { return secs(f.lastSold) })
-	row("ap ran dry and was fed: spells", func(f *rebalanceFigures) string { return strconv.Itoa(len(f.dry)) })
+	row("ap ran dry and was fed again: spells", func(f *rebalanceFigures) string { return strconv.Itoa(len(f.dry)) })
 	row("  dry to the next unit sold p50 / max (ms)", func(f *rebalanceFigures) string {
+		if len(f.dry) == 0 {
+			return "-"
+		}
 		return ms(pct(f.dry, 50)) + " / " + ms(pct(f.dry, 100))
 	})
 	row("  told REGION_EXHAUSTED after the last unit", func(f *rebalanceFigures) string { return strconv.Itoa(f.tail) })
@@ -468,6 +475,7 @@ func rebalanceReport(t *testing.T, runs []string, figs map[string]*rebalanceFigu
 	t.Logf("the automatic rebalancer, %d units allocated 40/35/25 over us/eu/ap, every buyer at ap (one every %s, at most %d at once):\n%s",
 		rebalanceUnits, rebalancePace, rebalanceInFlt, b.String())
 	for _, run := range runs {
+		t.Logf("%s: answers other than a unit sold: %v", run, figs[run].refused)
 		for _, m := range figs[run].moves {
 			t.Logf("%s: move %d %s → %s at %s ms, posted after %s ms", run, m.units, m.from, m.to, ms(m.start), ms(m.posted))
 		}
