@@ -466,6 +466,9 @@ func rebalanceReport(t *testing.T, runs []string, figs map[string]*rebalanceFigu
 		return ms(f.moves[0].start)
 	})
 	row("  recorded to posted p50 / max (ms)", func(f *rebalanceFigures) string {
+		if len(f.moves) == 0 {
+			return "-"
+		}
 		var ds []time.Duration
 		for _, m := range f.moves {
 			ds = append(ds, m.posted)
