@@ -459,24 +459,16 @@ func rebalanceReport(t *testing.T, runs []string, figs map[string]*rebalanceFigu
 		}
 		return fmt.Sprintf("%d (%d)", len(f.moves), units)
 	})
-	row("  first started after the first buyer (ms)", func(f *rebalanceFigures) string {
-		if len(f.moves) == 0 {
-			return "-"
-		}
-		return ms(f.moves[0].start)
-	})
-	row("  recorded to posted p50 / max (ms)", func(f *rebalanceFigures) string {
-		if len(f.moves) == 0 {
-			return "-"
-		}
-		var ds []time.Duration
-		for _, m := range f.moves {
-			ds = append(ds, m.posted)
-		}
-		return ms(pct(ds, 50)) + " / " + ms(pct(ds, 100))
-	})
+	row("  first started after the first buyer (ms)", firstMove)
+	row("  recorded to posted p50 / max (ms)", movesPosted)
 	t.Logf("the automatic rebalancer, %d units allocated 40/35/25 over us/eu/ap, every buyer at ap (one every %s, at most %d at once):\n%s",
 		rebalanceUnits, rebalancePace, rebalanceInFlt, b.String())
+	logMoves(t, runs, figs)
+}
+
+// logMoves logs each run's answers other than a unit sold and its automatic transfers.
+func logMoves(t *testing.T, runs []string, figs map[string]*rebalanceFigures) {
+	t.Helper()
 	for _, run := range runs {
 		t.Logf("%s: answers other than a unit sold: %v", run, figs[run].refused)
 		for _, m := range figs[run].moves {
@@ -485,6 +477,27 @@ func rebalanceReport(t *testing.T, runs []string, figs map[string]*rebalanceFigu
 	}
 }
 
+// firstMove is when the first automatic transfer was recorded, from the first buyer.
+func firstMove(f *rebalanceFigures) string {
+	if len(f.moves) == 0 {
+		return "-"
+	}
+	return ms(f.moves[0].start)
+}
+
+// movesPosted is the p50 and the most of the automatic transfers' times to posted.
+func movesPosted(f *rebalanceFigures) string {
+	if len(f.moves) == 0 {
+		return "-"
+	}
+	var ds []time.Duration
+	for _, m := range f.moves {
+		ds = append(ds, m.posted)
+	}
+	return ms(pct(ds, 50)) + " / " + ms(pct(ds, 100))
+}
+
+// secs is d in seconds with two decimals, "-" for 0 (it did not happen).
 func secs(d time.Duration) string {
 	if d == 0 {
 		return "-"
