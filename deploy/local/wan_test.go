@@ -282,15 +282,9 @@ func TestLocalWANCompare(t *testing.T) {
 		}
 		perRegion = n
 	}
-	runs := []string{"loopback", "wan"}
-	if v := os.Getenv("QUOTA_WAN_RUNS"); v != "" {
-		runs = strings.Split(v, ",")
-	}
+	runs := wanRunsFromEnv(t)
 	figs, open := map[string]map[string]*regionFigures{}, map[string]map[string]*regionFigures{}
 	for _, run := range runs {
-		if !slices.Contains([]string{"loopback", "wan", "wan-local-etcd"}, run) {
-			t.Fatalf("QUOTA_WAN_RUNS=%s: run %q: want loopback, wan or wan-local-etcd", strings.Join(runs, ","), run)
-		}
 		var took time.Duration
 		figs[run], open[run], took = wanRun(t, run, perRegion)
 		t.Logf("%s: eu's standby serves a ticketed buyer %s after eu's leader's SIGKILL (lease 5 s)", run, took.Round(10*time.Millisecond))
@@ -322,28 +316,7 @@ func TestLocalWANCompare(t *testing.T) {
 // of 10 buyers per region, the sale, eu's leader killed, the audit, the cluster down.
 func wanRun(t *testing.T, run string, perRegion int) (ticketed, open map[string]*regionFigures, failover time.Duration) {
 	t.Helper()
-	c := newLocalCluster(t, "w"+strconv.Itoa(len(run)))
-	if run == "wan-local-etcd" { // each region process's etcd client to its region's member only
-		for _, p := range []struct {
-			env    string
-			member int
-		}{{"REGION_US", 181}, {"REGION_US_2", 181}, {"REGION_EU", 182}, {"REGION_EU_2", 182}, {"REGION_AP", 183}, {"REGION_AP_2", 183}} {
-			c.env = append(c.env, "QUOTA_CLUSTER_ETCD_"+p.env+"=https://"+c.addr(p.member))
-		}
-	}
-	args := []string{"up"}
-	if run != "loopback" {
-		args = append(args, "--wan")
-	}
-	up := time.Now()
-	out := c.cluster(5*time.Minute, args...)
-	var raft []string // which member leads raft: it decides what a binding costs each region
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "raft leader") {
-			raft = append(raft, strings.Fields(line)[0])
-		}
-	}
-	t.Logf("%s: cluster %s: %s; raft leader %v", run, strings.Join(args, " "), time.Since(up).Round(time.Millisecond), raft)
+	c := wanUp(t, run, "w"+strconv.Itoa(len(run)))
 	const sale = "flash"
 	c.createWanSale(t, sale, 2*3*(perRegion+10), true) // twice the demand: no region runs dry
 	ctx := context.Background()
