@@ -35,6 +35,9 @@ var processes = []string{"etcd1", "etcd2", "etcd3", "region-us", "region-eu", "r
 // edges are the script's storefront edges, two per region sharing its storefront address.
 var edges = []string{"edge-us", "edge-us-2", "edge-eu", "edge-eu-2", "edge-ap", "edge-ap-2"}
 
+// moreEdges are the third and fourth edges of each region with QUOTA_CLUSTER_EDGES=4.
+var moreEdges = []string{"edge-us-3", "edge-us-4", "edge-eu-3", "edge-eu-4", "edge-ap-3", "edge-ap-4"}
+
 // portOffsets are the ports the script uses, relative to QUOTA_CLUSTER_BASE_PORT: gRPC, the
 // regions' storefront addresses (their edges'), the region processes' own HTTP listeners
 // (their gRPC port + 1100), etcd's client and peer ports.
@@ -283,7 +286,7 @@ func (c *localCluster) audit(addr string) {
 
 // dumpLogs prints the end of every process's log.
 func (c *localCluster) dumpLogs() {
-	for _, p := range append(processes[:len(processes):len(processes)], edges...) {
+	for _, p := range append(append(processes[:len(processes):len(processes)], edges...), moreEdges...) {
 		b, err := os.ReadFile(filepath.Join(c.dir, p+".log"))
 		if err != nil {
 			continue
