@@ -19,6 +19,10 @@ const maxBindsLater = 1024
 // bindTimeout bounds one binding write.
 const bindTimeout = 2 * time.Second
 
+// releaseAgainAfter is when a withdrawn admission's holds are read and released a second
+// time (afterAdmission): longer than a writer's batch takes to commit.
+const releaseAgainAfter = 2 * time.Second
+
 // bindAnswer is a binding's outcome: the region recorded, or why there is none.
 type bindAnswer struct {
 	bound string
@@ -132,7 +136,8 @@ func (d *Door) bindLater(ctx context.Context, sale, user string, wg *sync.WaitGr
 // afterAdmission waits in the background for the binding of e's buyer, admitted here before
 // it answered: bound to another region, the admission is withdrawn (its entry ends
 // Elsewhere, its ticket refused from then on: bindings.elsewhere) and the holds made on it are
-// released (releaseBoundElsewhere). A binding that fails is left to the buyer's first confirm
+// released (releaseBoundElsewhere), read once when the binding answers and once more
+// releaseAgainAfter later. A binding that fails is left to the buyer's first confirm
 // (confirmBound), so nothing is sold unbound.
 func (d *Door) afterAdmission(ctx context.Context, sr *saleRoom, e admission.Entry, later <-chan bindAnswer, wg *sync.WaitGroup) {
 	wg.Add(1)
@@ -149,7 +154,16 @@ func (d *Door) afterAdmission(ctx context.Context, sr *saleRoom, e admission.Ent
 			d.cfg.Logger.Warn("binding an admitted buyer failed; their confirm binds them", "sale", sr.sale, "user", e.User, "err", a.err)
 		case a.bound != d.r.cfg.Name:
 			d.withdraw(ctx, sr, e.ID, a.bound)
-			releaseBoundElsewhere(ctx, d.r, saleUser{sr.sale, e.User}, a.bound)
+			k := saleUser{sr.sale, e.User}
+			releaseBoundElsewhere(ctx, d.r, k, a.bound)
+			// A reservation that passed its check just before the binding answered may commit
+			// after that read of the buyer's holds: it is released by a second one.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(releaseAgainAfter):
+			}
+			releaseBoundElsewhere(ctx, d.r, k, a.bound)
 		}
 	}()
 }

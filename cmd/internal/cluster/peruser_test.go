@@ -132,8 +132,11 @@ func settledAtOneRegion(t *testing.T, d *cluster.Dev, sale, user string) string 
 		held := map[string]int64{}
 		for name, db := range dbs {
 			var n int64
-			if err := db.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0) FROM holds WHERE sale_id = $1 AND user_id = $2 AND state <> 'released'`,
-				sale, user).Scan(&n); err != nil {
+			qctx, qcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := db.QueryRow(qctx, `SELECT coalesce(sum(quantity), 0) FROM holds WHERE sale_id = $1 AND user_id = $2 AND state <> 'released'`,
+				sale, user).Scan(&n)
+			qcancel()
+			if err != nil {
 				t.Fatal(err)
 			}
 			held[name] = n
