@@ -489,16 +489,22 @@ func TestLocalTicketsSurviveKill9(t *testing.T) {
 	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
 }
 
-// unitsPerUser sums the held and sold units of sale per user in region r's database.
-func (c *localCluster) unitsPerUser(ctx context.Context, r, sale string) (map[string]int64, error) {
+// connectDB connects to the cluster's database named name after its prefix ("coordinator",
+// "region_us", ...), as the cluster's superuser URL names it.
+func (c *localCluster) connectDB(ctx context.Context, name string) (*pgx.Conn, error) {
 	u, err := url.Parse(c.pgURL)
 	if err != nil {
 		return nil, err
 	}
-	u.Path = "/" + c.prefix + "_region_" + r
+	u.Path = "/" + c.prefix + "_" + name
+	return pgx.Connect(ctx, u.String())
+}
+
+// unitsPerUser sums the held and sold units of sale per user in region r's database.
+func (c *localCluster) unitsPerUser(ctx context.Context, r, sale string) (map[string]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, u.String())
+	conn, err := c.connectDB(ctx, "region_"+r)
 	if err != nil {
 		return nil, err
 	}

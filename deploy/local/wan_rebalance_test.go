@@ -378,14 +378,9 @@ func (w *soldOutWatch) wait(t *testing.T, within time.Duration) map[string]time.
 // autoMoves reads the sale's automatic transfers (every one not out of the unallocated pool:
 // nobody else moves stock here) from the coordinator's ledger, times from start.
 func (c *localCluster) autoMoves(ctx context.Context, sale string, start time.Time) ([]autoMove, error) {
-	u, err := url.Parse(c.pgURL)
-	if err != nil {
-		return nil, err
-	}
-	u.Path = "/" + c.prefix + "_coordinator"
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, u.String())
+	conn, err := c.connectDB(ctx, "coordinator")
 	if err != nil {
 		return nil, err
 	}
