@@ -10,7 +10,9 @@ import (
 	"github.com/quotaworks/quota/internal/apierr"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
@@ -42,6 +44,7 @@ type upConn struct {
 	client   quotav1.RegionServiceClient
 	inFlight int
 	lastUse  uint64
+	redialAt time.Time // when a failed connection may next be told to dial at once
 }
 
 // maxConns bounds the addresses an upstream keeps a connection to: the seeds and the
@@ -87,6 +90,7 @@ func (u *Upstream) acquire() (*upConn, error) {
 				u.region, len(u.conns), u.cur), RetryAfter: time.Second}
 		}
 		conn, err := grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
+			grpc.WithConnectParams(upstreamConnect),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFeedBytes)))
 		if err != nil {
 			return nil, err
@@ -94,10 +98,34 @@ func (u *Upstream) acquire() (*upConn, error) {
 		c = &upConn{addr: u.cur, conn: conn, client: quotav1.NewRegionServiceClient(conn)}
 		u.conns[u.cur] = c
 	}
+	c.redialIfFailed(time.Now())
 	u.uses++
 	c.inFlight++
 	c.lastUse = u.uses
 	return c, nil
+}
+
+// upstreamConnect is how a connection to a region process redials after a failure: soon, and
+// never more than a second apart, since the process at an address that failed (a leader
+// killed and restarted on its port) is the one a NOT_LEADER answer may name next.
+var upstreamConnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
+// redialMinGap bounds how often a failed connection is told to dial at once.
+const redialMinGap = 100 * time.Millisecond
+
+// redialIfFailed tells c's connection to dial at once if its last attempt failed: the
+// upstream hands it out because its address is the leader as last learned, and a connection
+// waiting out its backoff would fail the call without asking (the process at the address may
+// have come back since). At most once per redialMinGap. Called with u.mu held.
+func (c *upConn) redialIfFailed(now time.Time) {
+	if c.conn.GetState() != connectivity.TransientFailure || now.Before(c.redialAt) {
+		return
+	}
+	c.redialAt = now.Add(redialMinGap)
+	c.conn.ResetConnectBackoff()
 }
 
 // evictIdle closes the least recently used connection no call is using, and reports whether

@@ -191,3 +191,57 @@ func describeMeanwhile(ctx context.Context, u *Upstream, n int) func() []error {
 		return out
 	}
 }
+
+// TestUpstreamRedialsALeaderBackOnItsPort: the leader is killed and comes back on the same
+// port (a restarted process), after the upstream's connection to it has failed several
+// times. The first call after it is back reaches it, instead of failing on a connection that
+// waits out its backoff.
+func TestUpstreamRedialsALeaderBackOnItsPort(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := &leaderBoard{}
+	seed := startBoardRegion(t, b)
+	leader := startBoardRegion(t, b)
+	b.set(leader.addr)
+	u, err := NewUpstream("us", []string{seed.addr}, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if at, err := describe(ctx, u); err != nil || at != leader.addr {
+		t.Fatalf("before the kill: answered %q, %v", at, err)
+	}
+	leader.srv.Stop()
+	for i := range 3 { // the seed keeps naming the dead leader: every call fails
+		if _, err := describe(ctx, u); err == nil {
+			t.Fatalf("call %d with the leader down answered", i+1)
+		}
+	}
+	back := restartBoardRegion(t, b, leader.addr)
+	start := time.Now()
+	at, err := describe(ctx, u)
+	if err != nil || at != back.addr {
+		t.Fatalf("the leader back on %s: the first call answered %q, %v (after %v)", back.addr, at, err, time.Since(start))
+	}
+}
+
+// restartBoardRegion serves a boardRegion again at addr, a port a stopped one had.
+func restartBoardRegion(t *testing.T, b *leaderBoard, addr string) *boardRegion {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	for range 50 { // the stopped server's socket may linger a moment
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &boardRegion{addr: addr, board: b, started: make(chan struct{}, 1), hold: make(chan struct{}), srv: grpc.NewServer()}
+	quotav1.RegisterRegionServiceServer(s.srv, s)
+	go func() { _ = s.srv.Serve(ln) }() // Serve returns once Stop is called
+	t.Cleanup(s.srv.Stop)
+	return s
+}
