@@ -50,9 +50,10 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c, ok := p.conns[addr]; ok {
+		rpcserve.RedialIfFailed(c) // the leader as resolved: ask it now, not after a backoff
 		return c, nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds), grpc.WithConnectParams(rpcserve.PeerConnect)}
 	if p.region != "" {
 		opts = append(opts, grpc.WithUnaryInterceptor(rpcserve.WithRegion(p.region)))
 	}

@@ -8,11 +8,10 @@ import (
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/rpcserve"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
@@ -90,7 +89,7 @@ func (u *Upstream) acquire() (*upConn, error) {
 				u.region, len(u.conns), u.cur), RetryAfter: time.Second}
 		}
 		conn, err := grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
-			grpc.WithConnectParams(upstreamConnect),
+			grpc.WithConnectParams(rpcserve.PeerConnect),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFeedBytes)))
 		if err != nil {
 			return nil, err
@@ -105,14 +104,6 @@ func (u *Upstream) acquire() (*upConn, error) {
 	return c, nil
 }
 
-// upstreamConnect is how a connection to a region process redials after a failure: soon, and
-// never more than a second apart, since the process at an address that failed (a leader
-// killed and restarted on its port) is the one a NOT_LEADER answer may name next.
-var upstreamConnect = grpc.ConnectParams{
-	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-	MinConnectTimeout: 5 * time.Second,
-}
-
 // redialMinGap bounds how often a failed connection is told to dial at once.
 const redialMinGap = 100 * time.Millisecond
 
@@ -121,11 +112,12 @@ const redialMinGap = 100 * time.Millisecond
 // waiting out its backoff would fail the call without asking (the process at the address may
 // have come back since). At most once per redialMinGap. Called with u.mu held.
 func (c *upConn) redialIfFailed(now time.Time) {
-	if c.conn.GetState() != connectivity.TransientFailure || now.Before(c.redialAt) {
+	if now.Before(c.redialAt) {
 		return
 	}
-	c.redialAt = now.Add(redialMinGap)
-	c.conn.ResetConnectBackoff()
+	if rpcserve.RedialIfFailed(c.conn) {
+		c.redialAt = now.Add(redialMinGap)
+	}
 }
 
 // evictIdle closes the least recently used connection no call is using, and reports whether
