@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -11,7 +12,9 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -24,7 +27,16 @@ type Participant struct {
 	creds    credentials.TransportCredentials
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
+	leader   string    // the leader's address as last resolved; "" to resolve again
+	leaderAt time.Time // when leader was resolved
 }
+
+// leaderMaxAge is how long a participant calls the leader's address it resolved before it
+// asks its resolver again, when no call has failed meanwhile: a call answered NOT_LEADER, or
+// not at all, forgets the address at once (forgetLeader), so a region's failover is followed
+// as soon as a call finds it, and the resolver (an etcd read, across an ocean from a distant
+// region) is not asked before every call.
+const leaderMaxAge = 30 * time.Second
 
 // DialParticipant connects (lazily) to a region at addr, with creds (the coordinator role's
 // client certificate, or insecure).
@@ -53,9 +65,10 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 		rpcserve.RedialIfFailed(c) // the leader as resolved: ask it now, not after a backoff
 		return c, nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds), grpc.WithConnectParams(rpcserve.PeerConnect)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds), grpc.WithConnectParams(rpcserve.PeerConnect),
+		grpc.WithChainUnaryInterceptor(p.forgetLeader(addr))}
 	if p.region != "" {
-		opts = append(opts, grpc.WithUnaryInterceptor(rpcserve.WithRegion(p.region)))
+		opts = append(opts, grpc.WithChainUnaryInterceptor(rpcserve.WithRegion(p.region)))
 	}
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
@@ -65,13 +78,50 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-func (p *Participant) client() quotav1.ParticipantServiceClient {
-	addr := p.fallback
-	if p.resolve != nil {
-		if a := p.resolve(); a != "" {
-			addr = a
-		}
+// target is the address to call: the leader as resolved within leaderMaxAge, else as the
+// resolver names it now, else the fixed address.
+func (p *Participant) target() string {
+	if p.resolve == nil {
+		return p.fallback
 	}
+	p.mu.Lock()
+	if p.leader != "" && time.Since(p.leaderAt) < leaderMaxAge {
+		defer p.mu.Unlock()
+		return p.leader
+	}
+	p.mu.Unlock()
+	a := p.resolve()
+	if a == "" {
+		return p.fallback
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leader, p.leaderAt = a, time.Now()
+	return a
+}
+
+// forgetLeader is the interceptor of the connection to addr: a call there answered
+// NOT_LEADER, or not at all (a transport failure), makes the next call resolve the leader
+// again, unless another call has already moved on.
+func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil {
+			return nil
+		}
+		if st, ok := status.FromError(err); ok && (apierr.Reason(err) == "NOT_LEADER" || st.Code() == codes.Unavailable && apierr.Reason(err) == "") {
+			p.mu.Lock()
+			if p.leader == addr {
+				p.leader = ""
+			}
+			p.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (p *Participant) client() quotav1.ParticipantServiceClient {
+	addr := p.target()
 	c, err := p.conn(addr)
 	if err != nil {
 		c, _ = p.conn(p.fallback) // dialed when the participant was made

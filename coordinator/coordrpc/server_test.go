@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -517,5 +518,49 @@ func wantParticipantErrors(t *testing.T, us regionNode, p *coordrpc.Participant,
 	}
 	if _, err := coordrpc.DialResolving("us", us.addr, nil, nil); err == nil {
 		t.Error("a participant without credentials was made")
+	}
+}
+
+// TestParticipantKeepsTheLeaderItResolved: a participant asks its resolver for the region's
+// leader once, not before every call; a call answered NOT_LEADER (the resolver named a
+// standby, as etcd does for a moment after a failover) makes the next call ask again, and it
+// reaches the leader.
+func TestParticipantKeepsTheLeaderItResolved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	us := newRegion(t, "us")
+	standby := startRegion(t, "us", us.pool, false)
+	var mu sync.Mutex
+	names, asked := standby.addr, 0
+	resolve := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		asked++
+		return names
+	}
+	p, err := coordrpc.DialResolving("us", us.addr, resolve, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	terms := coordinator.SaleTerms{Sale: "s", SKUs: []string{"k"}, PerUserLimit: 1, HoldTTL: time.Minute, OpensAt: time.Now()}
+	if err := p.PutSale(ctx, 1, terms); !errors.Is(err, apierr.ErrNotLeader) {
+		t.Fatalf("a call to the standby the resolver named: %v; want NOT_LEADER", err)
+	}
+	mu.Lock()
+	names = us.addr
+	mu.Unlock()
+	if err := p.PutSale(ctx, 1, terms); err != nil {
+		t.Fatalf("the call after the resolver names the leader: %v", err)
+	}
+	for i := range 4 {
+		if _, err := p.Credit(ctx, 1, transfer.Transfer{ID: fmt.Sprint("c", i), Sale: "s", SKU: "k", Units: 1}); err != nil {
+			t.Fatalf("credit %d at the leader: %v", i+1, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked != 2 {
+		t.Errorf("the resolver was asked %d times for 6 calls; want 2 (once, and again after NOT_LEADER)", asked)
 	}
 }
