@@ -71,6 +71,11 @@ type autoMove struct {
 	start, posted time.Duration
 }
 
+// String is the move as a report shows it: from>to units at start, posted after.
+func (m autoMove) String() string {
+	return fmt.Sprintf("%s>%s %d at %s (posted after %s)", m.from, m.to, m.units, m.start.Round(time.Millisecond), m.posted.Round(time.Millisecond))
+}
+
 // TestLocalWANRebalance runs the automatic rebalancer's sale at one region of three on a
 // cluster without delays and on one with `up --wan` (default delays): rebalanceUnits units
 // allocated 40/35/25 over us, eu and ap, and every buyer at ap's HTTP edge, one arriving every
