@@ -62,7 +62,6 @@ func (p *Participant) conn(addr string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c, ok := p.conns[addr]; ok {
-		rpcserve.RedialIfFailed(c) // the leader as resolved: ask it now, not after a backoff
 		return c, nil
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds), grpc.WithConnectParams(rpcserve.PeerConnect),
@@ -120,12 +119,15 @@ func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 	}
 }
 
-func (p *Participant) client() quotav1.ParticipantServiceClient {
+// client is the client of the leader's address (target), its connection told to dial at once
+// if its last attempt failed: the leader as resolved is asked now, not after a backoff.
+func (p *Participant) client(ctx context.Context) quotav1.ParticipantServiceClient {
 	addr := p.target()
 	c, err := p.conn(addr)
 	if err != nil {
 		c, _ = p.conn(p.fallback) // dialed when the participant was made
 	}
+	rpcserve.RedialIfFailed(ctx, c)
 	return quotav1.NewParticipantServiceClient(c)
 }
 
@@ -142,7 +144,7 @@ func (p *Participant) Close() error {
 
 // PutSale implements coordinator.Participant.
 func (p *Participant) PutSale(ctx context.Context, gen int64, t coordinator.SaleTerms) error {
-	_, err := p.client().PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: termsToProto(t)})
+	_, err := p.client(ctx).PutSale(ctx, &quotav1.PutSaleRequest{Generation: gen, Sale: termsToProto(t)})
 	return apierr.FromStatus(err)
 }
 
@@ -155,7 +157,7 @@ func termsToProto(t coordinator.SaleTerms) *quotav1.SaleTerms {
 
 // Credit implements coordinator.Participant.
 func (p *Participant) Credit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
-	resp, err := p.client().Credit(ctx, &quotav1.CreditRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
+	resp, err := p.client(ctx).Credit(ctx, &quotav1.CreditRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -164,7 +166,7 @@ func (p *Participant) Credit(ctx context.Context, gen int64, t transfer.Transfer
 
 // Refuse implements coordinator.Participant.
 func (p *Participant) Refuse(ctx context.Context, gen int64, t transfer.Transfer) (transfer.InState, error) {
-	resp, err := p.client().Refuse(ctx, &quotav1.RefuseRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
+	resp, err := p.client(ctx).Refuse(ctx, &quotav1.RefuseRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -173,7 +175,7 @@ func (p *Participant) Refuse(ctx context.Context, gen int64, t transfer.Transfer
 
 // Debit implements coordinator.Participant.
 func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client().Debit(ctx, &quotav1.DebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
+	resp, err := p.client(ctx).Debit(ctx, &quotav1.DebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -182,7 +184,7 @@ func (p *Participant) Debit(ctx context.Context, gen int64, t transfer.Transfer)
 
 // RefuseDebit implements coordinator.Participant.
 func (p *Participant) RefuseDebit(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client().RefuseDebit(ctx, &quotav1.RefuseDebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
+	resp, err := p.client(ctx).RefuseDebit(ctx, &quotav1.RefuseDebitRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale, Sku: t.SKU, To: t.To, Units: int64(t.Units)})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -191,7 +193,7 @@ func (p *Participant) RefuseDebit(ctx context.Context, gen int64, t transfer.Tra
 
 // Restore implements coordinator.Participant.
 func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client().Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	resp, err := p.client(ctx).Restore(ctx, &quotav1.RestoreRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -200,7 +202,7 @@ func (p *Participant) Restore(ctx context.Context, gen int64, t transfer.Transfe
 
 // Settle implements coordinator.Participant.
 func (p *Participant) Settle(ctx context.Context, gen int64, t transfer.Transfer) (transfer.OutState, error) {
-	resp, err := p.client().Settle(ctx, &quotav1.SettleRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
+	resp, err := p.client(ctx).Settle(ctx, &quotav1.SettleRequest{Generation: gen, TransferId: t.ID, SaleId: t.Sale})
 	if err != nil {
 		return "", apierr.FromStatus(err)
 	}
@@ -209,7 +211,7 @@ func (p *Participant) Settle(ctx context.Context, gen int64, t transfer.Transfer
 
 // Status implements coordinator.Participant.
 func (p *Participant) Status(ctx context.Context, id string) (transfer.InState, transfer.OutState, error) {
-	resp, err := p.client().TransferStatus(ctx, &quotav1.TransferStatusRequest{TransferId: id})
+	resp, err := p.client(ctx).TransferStatus(ctx, &quotav1.TransferStatusRequest{TransferId: id})
 	if err != nil {
 		return "", "", apierr.FromStatus(err)
 	}
@@ -218,7 +220,7 @@ func (p *Participant) Status(ctx context.Context, id string) (transfer.InState, 
 
 // SetPaused implements coordinator.Participant.
 func (p *Participant) SetPaused(ctx context.Context, gen int64, ps coordinator.Pause) (bool, coordinator.PauseVersion, error) {
-	resp, err := p.client().SetPaused(ctx, &quotav1.SetPausedRequest{Generation: gen, SaleId: ps.Sale, Sku: ps.SKU, Paused: ps.Paused,
+	resp, err := p.client(ctx).SetPaused(ctx, &quotav1.SetPausedRequest{Generation: gen, SaleId: ps.Sale, Sku: ps.SKU, Paused: ps.Paused,
 		Reason: ps.Reason, Version: int64(ps.Version)})
 	if err != nil {
 		return false, 0, apierr.FromStatus(err)

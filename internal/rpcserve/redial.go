@@ -1,6 +1,7 @@
 package rpcserve
 
 import (
+	"context"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,13 +18,34 @@ var PeerConnect = grpc.ConnectParams{
 	MinConnectTimeout: 5 * time.Second,
 }
 
-// RedialIfFailed tells conn to dial at once if its last attempt failed, and reports whether
-// it did: a caller about to use a connection because its address is the leader as last
-// learned would otherwise fail without asking while the connection waits out its backoff.
-func RedialIfFailed(conn *grpc.ClientConn) bool {
+// RedialWait bounds how long RedialIfFailed waits for the attempt it starts.
+const RedialWait = 250 * time.Millisecond
+
+// RedialIfFailed tells conn to dial at once if its last attempt failed, waits (RedialWait at
+// most, and within ctx) until that attempt has connected or failed, and reports whether it
+// redialed: a caller about to use a connection because its address is the leader as last
+// learned would otherwise fail without asking while the connection waits out its backoff, or
+// while the new attempt is still under way.
+func RedialIfFailed(ctx context.Context, conn *grpc.ClientConn) bool {
 	if conn.GetState() != connectivity.TransientFailure {
 		return false
 	}
 	conn.ResetConnectBackoff()
-	return true
+	conn.Connect()
+	ctx, cancel := context.WithTimeout(ctx, RedialWait)
+	defer cancel()
+	left := false // the state has moved on from the failure that was reset
+	for s := conn.GetState(); ; s = conn.GetState() {
+		switch {
+		case s == connectivity.Ready || s == connectivity.Shutdown:
+			return true
+		case s == connectivity.TransientFailure && left:
+			return true // the new attempt failed too
+		case s != connectivity.TransientFailure:
+			left = true
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return true
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
@@ -75,49 +76,49 @@ func (u *Upstream) Leader() string {
 
 // acquire hands out the connection to the current address, counted as in use until
 // release: the current one, or a new one (in place of the least recently used idle one once
-// maxConns are open).
-func (u *Upstream) acquire() (*upConn, error) {
+// maxConns are open); redial says the caller should first make a failed connection dial at
+// once (mayRedial).
+func (u *Upstream) acquire() (c *upConn, redial bool, err error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
-		return nil, errors.New("upstream closed")
+		return nil, false, errors.New("upstream closed")
 	}
 	c, ok := u.conns[u.cur]
 	if !ok {
 		if len(u.conns) >= maxConns && !u.evictIdle() {
-			return nil, &apierr.OverloadedError{What: fmt.Sprintf("the edge's connections to region %s (%d, each in use, none to %s)",
+			return nil, false, &apierr.OverloadedError{What: fmt.Sprintf("the edge's connections to region %s (%d, each in use, none to %s)",
 				u.region, len(u.conns), u.cur), RetryAfter: time.Second}
 		}
 		conn, err := grpc.NewClient(u.cur, grpc.WithTransportCredentials(u.creds),
 			grpc.WithConnectParams(rpcserve.PeerConnect),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFeedBytes)))
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		c = &upConn{addr: u.cur, conn: conn, client: quotav1.NewRegionServiceClient(conn)}
 		u.conns[u.cur] = c
 	}
-	c.redialIfFailed(time.Now())
+	redial = c.mayRedial(time.Now())
 	u.uses++
 	c.inFlight++
 	c.lastUse = u.uses
-	return c, nil
+	return c, redial, nil
 }
 
 // redialMinGap bounds how often a failed connection is told to dial at once.
 const redialMinGap = 100 * time.Millisecond
 
-// redialIfFailed tells c's connection to dial at once if its last attempt failed: the
-// upstream hands it out because its address is the leader as last learned, and a connection
-// waiting out its backoff would fail the call without asking (the process at the address may
-// have come back since). At most once per redialMinGap. Called with u.mu held.
-func (c *upConn) redialIfFailed(now time.Time) {
-	if now.Before(c.redialAt) {
-		return
+// mayRedial reports whether a call handed c may tell its connection to dial at once when
+// its last attempt failed (rpcserve.RedialIfFailed): the upstream hands it out because its
+// address is the leader as last learned, and the process there may have come back since. At
+// most once per redialMinGap. Called with u.mu held.
+func (c *upConn) mayRedial(now time.Time) bool {
+	if now.Before(c.redialAt) || c.conn.GetState() != connectivity.TransientFailure {
+		return false
 	}
-	if rpcserve.RedialIfFailed(c.conn) {
-		c.redialAt = now.Add(redialMinGap)
-	}
+	c.redialAt = now.Add(redialMinGap)
+	return true
 }
 
 // evictIdle closes the least recently used connection no call is using, and reports whether
@@ -178,9 +179,12 @@ func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.Re
 				break
 			}
 		}
-		c, cerr := u.acquire()
+		c, redial, cerr := u.acquire()
 		if cerr != nil {
 			return cerr
+		}
+		if redial {
+			rpcserve.RedialIfFailed(ctx, c.conn)
 		}
 		err = fn(ctx, c.client)
 		u.release(c)
