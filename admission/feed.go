@@ -95,12 +95,8 @@ func (r *Room) Incarnation() string { return r.feed.inc }
 func (r *Room) Changes(room string, since uint64, limit int, now time.Time) Feed {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.opened && !now.Before(r.cfg.OpensAt) {
-		r.open() // as Get: the draw is made by whichever call first sees the opening
-	}
+	out := r.counters(now)
 	f := &r.feed
-	out := Feed{Room: f.inc, Version: f.ver, Opened: r.opened, Closed: r.closed, Reason: r.reason, OpensAt: r.cfg.OpensAt,
-		Head: r.line.head, Binding: r.binding, FlowRate: r.flowRate}
 	if room != f.inc || since < f.from || since > f.ver {
 		out.Full = true
 		out.Entries = make([]FeedEntry, 0, len(r.entries))
@@ -120,6 +116,23 @@ func (r *Room) Changes(room string, since uint64, limit int, now time.Time) Feed
 		out.Entries = append(out.Entries, feedEntry(rec.e, r.entries[rec.e.id] != rec.e))
 	}
 	return out
+}
+
+// Counters is Changes with no entries: the room's incarnation, version and line counters as
+// of now. A feed whose Counters are unchanged brings a mirror nothing new.
+func (r *Room) Counters(now time.Time) Feed {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.counters(now)
+}
+
+// counters is Counters; r.mu is held.
+func (r *Room) counters(now time.Time) Feed {
+	if !r.opened && !now.Before(r.cfg.OpensAt) {
+		r.open() // as Get: the draw is made by whichever call first sees the opening
+	}
+	return Feed{Room: r.feed.inc, Version: r.feed.ver, Opened: r.opened, Closed: r.closed, Reason: r.reason,
+		OpensAt: r.cfg.OpensAt, Head: r.line.head, Binding: r.binding, FlowRate: r.flowRate}
 }
 
 func feedEntry(e *lineEntry, gone bool) FeedEntry {

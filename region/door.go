@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/quotaworks/quota/admission"
@@ -101,8 +100,9 @@ type Door struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	closeOne sync.Once
-	// polls counts the polls answered (Polls).
-	polls atomic.Uint64
+	// reads are its answers about the lines that change nothing: the polls, counted (Polls),
+	// and LineChanges, whose calls are held until their line changes (linewait.go).
+	reads lineReads
 }
 
 // NewDoor opens r's front door and starts its admitting goroutine.
@@ -116,6 +116,7 @@ func NewDoor(r *Region, cfg DoorConfig) (*Door, error) {
 			addrs: admission.NewLimiter(cfg.PerAddressRate, cfg.PerAddressBurst, cfg.MaxBuckets)},
 		binds: make(chan struct{}, cfg.BindsInFlight), later: make(chan struct{}, maxBindsLater), line: newLineWriter(r.pool, cfg.Logger, r.stepDownTerm)}
 	d.offers = offers{d: d, lists: map[poolKey]*saleWaitlist{}}
+	d.reads.d = d
 	go d.run(ctx)
 	return d, nil
 }
@@ -223,7 +224,7 @@ func (d *Door) recordArrival(ctx context.Context, epoch int64, sale, sku string,
 // GetAdmission polls an admission: memory only, no SQL (but a sale's terms, once, when this
 // leader has no room of the sale yet).
 func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, error) {
-	d.polls.Add(1)
+	d.reads.polls.Add(1)
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
 	}
@@ -238,7 +239,7 @@ func (d *Door) GetAdmission(ctx context.Context, sale, id string) (Admission, er
 // page's public listener): from memory only, never the database, so a poll naming any sale
 // id costs no query. A sale whose room this leader does not hold has no such admission.
 func (d *Door) PollAdmission(ctx context.Context, sale, id string) (Admission, error) {
-	d.polls.Add(1)
+	d.reads.polls.Add(1)
 	if err := checkIDs("sale_id", sale, "admission_id", id); err != nil {
 		return Admission{}, err
 	}
@@ -441,6 +442,7 @@ func (d *Door) run(ctx context.Context) {
 				d.rooms, d.offers.lists, d.epoch = map[string]*saleRoom{}, map[poolKey]*saleWaitlist{}, 0
 			}
 			d.mu.Unlock()
+			d.reads.releaseAll()
 			continue
 		}
 		if time.Since(pruned) >= pruneEvery {
@@ -461,6 +463,7 @@ func (d *Door) run(ctx context.Context) {
 		for _, sr := range rooms {
 			d.admitDue(ctx, sr, &wg)
 		}
+		d.reads.releaseChanged(ctx)
 	}
 }
 

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"errors"
 	"net/netip"
 	"time"
 
@@ -30,6 +31,18 @@ func (g *gates) closed(t SaleTerms) error {
 		return closedError(t.Sale, closedSoldOut)
 	}
 	return nil
+}
+
+// line is closed's answer as a line's feed names it (LineFeed.Gate): GatePaused,
+// GateSoldOut or "".
+func (g *gates) line(t SaleTerms) string {
+	switch err := g.closed(t); {
+	case errors.Is(err, ErrPaused):
+		return GatePaused
+	case err != nil:
+		return GateSoldOut
+	}
+	return ""
 }
 
 // salePaused reports whether the whole sale is paused (the kill switch).

@@ -2,7 +2,7 @@ package region
 
 import (
 	"context"
-	"errors"
+	"time"
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -18,6 +18,9 @@ type LineFeed struct {
 	Region string
 	// Gate is GateSoldOut, GatePaused or "": the answer a poll of a queued buyer gets.
 	Gate string
+	// Tag identifies the feed's incarnation, version, counters and gate: what the next call names to be held
+	// while nothing changed.
+	Tag uint64
 }
 
 // The gates a LineFeed names.
@@ -31,26 +34,21 @@ const MaxLineChanges = 100_000
 
 // LineChanges answers sale's line changed since version since of room incarnation room
 // (every entry when room is another: a new leader's), at most limit entries (1 to
-// MaxLineChanges). Only the leader has lines: a standby answers NOT_LEADER.
-func (d *Door) LineChanges(ctx context.Context, sale, room string, since uint64, limit int) (LineFeed, error) {
+// MaxLineChanges). With wait (up to MaxLineWait) it holds the call while the answer would
+// bring nothing new, that is while the line's tag is still tag (the caller's last answer's
+// LineFeed.Tag), and answers once it is another (seen at the admitting tick) or at the
+// wait's end. Only the leader has lines: a standby answers NOT_LEADER.
+func (d *Door) LineChanges(ctx context.Context, sale, room string, since uint64, limit int, tag uint64, wait time.Duration) (LineFeed, error) {
 	if err := checkIDs("sale_id", sale); err != nil {
 		return LineFeed{}, err
 	}
 	if limit < 1 || limit > MaxLineChanges {
 		return LineFeed{}, apierr.Invalid("limit", "must be 1..%d, got %d", MaxLineChanges, limit)
 	}
-	sr, t, err := d.room(ctx, sale)
-	if err != nil {
-		return LineFeed{}, err
+	if wait < 0 || wait > MaxLineWait {
+		return LineFeed{}, apierr.Invalid("wait_ms", "must be 0..%d, got %d", MaxLineWait.Milliseconds(), wait.Milliseconds())
 	}
-	out := LineFeed{Feed: sr.room.Changes(room, since, limit, d.r.cfg.Clock.Now()), Region: d.r.cfg.Name}
-	switch err := d.gates.closed(t); {
-	case errors.Is(err, ErrPaused):
-		out.Gate = GatePaused
-	case err != nil:
-		out.Gate = GateSoldOut
-	}
-	return out, nil
+	return d.reads.changes(ctx, sale, room, since, limit, tag, wait)
 }
 
 // ClosedError is the answer to a poll of a buyer still in a line whose gate is closed
@@ -59,4 +57,4 @@ func ClosedError(sale, gate string) error { return closedError(sale, gate) }
 
 // Polls is how many polls of admissions this door has answered (GetAdmission and
 // PollAdmission), for the metric quota_line_polls_total.
-func (d *Door) Polls() uint64 { return d.polls.Load() }
+func (d *Door) Polls() uint64 { return d.reads.polls.Load() }

@@ -16,7 +16,8 @@ func edgeCmd() *cobra.Command {
 		Long: `Run a storefront edge of one region (docs/storefront.md, "Edges"): it serves the region's
 storefront HTTP/JSON API (the same routes, roles and answers as the region's own HTTP edge,
 docs/openapi.yaml) without leading the region. It answers buyers' polls of the waiting line
-from a copy of each sale's line that it fetches from the region's leader every --refresh,
+from a copy of each sale's line that it keeps from the region's leader (fetched again --refresh
+after each answer, and answered by the leader as soon as the line changes),
 signs admitted buyers' tickets with the cluster's ticket keys as the leader does, refuses
 entries to a sold-out or paused line itself and checks tickets' signatures; it forwards
 entering the line, reserving, confirming, releasing, the waitlist and the sale's page to the
@@ -42,8 +43,9 @@ a storefront that loses one retries against another with the same request keys.`
 		"(and one --room-listen): the kernel spreads new connections among the live ones, and when one dies the others take\n"+
 		"its new connections")
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create), read again when it changes (required)")
-	f.Duration("refresh", 0, "how often each sale's waiting line is fetched from the leader; a poll's answer is at most this\n"+
-		"much behind the leader's (0: 250ms; at least 10ms)")
+	f.Duration("refresh", 0, "how long after each answer a sale's waiting line is fetched again from the leader, which answers\n"+
+		"as soon as the line changes (holding a fetch that would bring nothing new up to 2s); a poll's answer is\n"+
+		"at most this much behind the leader's (0: 250ms; at least 10ms)")
 	f.Duration("max-stale", 0, "how old a line's copy may be for polls to be answered from it; past it (the leader unreachable\n"+
 		"that long) polls go to the leader (0: 30s, longer than a failover)")
 	addSecurityFlags(cmd, "(required unless --insecure; node.crt serves storefronts, client.storefront.crt calls the region)")

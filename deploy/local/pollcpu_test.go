@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -101,7 +103,8 @@ type pollCPU struct {
 // address with edge-us-2..4 stopped (one edge), with edge-us-2 started again (two), and with
 // all four; then with the four edges still watching the line and nobody polling (what the
 // edges' fetches cost the leader whatever the polls). Each phase's CPU is /proc/PID/stat's
-// utime + stime of the leader, of each edge and of this process, before and after.
+// utime + stime of the leader, of each edge and of this process, before and after; with
+// QUOTA_POLL_CPU_PERF=DIR each phase also records a perf profile of the leader (profile).
 func TestLocalPollCPU(t *testing.T) {
 	if os.Getenv("QUOTA_POLL_CPU") != "1" {
 		t.Skip("QUOTA_POLL_CPU=1 runs it: a measurement of about 3 minutes after up (5,000 buyers)")
@@ -173,6 +176,7 @@ func (p *pollCPU) run(ctx context.Context, name, base string, edges ...string) p
 	self := os.Getpid()
 	lp0 := p.leaderPolls()
 	l0, g0, n0, f0 := cpuOf(t, p.leader), cpuOf(t, self), p.gen.polls.Load(), p.gen.fails.Load()
+	profiled := p.profile(name)
 	time.Sleep(p.window)
 	ph.leader, ph.gen = cpuOf(t, p.leader)-l0, cpuOf(t, self)-g0
 	ph.byLeader = p.leaderPolls() - lp0
@@ -183,10 +187,34 @@ func (p *pollCPU) run(ctx context.Context, name, base string, edges ...string) p
 	ph.asked = p.gen.askedRate()
 	stop()
 	<-done
+	<-profiled
 	if ph.polling {
 		t.Logf("%s: %d polls in %s (buyers asked %.0f/s), %d failed", name, ph.polls, p.window, ph.asked, ph.fails)
 	}
 	return ph
+}
+
+// profile records, with QUOTA_POLL_CPU_PERF=DIR, a CPU profile of the leader over the
+// phase's window with Linux perf (perf record -g, 997 samples a second, in DIR/<phase>.data;
+// read it with perf report -i): where the leader's CPU goes. The channel is closed once it is
+// written (at once without QUOTA_POLL_CPU_PERF).
+func (p *pollCPU) profile(name string) <-chan struct{} {
+	done := make(chan struct{})
+	dir := os.Getenv("QUOTA_POLL_CPU_PERF")
+	if dir == "" {
+		close(done)
+		return done
+	}
+	out := filepath.Join(dir, strings.NewReplacer(" ", "_", "(", "", ")", "", ",", "").Replace(name)+".data")
+	cmd := exec.Command("perf", "record", "-F", "997", "-g", "-o", out, "-p", strconv.Itoa(p.leader), "--",
+		"sleep", strconv.Itoa(int(p.window.Seconds())))
+	go func() {
+		defer close(done)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			p.c.t.Errorf("perf record of the leader (QUOTA_POLL_CPU_PERF): %v\n%s", err, b)
+		}
+	}()
+	return done
 }
 
 // settle waits (up to a minute) until the edges answer the polls from their copies of the

@@ -3,6 +3,7 @@ package regionedge
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/quotaworks/quota/admission"
 	"github.com/quotaworks/quota/internal/apierr"
@@ -15,11 +16,13 @@ import (
 // The edge serves the storefront routes (regionhttp.Serve) as both the region and its
 // front door: these methods are regionhttp.RegionAPI's and regionhttp.DoorAPI's.
 
-// changes fetches sale's line from the leader since (room, since).
-func (e *Edge) changes(ctx context.Context, sale, room string, since uint64) (region.LineFeed, error) {
+// changes fetches sale's line from the leader since (room, since), held up to wait while
+// the leader's line is still the one tag names.
+func (e *Edge) changes(ctx context.Context, sale, room string, since, tag uint64, wait time.Duration) (region.LineFeed, error) {
 	var f region.LineFeed
 	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
-		res, err := c.LineChanges(ctx, &quotav1.LineChangesRequest{SaleId: sale, Room: room, Since: since, Limit: int32(e.cfg.FetchLimit)})
+		res, err := c.LineChanges(ctx, &quotav1.LineChangesRequest{SaleId: sale, Room: room, Since: since, Limit: int32(e.cfg.FetchLimit),
+			Tag: tag, WaitMs: uint32(wait.Milliseconds())})
 		if err != nil {
 			return err
 		}

@@ -33,9 +33,14 @@ type Config struct {
 	Upstream *Upstream
 	// Keys returns the cluster's ticket keys as last read; required.
 	Keys func() *admission.Keyring
-	// Refresh is how often each watched sale's line is fetched from the leader; default
-	// 250ms. A poll's answer is at most this much older than the leader's own.
+	// Refresh is how long after each answer a watched sale's line is fetched again from the
+	// leader; default 250ms. A poll's answer is at most this much (and a round trip) older
+	// than the leader's own.
 	Refresh time.Duration
+	// Wait is how long the leader may hold a fetch that would bring nothing new (a long poll,
+	// answered as soon as the line changes: region.Door.LineChanges); default 2s, at most
+	// region.MaxLineWait and half of MaxStale.
+	Wait time.Duration
 	// MaxStale is how old a line's last fetch may be for its polls to be answered from it;
 	// past it (the leader unreachable that long) polls are forwarded. Default 30s: longer
 	// than a failover, during which buyers keep hearing their place.
@@ -68,6 +73,9 @@ func (c *Config) validate() error {
 	if c.FetchLimit == 0 {
 		c.FetchLimit = 50_000
 	}
+	if c.Wait == 0 {
+		c.Wait = min(2*time.Second, c.MaxStale/2)
+	}
 	switch {
 	case c.Refresh < 10*time.Millisecond:
 		return apierr.Invalid("refresh", "%s is under 10ms", c.Refresh)
@@ -75,6 +83,8 @@ func (c *Config) validate() error {
 		return apierr.Invalid("max_stale", "%s is under the refresh %s", c.MaxStale, c.Refresh)
 	case c.FetchLimit < 1 || c.FetchLimit > region.MaxLineChanges:
 		return apierr.Invalid("fetch_limit", "must be 1..%d", region.MaxLineChanges)
+	case c.Wait < 0 || c.Wait > region.MaxLineWait || 2*c.Wait > c.MaxStale:
+		return apierr.Invalid("wait", "%s: must be 0..%s and at most half the max stale %s", c.Wait, region.MaxLineWait, c.MaxStale)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -89,17 +99,24 @@ func (c *Config) validate() error {
 // rooms); polls of more sales are forwarded.
 const MaxLines = region.MaxRooms
 
-// Edge is a running storefront edge. It owns one goroutine, which fetches the watched
-// sales' lines every Refresh; Close stops it.
+// Edge is a running storefront edge. It owns a goroutine per watched sale, which fetches the
+// sale's line (follow), and one that stops watching the sales no one asked about; Close
+// stops them.
 type Edge struct {
 	cfg   Config
+	ctx   context.Context // the edge's: its goroutines end with it
 	mu    sync.Mutex
 	lines map[string]*line
-	// polls counts the polls answered here, forwarded those answered by the leader.
-	polls, forwarded atomic.Uint64
-	cancel           context.CancelFunc
-	done             chan struct{}
-	closeOne         sync.Once
+	// closed is set by Close (under mu): no line is watched after it; follows counts the
+	// lines' goroutines.
+	closed  bool
+	follows sync.WaitGroup
+	// polls counts the polls answered here, forwarded those answered by the leader; fetches
+	// the LineChanges calls answered.
+	polls, forwarded, fetches atomic.Uint64
+	cancel                    context.CancelFunc
+	done                      chan struct{}
+	closeOne                  sync.Once
 }
 
 // line is the edge's copy of one sale's line.
@@ -107,12 +124,15 @@ type line struct {
 	m *admission.Mirror
 	// gate and region are the last feed's (region.LineFeed); terms the sale's, once the
 	// waiting-room page asked them (Edge.Terms); asked is when a buyer last asked about the
-	// sale (Unix nanoseconds).
+	// sale (Unix nanoseconds); tag the last feed's (region.LineFeed.Tag), once applied.
 	mu     sync.Mutex
 	gate   string
 	region string
+	tag    uint64
 	terms  *region.SaleTerms
 	asked  atomic.Int64
+	// stop ends the line's goroutine (follow).
+	stop context.CancelFunc
 }
 
 // New starts an edge.
@@ -121,7 +141,7 @@ func New(cfg Config) (*Edge, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Edge{cfg: cfg, lines: map[string]*line{}, cancel: cancel, done: make(chan struct{})}
+	e := &Edge{cfg: cfg, ctx: ctx, lines: map[string]*line{}, cancel: cancel, done: make(chan struct{})}
 	go e.run(ctx)
 	return e, nil
 }
@@ -129,14 +149,22 @@ func New(cfg Config) (*Edge, error) {
 // Close stops fetching; idempotent. The upstream is the caller's to close.
 func (e *Edge) Close() {
 	e.closeOne.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		e.mu.Unlock()
 		e.cancel()
 		<-e.done
+		e.follows.Wait()
 	})
 }
 
 // Polls is how many polls the edge answered itself, and how many it forwarded to the
 // leader (an admission its lines did not hold yet, or a line too stale).
 func (e *Edge) Polls() (answered, forwarded uint64) { return e.polls.Load(), e.forwarded.Load() }
+
+// Fetches is how many of the leader's answers to LineChanges the edge has applied (a held
+// fetch counts once, when answered).
+func (e *Edge) Fetches() uint64 { return e.fetches.Load() }
 
 // watching returns sale's line when the edge watches it, marked as asked about; nil when it
 // does not (watch starts that, once the leader has answered for the sale).
@@ -157,11 +185,14 @@ func (e *Edge) watch(sale string) *line {
 	defer e.mu.Unlock()
 	l := e.lines[sale]
 	if l == nil {
-		if len(e.lines) >= MaxLines {
+		if len(e.lines) >= MaxLines || e.closed {
 			return nil
 		}
-		l = &line{m: admission.NewMirror()}
+		ctx, stop := context.WithCancel(e.ctx)
+		l = &line{m: admission.NewMirror(), stop: stop}
 		e.lines[sale] = l
+		e.follows.Add(1)
+		go e.follow(ctx, sale, l)
 	}
 	l.asked.Store(e.cfg.Now().UnixNano())
 	return l
@@ -173,8 +204,7 @@ func (e *Edge) fresh(l *line, now time.Time) bool {
 	return !at.IsZero() && now.Sub(at) <= e.cfg.MaxStale
 }
 
-// run fetches every watched line every Refresh until ctx ends, and forgets the lines no
-// one asked about for Idle.
+// run stops watching the lines no one asked about for Idle, every Refresh until ctx ends.
 func (e *Edge) run(ctx context.Context) {
 	defer close(e.done)
 	tick := time.NewTicker(e.cfg.Refresh)
@@ -187,29 +217,40 @@ func (e *Edge) run(ctx context.Context) {
 		}
 		now := e.cfg.Now()
 		e.mu.Lock()
-		sales := make(map[string]*line, len(e.lines))
 		for sale, l := range e.lines {
 			if now.Sub(time.Unix(0, l.asked.Load())) > e.cfg.Idle {
 				delete(e.lines, sale)
-				continue
+				l.stop()
 			}
-			sales[sale] = l
 		}
 		e.mu.Unlock()
-		for sale, l := range sales {
-			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := e.fetch(fctx, sale, l)
-			cancel()
-			switch {
-			case err == nil || ctx.Err() != nil:
-			case lineGone(err):
-				e.forget(sale, l)
-				e.cfg.Logger.Info("the leader has no waiting line of the sale (no such sale, or no waiting room); its polls go to the leader",
-					"region", e.cfg.Region, "sale", sale, "err", err)
-			default:
-				e.cfg.Logger.Debug("fetching a waiting line from the leader failed; polls are answered from the last one",
-					"region", e.cfg.Region, "sale", sale, "err", err)
-			}
+	}
+}
+
+// follow keeps l up to the leader's line of sale until ctx ends (Close, or the line is no
+// longer watched): it fetches at once, then again Refresh after each answer; the leader holds
+// a fetch that would bring nothing new (Wait) until the line changes. A leader that has no
+// line of the sale ends the watching.
+func (e *Edge) follow(ctx context.Context, sale string, l *line) {
+	defer e.follows.Done()
+	defer l.stop()
+	for {
+		fctx, cancel := context.WithTimeout(ctx, e.cfg.Wait+5*time.Second)
+		err := e.fetch(fctx, sale, l)
+		cancel()
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case lineGone(err):
+			e.forget(sale, l)
+			e.cfg.Logger.Info("the leader has no waiting line of the sale (no such sale, or no waiting room); its polls go to the leader",
+				"region", e.cfg.Region, "sale", sale, "err", err)
+			return
+		default:
+			e.cfg.Logger.Debug("fetching a waiting line from the leader failed; polls are answered from the last one",
+				"region", e.cfg.Region, "sale", sale, "err", err)
+		}
+		if sleepCtx(ctx, e.cfg.Refresh) != nil {
+			return
 		}
 	}
 }
@@ -230,24 +271,38 @@ func (e *Edge) forget(sale string, l *line) {
 	if e.lines[sale] == l {
 		delete(e.lines, sale)
 	}
+	l.stop()
 }
 
 // maxFetchRounds bounds the fetches of one line per Refresh (each up to FetchLimit
 // entries); the rest come at the next.
 const maxFetchRounds = 8
 
-// fetch brings l up to the leader's line of sale.
+// fetch brings l up to the leader's line of sale: its first call may be held by the leader
+// until the line is another than the one l has (its tag), the others (after an answer cut at
+// the limit) are answered at once.
 func (e *Edge) fetch(ctx context.Context, sale string, l *line) error {
-	for range maxFetchRounds {
+	for round := range maxFetchRounds {
 		room, since := l.m.Since()
-		f, err := e.changes(ctx, sale, room, since)
+		l.mu.Lock()
+		tag := l.tag
+		l.mu.Unlock()
+		wait := e.cfg.Wait
+		if round > 0 {
+			wait = 0
+		}
+		f, err := e.changes(ctx, sale, room, since, tag, wait)
 		if err != nil {
 			return err
 		}
-		l.mu.Lock()
-		l.gate, l.region = f.Gate, f.Region
-		l.mu.Unlock()
+		e.fetches.Add(1)
 		l.m.Apply(f.Feed, e.cfg.Now())
+		l.mu.Lock()
+		l.gate, l.region, l.tag = f.Gate, f.Region, 0
+		if r, v := l.m.Since(); r == f.Room && v == f.Version {
+			l.tag = f.Tag // the copy is what the tag names
+		}
+		l.mu.Unlock()
 		if !f.More {
 			return nil
 		}

@@ -18,7 +18,8 @@ func (s *Server) LineChanges(ctx context.Context, req *quotav1.LineChangesReques
 	if err != nil {
 		return nil, err
 	}
-	f, err := d.LineChanges(ctx, req.GetSaleId(), req.GetRoom(), req.GetSince(), int(req.GetLimit()))
+	f, err := d.LineChanges(ctx, req.GetSaleId(), req.GetRoom(), req.GetSince(), int(req.GetLimit()), req.GetTag(),
+		time.Duration(req.GetWaitMs())*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +30,7 @@ func (s *Server) LineChanges(ctx context.Context, req *quotav1.LineChangesReques
 func LineFeedToProto(f region.LineFeed) *quotav1.LineChangesResponse {
 	out := &quotav1.LineChangesResponse{Room: f.Room, Version: f.Version, Full: f.Full, More: f.More, Opened: f.Opened,
 		Closed: f.Closed, Reason: f.Reason, OpensAt: timestamppb.New(f.OpensAt), Head: f.Head, Binding: int64(f.Binding),
-		FlowRate: f.FlowRate, Gate: f.Gate, Region: f.Region, Entries: make([]*quotav1.LineEntry, len(f.Entries))}
+		FlowRate: f.FlowRate, Gate: f.Gate, Region: f.Region, Tag: f.Tag, Entries: make([]*quotav1.LineEntry, len(f.Entries))}
 	for i, e := range f.Entries {
 		pe := &quotav1.LineEntry{AdmissionId: e.ID, UserId: e.User, State: string(e.State), Seq: e.Seq, Region: e.Region,
 			Reason: e.Reason, Gone: e.Gone}
@@ -61,7 +62,7 @@ func LineFeedFromProto(pb *quotav1.LineChangesResponse) (region.LineFeed, error)
 	if !(pb.GetFlowRate() > 0) {
 		return region.LineFeed{}, apierr.Invalid("flow_rate", "%v is not a positive number", pb.GetFlowRate())
 	}
-	f := region.LineFeed{Region: pb.GetRegion(), Gate: pb.GetGate(), Feed: admission.Feed{Room: pb.GetRoom(), Version: pb.GetVersion(),
+	f := region.LineFeed{Region: pb.GetRegion(), Gate: pb.GetGate(), Tag: pb.GetTag(), Feed: admission.Feed{Room: pb.GetRoom(), Version: pb.GetVersion(),
 		Full: pb.GetFull(), More: pb.GetMore(), Opened: pb.GetOpened(), Closed: pb.GetClosed(), Reason: pb.GetReason(),
 		OpensAt: pb.GetOpensAt().AsTime(), Head: pb.GetHead(), Binding: int(pb.GetBinding()), FlowRate: pb.GetFlowRate(),
 		Entries: make([]admission.FeedEntry, len(pb.GetEntries()))}}

@@ -1895,7 +1895,13 @@ type LineChangesRequest struct {
 	Room  string `protobuf:"bytes,2,opt,name=room,proto3" json:"room,omitempty"`
 	Since uint64 `protobuf:"varint,3,opt,name=since,proto3" json:"since,omitempty"`
 	// limit bounds the entries answered (1..100000); more: ask again from version.
-	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// tag is the last answer's tag, and wait_ms (0..10000) how long the leader may hold the
+	// call when it would answer nothing new (a long poll): the same incarnation, version,
+	// counters and gate as that answer. It answers as soon as any of them changes, or at the
+	// wait's end. 0: answer at once.
+	Tag           uint64 `protobuf:"varint,5,opt,name=tag,proto3" json:"tag,omitempty"`
+	WaitMs        uint32 `protobuf:"varint,6,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1954,6 +1960,20 @@ func (x *LineChangesRequest) GetSince() uint64 {
 func (x *LineChangesRequest) GetLimit() int32 {
 	if x != nil {
 		return x.Limit
+	}
+	return 0
+}
+
+func (x *LineChangesRequest) GetTag() uint64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *LineChangesRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
 	}
 	return 0
 }
@@ -2079,9 +2099,11 @@ type LineChangesResponse struct {
 	Binding  int64                  `protobuf:"varint,10,opt,name=binding,proto3" json:"binding,omitempty"`
 	FlowRate float64                `protobuf:"fixed64,11,opt,name=flow_rate,json=flowRate,proto3" json:"flow_rate,omitempty"`
 	// gate is why the line admits no one now: SOLD_OUT, PAUSED, or empty.
-	Gate          string       `protobuf:"bytes,12,opt,name=gate,proto3" json:"gate,omitempty"`
-	Region        string       `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
-	Entries       []*LineEntry `protobuf:"bytes,14,rep,name=entries,proto3" json:"entries,omitempty"`
+	Gate    string       `protobuf:"bytes,12,opt,name=gate,proto3" json:"gate,omitempty"`
+	Region  string       `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	Entries []*LineEntry `protobuf:"bytes,14,rep,name=entries,proto3" json:"entries,omitempty"`
+	// tag identifies the answer's incarnation, version, counters and gate (the next call's tag).
+	Tag           uint64 `protobuf:"varint,15,opt,name=tag,proto3" json:"tag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2212,6 +2234,13 @@ func (x *LineChangesResponse) GetEntries() []*LineEntry {
 		return x.Entries
 	}
 	return nil
+}
+
+func (x *LineChangesResponse) GetTag() uint64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
 }
 
 var File_quota_v1_region_proto protoreflect.FileDescriptor
@@ -2352,12 +2381,14 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"q\n" +
 	"\x16ListBuyerHoldsResponse\x129\n" +
 	"\freservations\x18\x01 \x03(\v2\x15.quota.v1.ReservationR\freservations\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"m\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x98\x01\n" +
 	"\x12LineChangesRequest\x12\x17\n" +
 	"\asale_id\x18\x01 \x01(\tR\x06saleId\x12\x12\n" +
 	"\x04room\x18\x02 \x01(\tR\x04room\x12\x14\n" +
 	"\x05since\x18\x03 \x01(\x04R\x05since\x12\x14\n" +
-	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xee\x01\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\x12\x10\n" +
+	"\x03tag\x18\x05 \x01(\x04R\x03tag\x12\x17\n" +
+	"\await_ms\x18\x06 \x01(\rR\x06waitMs\"\xee\x01\n" +
 	"\tLineEntry\x12!\n" +
 	"\fadmission_id\x18\x01 \x01(\tR\vadmissionId\x12\x17\n" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x14\n" +
@@ -2367,7 +2398,7 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x16\n" +
 	"\x06region\x18\x06 \x01(\tR\x06region\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x12\x12\n" +
-	"\x04gone\x18\b \x01(\bR\x04gone\"\x90\x03\n" +
+	"\x04gone\x18\b \x01(\bR\x04gone\"\xa2\x03\n" +
 	"\x13LineChangesResponse\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\tR\x04room\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x12\n" +
@@ -2383,7 +2414,8 @@ const file_quota_v1_region_proto_rawDesc = "" +
 	"\tflow_rate\x18\v \x01(\x01R\bflowRate\x12\x12\n" +
 	"\x04gate\x18\f \x01(\tR\x04gate\x12\x16\n" +
 	"\x06region\x18\r \x01(\tR\x06region\x12-\n" +
-	"\aentries\x18\x0e \x03(\v2\x13.quota.v1.LineEntryR\aentries*\x82\x01\n" +
+	"\aentries\x18\x0e \x03(\v2\x13.quota.v1.LineEntryR\aentries\x12\x10\n" +
+	"\x03tag\x18\x0f \x01(\x04R\x03tag*\x82\x01\n" +
 	"\tHoldState\x12\x1a\n" +
 	"\x16HOLD_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fHOLD_STATE_HELD\x10\x01\x12\x13\n" +
