@@ -100,23 +100,46 @@ func (p *Participant) target() string {
 }
 
 // forgetLeader is the interceptor of the connection to addr: a call there answered
-// NOT_LEADER, or not at all (a transport failure), makes the next call resolve the leader
-// again, unless another call has already moved on.
+// NOT_LEADER, or not at all (a transport failure), makes the participant resolve the leader
+// again, and, when the resolver now names another address, asks that one once, as a call
+// before the address was kept would have (every participant call is idempotent: a retry
+// replays the region's record).
 func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil {
-			return nil
+		if err == nil || !leaderMoved(err) || p.resolve == nil {
+			return err
 		}
-		if st, ok := status.FromError(err); ok && (apierr.Reason(err) == "NOT_LEADER" || st.Code() == codes.Unavailable && apierr.Reason(err) == "") {
-			p.mu.Lock()
-			if p.leader == addr {
-				p.leader = ""
-			}
-			p.mu.Unlock()
+		p.mu.Lock()
+		if p.leader == addr {
+			p.leader = ""
 		}
-		return err
+		p.mu.Unlock()
+		if ctx.Value(askedAgainKey{}) != nil {
+			return err // already the second address asked: the caller retries later
+		}
+		next := p.target()
+		if next == addr {
+			return err
+		}
+		c, cerr := p.conn(next)
+		if cerr != nil {
+			return err
+		}
+		ctx = context.WithValue(ctx, askedAgainKey{}, true)
+		rpcserve.RedialIfFailed(ctx, c)
+		return c.Invoke(ctx, method, req, reply, opts...)
 	}
+}
+
+// askedAgainKey marks the context of a call forgetLeader asks a second address.
+type askedAgainKey struct{}
+
+// leaderMoved reports whether err says the address called does not lead: NOT_LEADER, or no
+// answer at all (a transport failure, with no reason of the region's).
+func leaderMoved(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && (apierr.Reason(err) == "NOT_LEADER" || st.Code() == codes.Unavailable && apierr.Reason(err) == "")
 }
 
 // client is the client of the leader's address (target), its connection told to dial at once
