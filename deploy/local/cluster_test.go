@@ -120,6 +120,14 @@ func newLocalCluster(t *testing.T, tag string, env ...string) *localCluster {
 	return c
 }
 
+// as is c for a subtest: the same cluster, its helpers reporting to t. The cluster's
+// cleanup (logs on failure, down --purge) stays with the test that made it.
+func (c *localCluster) as(t *testing.T) *localCluster {
+	cc := *c
+	cc.t = t
+	return &cc
+}
+
 func (c *localCluster) addr(offset int) string { return "127.0.0.1:" + strconv.Itoa(c.base+offset) }
 
 // cluster runs the script; it fails the test when the script fails.
@@ -314,6 +322,11 @@ func (c *localCluster) databases() ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// TestLocalCluster runs the script's whole life on one cluster with storefront edges: `up` and
+// `status`; kill -9 of storefront edges under a flash sale (localEdgesDieFreely); leaders and
+// an etcd member killed, paused and restarted (localLeadersDie); and `down --purge`. The
+// edges' test runs first: it needs coordinator1 leading, which the second one ends. One `up`
+// serves both.
 func TestLocalCluster(t *testing.T) {
 	started := time.Now()
 	c := newLocalCluster(t, "cl", "QUOTA_CLUSTER_EDGES=2")
@@ -325,6 +338,9 @@ func TestLocalCluster(t *testing.T) {
 	st := c.status()
 	c.wantState(st, "running", processes...)
 	c.wantState(st, "running", edges...)
+	if !strings.Contains(st["edge-us"], "storefront edge of us") || !strings.Contains(st["edge-us"], c.addr(1001)) {
+		t.Errorf("status of edge-us: %q, want the storefront edge of us at %s", st["edge-us"], c.addr(1001))
+	}
 	if !strings.Contains(st["coordinator1"], "leader") || !strings.Contains(st["coordinator2"], "standby") {
 		t.Fatalf("want coordinator1 leading and coordinator2 standing by:\n%s %s\n%s %s",
 			"coordinator1", st["coordinator1"], "coordinator2", st["coordinator2"])
@@ -333,6 +349,36 @@ func TestLocalCluster(t *testing.T) {
 		t.FailNow()
 	}
 
+	t.Run("edges_die_freely", func(t *testing.T) { localEdgesDieFreely(t, c.as(t)) })
+	t.Run("leaders_die", func(t *testing.T) { localLeadersDie(t, c.as(t)) })
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// down --purge stops everything, removes the files and drops the databases.
+	out = c.cluster(2*time.Minute, "down", "--purge")
+	c.purged = true
+	t.Logf("cluster down --purge:\n%s", out)
+	if _, err := os.Stat(filepath.Join(c.dir, "etcd1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after down --purge, %s/etcd1: %v, want it gone", c.dir, err)
+	}
+	for _, p := range []int{0, 1, 10, 11, 181} {
+		if conn, err := net.DialTimeout("tcp", c.addr(p), time.Second); err == nil {
+			conn.Close()
+			t.Errorf("after down --purge, something still listens on %s", c.addr(p))
+		}
+	}
+	if dbs, err := c.databases(); err != nil || len(dbs) != 0 {
+		t.Errorf("after down --purge, databases %v (%v), want none", dbs, err)
+	}
+	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
+}
+
+// localLeadersDie: a sale and a reserve at us; etcd refuses attackers' writes; the standby
+// coordinator refuses a transfer; the leading coordinator is killed and the standby takes over
+// within 15 s; an etcd member is killed and the rest go on; a region leader and a standby are
+// paused and resumed; the killed ones restart, coordinator1 as standby.
+func localLeadersDie(t *testing.T, c *localCluster) {
 	c.noPasswordsOnCommandLines()
 	c1, c2 := c.addr(0), c.addr(10)
 	if out, err := c.quotactl(c1, "sale", "create", "--sale", "t1", "--sku", "phone=100", "--allocate", "us=1,eu=1,ap=1"); err != nil {
@@ -356,7 +402,7 @@ func TestLocalCluster(t *testing.T) {
 		t.Errorf("coordinator2 took %s to take over, want at most 15s (lease 5s)", took)
 	}
 	c.audit(c2)
-	st = c.status()
+	st := c.status()
 	c.wantState(st, "stopped", "coordinator1")
 	if !strings.Contains(st["coordinator2"], "leader") {
 		t.Errorf("coordinator2: %q, want leader", st["coordinator2"])
@@ -395,27 +441,6 @@ func TestLocalCluster(t *testing.T) {
 	}
 	c.eventually(15*time.Second, "reserve at us after the restarts", func() error { return c.reserve(c2, "u3", "k3") })
 	c.audit(c2)
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	// down --purge stops everything, removes the files and drops the databases.
-	out = c.cluster(2*time.Minute, "down", "--purge")
-	c.purged = true
-	t.Logf("cluster down --purge:\n%s", out)
-	if _, err := os.Stat(filepath.Join(c.dir, "etcd1")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("after down --purge, %s/etcd1: %v, want it gone", c.dir, err)
-	}
-	for _, p := range []int{0, 1, 10, 11, 181} {
-		if conn, err := net.DialTimeout("tcp", c.addr(p), time.Second); err == nil {
-			conn.Close()
-			t.Errorf("after down --purge, something still listens on %s", c.addr(p))
-		}
-	}
-	if dbs, err := c.databases(); err != nil || len(dbs) != 0 {
-		t.Errorf("after down --purge, databases %v (%v), want none", dbs, err)
-	}
-	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
 }
 
 // etcdRefusesAttackers replays with etcdctl the writes that hurt a sale while etcd trusted

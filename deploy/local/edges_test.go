@@ -105,15 +105,16 @@ func established(pid, port int) (int, error) {
 	return n, nil
 }
 
-// TestLocalEdgesDieFreely is kill -9 of storefront edges during a flash sale on real
-// processes: us's storefront address is served by edge-us and edge-us-2 together; a load of
-// buyers (entering the waiting room, polling, reserving with their tickets, paying) goes to it
-// over 16 connections, retrying what got no answer with the same request keys. While it runs,
-// `cluster kill edge-us` (it serves some of the connections), start it again, then `cluster
-// kill edge-us-2`. No buyer fails, every acknowledged hold is held or sold at the leader, every
-// buyer holds at most the one unit of their one ticket (none admitted twice), and the audit is
-// clean.
-func TestLocalEdgesDieFreely(t *testing.T) {
+// localEdgesDieFreely is kill -9 of storefront edges during a flash sale on real processes
+// (TestLocalCluster's cluster, with edges): us's storefront address is served by edge-us and
+// edge-us-2 together; a load of buyers (entering the waiting room, polling, reserving with
+// their tickets, paying) goes to it over 16 connections, retrying what got no answer with the
+// same request keys. While it runs, `cluster kill edge-us` (it serves some of the
+// connections), start it again, then `cluster kill edge-us-2`. No buyer fails, every
+// acknowledged hold is held or sold at the leader, every buyer holds at most the one unit of
+// their one ticket (none admitted twice), and the audit is clean. TestLocalCluster has checked
+// that status shows the six edges running, edge-us at base+1001.
+func localEdgesDieFreely(t *testing.T, c *localCluster) {
 	const (
 		sale    = "edges"
 		buyers  = 1200
@@ -121,17 +122,8 @@ func TestLocalEdgesDieFreely(t *testing.T) {
 		maxLive = 200
 	)
 	started := time.Now()
-	c := newLocalCluster(t, "ed", "QUOTA_CLUSTER_EDGES=2")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	up := time.Now()
-	out := c.cluster(5*time.Minute, "up")
-	t.Logf("cluster up: %s\n%s", time.Since(up).Round(time.Millisecond), out)
-	st := c.status()
-	c.wantState(st, "running", edges...)
-	if !strings.Contains(st["edge-us"], "storefront edge of us") || !strings.Contains(st["edge-us"], c.addr(1001)) {
-		t.Fatalf("status of edge-us: %q, want the storefront edge of us at %s", st["edge-us"], c.addr(1001))
-	}
 	if out, err := c.quotactl(c.addr(0), "sale", "create", "--sale", sale, "--sku", "phone="+strconv.Itoa(total),
 		"--per-user-limit", "2", "--hold-ttl", "10m", "--admit-rate", "400", "--ticket-ttl", "2m",
 		"--max-live-tickets", strconv.Itoa(maxLive), "--allocate", "us=1,eu=1,ap=1"); err != nil {

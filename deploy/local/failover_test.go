@@ -21,14 +21,56 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// TestLocalRegionFailover is region failover on real processes: kill -9 the region leader
-// during a 30 s load; the standby serves within the lease TTL plus 2 s; no acknowledged hold is
-// lost, nothing is oversold and the audit is clean. A request in flight during the kill is
-// either in the books or was answered with an error: every hold the load generator was told
-// about is checked at the new leader.
-func TestLocalRegionFailover(t *testing.T) {
+// regionFaultTTL is the lease of the cluster TestLocalRegionFaults's subtests share.
+const regionFaultTTL = 2 * time.Second
+
+// TestLocalRegionFaults is quotactl status and a region leader's two faults on real processes,
+// on one cluster with a 2 s lease and QUOTA_STRAND_AFTER=2s (one `up` instead of one each):
+// first localStatus, which wants the cluster as `up` left it (each fault it makes is named by
+// quotactl status, then mended, and every region has a leader and a standby again); then kill
+// -9 of ap's leader under load (regionKill9), the region status neither kills nor cuts off; then
+// a split brain at us (regionSplitBrain). A region's lead may have moved to its other process
+// before (status kills region-us; a lease may lapse while etcd3 is paused), so each fault
+// subtest asks status which process leads and which stands by (regionProcs). Coordinator1 is
+// made to lead again before them: the helpers ask it, and coordinator2 may take over during
+// etcd3's pause.
+func TestLocalRegionFaults(t *testing.T) {
+	started := time.Now()
+	c := newLocalCluster(t, "fo", "QUOTA_CLUSTER_LEASE_TTL="+regionFaultTTL.String(), "QUOTA_STRAND_AFTER=2s")
+	c.upLeaderAndStandby(t, "ap")
+	t.Run("status", func(t *testing.T) { localStatus(t, c.as(t)) })
+	c.coordinator1Leads(t)
+	t.Run("kill_9_at_ap", func(t *testing.T) { regionKill9(t, c.as(t), "ap") })
+	t.Run("split_brain_at_us", func(t *testing.T) { regionSplitBrain(t, c.as(t), "us") })
+	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
+}
+
+// coordinator1Leads makes sure coordinator1 leads, as the helpers that ask c.addr(0) want:
+// when coordinator2 leads, stopping it (SIGTERM: it resigns) hands the lead to coordinator1,
+// and it starts again as the standby.
+func (c *localCluster) coordinator1Leads(t *testing.T) {
+	t.Helper()
+	if st := c.status(); strings.Contains(st["coordinator1"], "leader") && strings.Contains(st["coordinator2"], "standby") {
+		return
+	}
+	c.cluster(time.Minute, "stop", "coordinator2")
+	c.eventually(30*time.Second, "coordinator1 leads", func() error {
+		if st := c.status(); !strings.Contains(st["coordinator1"], "leader") {
+			return fmt.Errorf("coordinator1: %q", st["coordinator1"])
+		}
+		return nil
+	})
+	c.cluster(time.Minute, "start", "coordinator2")
+}
+
+// regionKill9 is region failover on real processes: kill -9 region r's leader (whichever of
+// its two processes leads: regionProcs) during a 30 s load; the standby serves within the lease TTL plus 2 s; no
+// acknowledged hold is lost, nothing is oversold and the audit is clean. A request in flight
+// during the kill is either in the books or was answered with an error: every hold the load
+// generator was told about is checked at the new leader.
+func regionKill9(t *testing.T, c *localCluster, r string) {
 	const (
-		ttl      = 2 * time.Second
+		ttl      = regionFaultTTL
 		holdTTL  = 10 * time.Minute
 		total    = 40000
 		loadTime = 30 * time.Second
@@ -36,13 +78,12 @@ func TestLocalRegionFailover(t *testing.T) {
 		sale     = "f"
 	)
 	started := time.Now()
-	c := newLocalCluster(t, "fo", "QUOTA_CLUSTER_LEASE_TTL="+ttl.String())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c.upLeaderAndStandby(t, "us")
-	coord, primary, standby := c.addr(0), c.addr(1), c.addr(11)
+	coord := c.addr(0)
+	leaderProc, standbyProc, primary, standby := c.regionProcs(t, r)
 	if out, err := c.quotactl(coord, "sale", "create", "--sale", sale, "--sku", "phone=40000", "--per-user-limit", "2",
-		"--hold-ttl", holdTTL.String(), "--allocate", "us=1"); err != nil {
+		"--hold-ttl", holdTTL.String(), "--allocate", r+"=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
 	rs := c.regionClient(t, standby)
@@ -56,28 +97,29 @@ func TestLocalRegionFailover(t *testing.T) {
 
 	// 30 s of buyers at the primary's address; loadgen follows NOT_LEADER answers that name
 	// the leader, and asks the coordinator where the region answers when its leader is gone.
-	load := c.startLoad(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
+	load := c.startLoad(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: r, Addr: primary, Weight: 1}},
 		Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "fo-", MaxDuration: loadTime, Seed: 4, ProgressEvery: 2 * time.Second})
 	load.running(t, killAt)
 
 	// kill -9 the region leader; the standby leads once the leader's lease has expired.
+	tookOver := c.takeovers(t, standbyProc)
 	killed := time.Now()
-	c.cluster(30*time.Second, "kill", "region-us")
+	c.cluster(30*time.Second, "kill", leaderProc)
 	dead := time.Now() // the script returns once the process is gone
-	t.Logf("cluster kill region-us: %s", dead.Sub(killed).Round(time.Millisecond))
+	t.Logf("cluster kill %s: %s", leaderProc, dead.Sub(killed).Round(time.Millisecond))
 	probe, failover := probeFailover(ctx, t, rs, killed, ttl+15*time.Second, sale)
 	t.Logf("FAILOVER: the standby %s served a reserve %s after kill -9 of the leader (lease TTL %s)", standby, failover.Round(time.Millisecond), ttl)
 	if failover > ttl+2*time.Second {
 		t.Errorf("failover took %s, want at most the lease TTL + 2s = %s", failover.Round(time.Millisecond), ttl+2*time.Second)
 	}
-	c.wantWarmTakeover(t, "region-us-2")
-	viaCoordinator := c.reserveThroughCoordinator(t, sale, standby)
+	c.wantWarmTakeover(t, standbyProc, tookOver)
+	viaCoordinator := c.reserveThroughCoordinator(t, r, sale, standby)
 
 	ls := load.wait(t, loadTime+30*time.Second)
 	holds := maps.Clone(ls.Holds)
 	for _, id := range []string{probe, viaCoordinator} {
 		if id != "" {
-			holds[id] = "us"
+			holds[id] = r
 		}
 	}
 	checkStart := time.Now()
@@ -97,7 +139,7 @@ func TestLocalRegionFailover(t *testing.T) {
 	}
 	t.Logf("%d holds checked at the new leader in %s; of the load's, %d created in the 2 s before the leader died, %d after",
 		len(holds), time.Since(checkStart).Round(time.Millisecond), inFlight, after)
-	// Buyers whose leader died ask the coordinator where region us answers now and carry on
+	// Buyers whose leader died ask the coordinator where region r answers now and carry on
 	// there: the load must have been served by the new leader.
 	if after == 0 {
 		t.Errorf("the buyers were never served by the new leader")
@@ -115,8 +157,8 @@ func TestLocalRegionFailover(t *testing.T) {
 	// No separate oversell check: with every acknowledged hold found above, held + sold ≤
 	// total is what the audit's conservation (I1, checked above) and the pools' CHECKs say.
 	st := c.status()
-	if !strings.Contains(st["region-us-2"], "leader") || !strings.HasPrefix(st["region-us"], "stopped") {
-		t.Errorf("after the failover: region-us %q, region-us-2 %q; want stopped and leader", st["region-us"], st["region-us-2"])
+	if !strings.Contains(st[standbyProc], "leader") || !strings.HasPrefix(st[leaderProc], "stopped") {
+		t.Errorf("after the failover: %s %q, %s %q; want stopped and leader", leaderProc, st[leaderProc], standbyProc, st[standbyProc])
 	}
 	t.Logf("total %s", time.Since(started).Round(time.Millisecond))
 }
@@ -179,29 +221,44 @@ func probeFailover(ctx context.Context, t *testing.T, rs quotav1.RegionServiceCl
 	}
 }
 
-// wantWarmTakeover wants the process's log to say it took over from the warm copy it kept
-// (quotad --standby-refresh, on by default), not by loading every hold.
-func (c *localCluster) wantWarmTakeover(t *testing.T, process string) {
+// takeovers is the lines of process's log that say it took the lead ("region leading"), so far.
+func (c *localCluster) takeovers(t *testing.T, process string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, process+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return linesWith(string(b), "region leading")
+}
+
+// wantWarmTakeover wants the process's log to say, once since the takeovers before (what
+// takeovers returned before the kill), that it took over from the warm copy it kept (quotad
+// --standby-refresh, on by default), not by loading every hold.
+func (c *localCluster) wantWarmTakeover(t *testing.T, process string, before []string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(c.dir, process+".log"))
 	if err != nil {
 		t.Error(err)
 		return
 	}
-	if lines := linesWith(string(b), "region leading"); len(lines) != 1 || !strings.Contains(lines[0], "load=warm") {
-		t.Errorf("%s's log, lines with \"region leading\": %q; want one, with load=warm", process, lines)
+	lines := linesWith(string(b), "region leading")
+	if len(lines) >= len(before) {
+		lines = lines[len(before):]
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "load=warm") {
+		t.Errorf("%s's log, lines with \"region leading\" since the kill: %q; want one, with load=warm", process, lines)
 	} else {
 		t.Logf("%s's takeover: %s", process, lines[0])
 	}
 }
 
-// reserveThroughCoordinator waits until the coordinator lists region us at its new leader,
-// then reserves with `quotactl reserve --region us` (which finds the region through the
+// reserveThroughCoordinator waits until the coordinator lists region r at its new leader,
+// then reserves with `quotactl reserve --region r` (which finds the region through the
 // coordinator) and returns the hold.
-func (c *localCluster) reserveThroughCoordinator(t *testing.T, sale, leader string) string {
+func (c *localCluster) reserveThroughCoordinator(t *testing.T, r, sale, leader string) string {
 	t.Helper()
 	coord := c.addr(0)
-	c.eventually(5*time.Second, "the coordinator lists us at "+leader, func() error {
+	c.eventually(5*time.Second, "the coordinator lists "+r+" at "+leader, func() error {
 		out, err := c.quotactl(coord, "regions")
 		if err != nil || !strings.Contains(out, leader) {
 			return fmt.Errorf("regions: %v\n%s", err, out)
@@ -212,12 +269,12 @@ func (c *localCluster) reserveThroughCoordinator(t *testing.T, sale, leader stri
 		HoldID string `json:"hold_id"`
 		State  string `json:"state"`
 	}
-	out, err := c.quotactl(coord, "reserve", "--region", "us", "--sale", sale, "--sku", "phone", "--user", "probe-quotactl",
+	out, err := c.quotactl(coord, "reserve", "--region", r, "--sale", sale, "--sku", "phone", "--user", "probe-quotactl",
 		"--request-key", "k", "-o", "json")
 	if err != nil {
-		t.Errorf("quotactl reserve --region us after the failover: %v\n%s", err, out)
+		t.Errorf("quotactl reserve --region %s after the failover: %v\n%s", r, err, out)
 	} else if err := json.Unmarshal([]byte(out), &res); err != nil || res.State != "held" {
-		t.Errorf("quotactl reserve --region us after the failover: %s (%v)", out, err)
+		t.Errorf("quotactl reserve --region %s after the failover: %s (%v)", r, out, err)
 	}
 	return res.HoldID
 }

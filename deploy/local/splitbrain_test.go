@@ -16,15 +16,16 @@ import (
 	"google.golang.org/grpc"
 )
 
-// TestLocalRegionSplitBrain is a split brain on real processes: the region
-// leader is paused (SIGSTOP) past its lease while buyers keep coming, the standby takes over
-// and serves, and then the old leader is resumed with whatever it had queued. It stops
+// regionSplitBrain is a split brain on real processes, at region r of c (started with a 2 s
+// lease; a subtest of TestLocalRegionFaults): whichever of r's two processes leads is paused
+// (SIGSTOP) past its lease while buyers keep coming, the other, standing by, takes over and
+// serves, and then the old leader is resumed with whatever it had queued. It stops
 // leading; nothing it held is answered as a success that is not in the books (the epoch fence
 // refuses its batches: their callers are told NOT_LEADER and follow the new leader); every
 // acknowledged hold is at the new leader, and the audit is clean.
-func TestLocalRegionSplitBrain(t *testing.T) {
+func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 	const (
-		ttl       = 2 * time.Second
+		ttl       = regionFaultTTL
 		loadTime  = 20 * time.Second
 		pauseAt   = 5 * time.Second
 		pausedFor = ttl + 6*time.Second
@@ -33,16 +34,12 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 		// predecessor's transaction on the epoch row before ending it.
 		epochWait = 2 * time.Second
 	)
-	c := newLocalCluster(t, "sb", "QUOTA_CLUSTER_LEASE_TTL="+ttl.String())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c.cluster(5*time.Minute, "up")
-	if st := c.status(); !strings.Contains(st["region-us"], "leader") || !strings.Contains(st["region-us-2"], "standby") {
-		t.Fatalf("want region-us leading and region-us-2 standing by: %q, %q", st["region-us"], st["region-us-2"])
-	}
-	coord, primary, standby := c.addr(0), c.addr(1), c.addr(11)
+	leader, _, primary, standby := c.regionProcs(t, r)
+	coord := c.addr(0)
 	if out, err := c.quotactl(coord, "sale", "create", "--sale", sale, "--sku", "phone=40000", "--per-user-limit", "2",
-		"--hold-ttl", "10m", "--allocate", "us=1"); err != nil {
+		"--hold-ttl", "10m", "--allocate", r+"=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
 	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
@@ -52,11 +49,11 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	defer conn.Close()
 	rs := quotav1.NewRegionServiceClient(conn)
 
-	load := c.startLoad(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: "us", Addr: primary, Weight: 1}},
+	load := c.startLoad(ctx, loadgen.Config{Sale: sale, SKU: "phone", Regions: []loadgen.Region{{Name: r, Addr: primary, Weight: 1}},
 		Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5})
 	time.Sleep(pauseAt)
 
-	c.cluster(30*time.Second, "pause", "region-us")
+	c.cluster(30*time.Second, "pause", leader)
 	paused := time.Now()
 	var took time.Duration
 	for probes := 0; ; probes++ {
@@ -80,7 +77,7 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 		t.Errorf("the standby served after %s; want within the lease TTL + 2 s + %s (+ 5 s of slack)", took.Round(time.Millisecond), epochWait)
 	}
 	time.Sleep(time.Until(paused.Add(pausedFor)))
-	c.cluster(30*time.Second, "resume", "region-us")
+	c.cluster(30*time.Second, "resume", leader)
 	// The resumed old leader, asked directly, does not grant: it answers NOT_LEADER and names
 	// the new leader (it may first answer with the outcome of what it had queued).
 	oldConn, err := grpc.NewClient(primary, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
@@ -108,7 +105,7 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	c.auditSale(t, sale)
 	// What the old leader did once resumed, from its log: it stepped down; any batch it still
 	// tried met the epoch fence.
-	b, err := os.ReadFile(filepath.Join(c.dir, "region-us.log"))
+	b, err := os.ReadFile(filepath.Join(c.dir, leader+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,4 +119,35 @@ func TestLocalRegionSplitBrain(t *testing.T) {
 	if !strings.Contains(string(b), "stepped down") {
 		t.Error("the old leader's log does not say it stepped down")
 	}
+}
+
+// regionProcs is region r's two processes as status shows them now: the one that leads and
+// the one that stands by, and their addresses. Either may lead: a region that failed over
+// before (its leader killed, or its lease lost while etcd was paused) is led by the other.
+func (c *localCluster) regionProcs(t *testing.T, r string) (leader, standby, leaderAddr, standbyAddr string) {
+	t.Helper()
+	i := regionIndex(t, r)
+	leader, standby, leaderAddr, standbyAddr = "region-"+r, "region-"+r+"-2", c.addr(1+i), c.addr(11+i)
+	st := c.status()
+	if strings.Contains(st[standby], "leader") {
+		leader, standby, leaderAddr, standbyAddr = standby, leader, standbyAddr, leaderAddr
+	}
+	if !strings.Contains(st[leader], "leader") || !strings.Contains(st[standby], "standby") {
+		t.Fatalf("want one of region %s's processes leading and the other standing by: %s %q, %s %q", r, leader, st[leader], standby, st[standby])
+	}
+	t.Logf("%s leads region %s, %s stands by", leader, r, standby)
+	return leader, standby, leaderAddr, standbyAddr
+}
+
+// regionIndex is r's place in the script's regions (us, eu, ap): its processes' ports are the
+// base + 1 + index (the primary) and + 11 + index (the standby).
+func regionIndex(t *testing.T, r string) int {
+	t.Helper()
+	for i, name := range []string{"us", "eu", "ap"} {
+		if name == r {
+			return i
+		}
+	}
+	t.Fatalf("region %q: not one of the script's us, eu, ap", r)
+	return -1
 }

@@ -119,14 +119,13 @@ func noProblems(ps []string) error {
 	return nil
 }
 
-// TestLocalStatus is quotactl status against real processes: exit 0 and every region's
-// leader and standby on a healthy cluster; exit 1 naming the fault for a paused etcd member,
-// a killed region leader (while its lease lasts and after the standby took over: no standby
-// left) and a stranded transfer; exit 0 again once each is mended.
-func TestLocalStatus(t *testing.T) {
+// localStatus is quotactl status against real processes (TestLocalRegionFaults's cluster,
+// as `up` left it: a 2 s lease, QUOTA_STRAND_AFTER=2s): exit 0 and every region's leader and
+// standby on a healthy cluster; exit 1 naming the fault for a paused etcd member, a killed
+// region leader (while its lease lasts and after the standby took over: no standby left) and
+// a stranded transfer; exit 0 again once each is mended. It touches etcd3, us and eu only.
+func localStatus(t *testing.T, c *localCluster) {
 	started := time.Now()
-	c := newLocalCluster(t, "st", "QUOTA_CLUSTER_LEASE_TTL=2s", "QUOTA_STRAND_AFTER=2s")
-	c.cluster(5*time.Minute, "up")
 	st := c.waitStatus(60*time.Second, "healthy cluster: status exit 0", 0, noProblems)
 	c.checkHealthy(st)
 
@@ -171,7 +170,7 @@ func TestLocalStatus(t *testing.T) {
 	c.cluster(60*time.Second, "start", "region-eu")
 	c.cluster(60*time.Second, "start", "region-eu-2")
 	c.waitStatus(60*time.Second, "eu back, the transfer finished: exit 0", 0, noProblems)
-	t.Logf("TestLocalStatus wall time %s", time.Since(started).Round(time.Second))
+	t.Logf("status subtest wall time %s", time.Since(started).Round(time.Second))
 }
 
 // checkHealthy checks a healthy cluster's status: two coordinators, every region led with
