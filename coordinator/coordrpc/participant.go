@@ -12,9 +12,7 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -107,7 +105,7 @@ func (p *Participant) target() string {
 func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil || !leaderMoved(err) || p.resolve == nil {
+		if !apierr.AskAnother(err) || p.resolve == nil {
 			return err
 		}
 		p.mu.Lock()
@@ -134,13 +132,6 @@ func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 
 // askedAgainKey marks the context of a call forgetLeader asks a second address.
 type askedAgainKey struct{}
-
-// leaderMoved reports whether err says the address called does not lead: NOT_LEADER, or no
-// answer at all (a transport failure, with no reason of the region's).
-func leaderMoved(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && (apierr.Reason(err) == "NOT_LEADER" || st.Code() == codes.Unavailable && apierr.Reason(err) == "")
-}
 
 // client is the client of the leader's address (target), its connection told to dial at once
 // if its last attempt failed: the leader as resolved is asked now, not after a backoff.

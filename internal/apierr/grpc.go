@@ -191,6 +191,20 @@ func Reason(err error) string {
 	return ""
 }
 
+// AskAnother reports whether err, a call's answer from one of a role's processes, means
+// another process should be asked: NOT_LEADER (nothing was decided), or no answer at all (a
+// transport failure: UNAVAILABLE with no reason of the project's).
+func AskAnother(err error) bool {
+	if err == nil {
+		return false
+	}
+	if Reason(err) == "NOT_LEADER" {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && Reason(err) == ""
+}
+
 // LeaderHint returns the leader's address carried by a NOT_LEADER status error, or "".
 func LeaderHint(err error) string {
 	st, ok := status.FromError(err)

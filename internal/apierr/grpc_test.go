@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -129,6 +130,29 @@ func TestLineSKU(t *testing.T) {
 	for _, err := range []error{ToStatus(ErrSoldOut), errors.New("plain"), nil} {
 		if got := LineSKU(err); got != "" {
 			t.Errorf("LineSKU(%v) = %q, want none", err, got)
+		}
+	}
+}
+
+// TestAskAnother: only NOT_LEADER and an answer that never came (UNAVAILABLE without a
+// reason) send a caller to another process; a decided refusal, OVERLOADED's UNAVAILABLE
+// included, does not.
+func TestAskAnother(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"none", nil, false},
+		{"not leader", ToStatus(&NotLeaderError{Role: "r", Leader: "127.0.0.1:1"}), true},
+		{"no answer", status.Error(codes.Unavailable, "connection refused"), true},
+		{"overloaded", ToStatus(&OverloadedError{What: "queue", RetryAfter: time.Second}), false},
+		{"sold out", ToStatus(ErrSoldOut), false},
+		{"deadline", status.Error(codes.DeadlineExceeded, "late"), false},
+		{"not a status", errors.New("plain"), false},
+	} {
+		if got := AskAnother(tc.err); got != tc.want {
+			t.Errorf("%s: AskAnother = %v, want %v (%v)", tc.name, got, tc.want, tc.err)
 		}
 	}
 }

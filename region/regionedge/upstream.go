@@ -11,10 +11,8 @@ import (
 	"github.com/quotaworks/quota/internal/rpcserve"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 )
 
 // Upstream is an edge's client of its region's leader: it calls whichever of the region's
@@ -188,25 +186,12 @@ func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.Re
 		}
 		err = fn(ctx, c.client)
 		u.release(c)
-		if !moveOnFrom(err) {
+		if !apierr.AskAnother(err) {
 			return err
 		}
 		u.moveOn(c.addr, apierr.LeaderHint(err))
 	}
 	return &apierr.NotLeaderError{Role: "region " + u.region + " (no process answered as its leader: " + errorText(err) + ")"}
-}
-
-// moveOnFrom reports whether err means another process should be asked: NOT_LEADER, or a
-// transport failure (no answer at all).
-func moveOnFrom(err error) bool {
-	if err == nil {
-		return false
-	}
-	if apierr.Reason(err) == "NOT_LEADER" {
-		return true
-	}
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable && apierr.Reason(err) == ""
 }
 
 func errorText(err error) string {

@@ -210,12 +210,11 @@ func (n *CoordinatorNode) linkRegions(ctx context.Context, creds credentials.Tra
 		n.regionDBs = append(n.regionDBs, db)
 		var resolve func() string
 		if n.cfg.FollowLeaders {
-			// Asked before every participant call: from memory, etcd read at most every
-			// hintTTL (with the regions an ocean apart, a consistent read through a distant
-			// member costs a round trip or two across it). A call to a leader that has just
-			// moved is answered NOT_LEADER or not at all, and the transfer's step is retried.
+			// The participant keeps what this answers (coordrpc.Participant.target), and asks
+			// again when a call finds the leader gone: a cache here could answer that re-ask
+			// with the address that just failed.
 			role := "region/" + r.Name
-			resolve = cachedHint(hintTTL, func() string { return leaderOf(n.etcd, role) })
+			resolve = func() string { return leaderOf(n.etcd, role) }
 		}
 		p, err := coordrpc.DialResolving(r.Name, r.Addr, resolve, creds)
 		if err != nil {
