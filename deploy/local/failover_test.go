@@ -236,12 +236,7 @@ func (c *localCluster) takeovers(t *testing.T, process string) []string {
 // --standby-refresh, on by default), not by loading every hold.
 func (c *localCluster) wantWarmTakeover(t *testing.T, process string, before []string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.dir, process+".log"))
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	lines := linesWith(string(b), "region leading")
+	lines := c.takeovers(t, process)
 	if len(lines) >= len(before) {
 		lines = lines[len(before):]
 	}

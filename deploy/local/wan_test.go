@@ -386,12 +386,7 @@ func (c *localCluster) wanFailover(t *testing.T, sale string) (leads, serves tim
 // "region leading" line; the zero time (and an error) when it has none.
 func (c *localCluster) ledAt(t *testing.T, process string) time.Time {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.dir, process+".log"))
-	if err != nil {
-		t.Error(err)
-		return time.Time{}
-	}
-	lines := linesWith(string(b), "region leading")
+	lines := c.takeovers(t, process)
 	if len(lines) == 0 {
 		t.Errorf("%s's log has no \"region leading\" line", process)
 		return time.Time{}
