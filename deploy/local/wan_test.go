@@ -292,6 +292,7 @@ func TestLocalWANCompare(t *testing.T) {
 		t.Logf("%s: eu's standby leads %s and serves a ticketed buyer %s after eu's leader's SIGKILL (lease 5 s)", run,
 			w.leads.Round(10*time.Millisecond), w.serves.Round(10*time.Millisecond))
 		t.Logf("%s: the automatic rebalancer's transfers during the ticketed sale: %s", run, w.moves)
+		t.Logf("%s: during the ticketed sale, %s", run, w.cpu)
 	}
 	wanReport(t, runs, figs, false)
 	wanReport(t, runs, open, true)
@@ -327,6 +328,7 @@ func wanMargins(t *testing.T, region string, perRegion int, lo, wan *regionFigur
 type wanRunFigures struct {
 	ticketed, open map[string]*regionFigures
 	moves          string
+	cpu            string // where the CPU went during the ticketed sale (cpuReport)
 	// leads and serves are how long after region-eu's kill region-eu-2 led, and served a
 	// ticketed buyer.
 	leads, serves time.Duration
@@ -341,8 +343,9 @@ func wanRun(t *testing.T, run string, perRegion int) wanRunFigures {
 	ctx := context.Background()
 	c.createWanSale(t, "flash", 2*3*(perRegion+10), true) // twice the demand: no region runs dry
 	c.wanSale(ctx, "flash", "warm-", false, 10, 4, time.Minute)
-	start := time.Now()
+	start, cpu := time.Now(), c.snapCPU(t)
 	w.ticketed = c.wanSale(ctx, "flash", "", false, perRegion, 8, 3*time.Minute)
+	w.cpu = cpuReport(cpu, c.snapCPU(t), time.Since(start))
 	moves, err := c.autoMoves(ctx, "flash", start)
 	if err != nil {
 		t.Errorf("%s: the automatic transfers: %v", run, err)
