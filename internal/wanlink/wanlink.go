@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -183,8 +184,8 @@ func (l *Link) pipe(dst, src net.Conn) {
 		defer l.wg.Done()
 		defer close(q)
 		var last time.Time
+		buf := make([]byte, chunkSize) // read into one buffer; each chunk holds a copy of its bytes only
 		for {
-			buf := make([]byte, chunkSize)
 			n, err := src.Read(buf)
 			if n > 0 {
 				due := time.Now().Add(l.route.sample())
@@ -192,7 +193,7 @@ func (l *Link) pipe(dst, src net.Conn) {
 					due = last // keep the order: never before an earlier chunk
 				}
 				last = due
-				q <- chunk{b: buf[:n], due: due}
+				q <- chunk{b: slices.Clone(buf[:n]), due: due}
 			}
 			if err != nil {
 				return
