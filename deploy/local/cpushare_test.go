@@ -2,6 +2,8 @@ package local_test
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -118,4 +120,71 @@ func cpuReport(before, after cpuSnap, window time.Duration) string {
 		fmt.Fprintf(&b, " %s %.2f", u.name, u.cores)
 	}
 	return fmt.Sprintf("cores used over %s:%s", window.Round(time.Millisecond), b.String())
+}
+
+// histSnap is one histogram's cumulative bucket counts by upper bound ("0.05", "+Inf"),
+// from a process's /metrics: the series whose name is metric+"_bucket" and whose labels
+// contain labels.
+type histSnap map[string]float64
+
+// scrapeHist reads histSnap of metric (series matching labels) at url's /metrics; nil when
+// it does not answer.
+func scrapeHist(hc *http.Client, url, metric, labels string) histSnap {
+	resp, err := hc.Get(url + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	h := histSnap{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, metric+"_bucket{") || !strings.Contains(l, labels) {
+			continue
+		}
+		_, rest, _ := strings.Cut(l, `le="`)
+		le, val, _ := strings.Cut(rest, `"} `)
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			h[le] += v
+		}
+	}
+	return h
+}
+
+// over is how many observations between before and after took longer than le seconds, of
+// how many in all.
+func over(before, after histSnap, le string) (n, all float64) {
+	all = after["+Inf"] - before["+Inf"]
+	return all - (after[le] - before[le]), all
+}
+
+// stallReport says, of a region's writer batches and the reservations its HTTP listener
+// answered between two scrapes of its leader, how many took over 50, 100 and 250 ms.
+func stallReport(b, a map[string]histSnap) string {
+	var out strings.Builder
+	for _, what := range []string{"batches", "reserves"} {
+		_, all := over(b[what], a[what], "+Inf")
+		fmt.Fprintf(&out, " %s %.0f:", what, all)
+		for _, le := range []struct{ bound, ms string }{{"0.05", "50"}, {"0.1", "100"}, {"0.25", "250"}} {
+			n, _ := over(b[what], a[what], le.bound)
+			fmt.Fprintf(&out, " >%sms %.0f", le.ms, n)
+		}
+	}
+	return out.String()
+}
+
+// regionStalls scrapes each region's leader: its writer's batch times and its HTTP
+// listener's reservation times.
+func (c *localCluster) regionStalls(hc *http.Client) map[string]map[string]histSnap {
+	out := map[string]map[string]histSnap{}
+	for _, r := range wanRegions {
+		url := "https://" + c.addr(r.offset+httpOffset)
+		out[r.name] = map[string]histSnap{
+			"batches":  scrapeHist(hc, url, "quota_batch_commit_seconds", ""),
+			"reserves": scrapeHist(hc, url, "quota_http_request_duration_seconds", `reservations"`),
+		}
+	}
+	return out
 }

@@ -343,9 +343,14 @@ func wanRun(t *testing.T, run string, perRegion int) wanRunFigures {
 	ctx := context.Background()
 	c.createWanSale(t, "flash", 2*3*(perRegion+10), true) // twice the demand: no region runs dry
 	c.wanSale(ctx, "flash", "warm-", false, 10, 4, time.Minute)
-	start, cpu := time.Now(), c.snapCPU(t)
+	mc := c.operatorClient()
+	start, cpu, stalls := time.Now(), c.snapCPU(t), c.regionStalls(mc)
 	w.ticketed = c.wanSale(ctx, "flash", "", false, perRegion, 8, 3*time.Minute)
 	w.cpu = cpuReport(cpu, c.snapCPU(t), time.Since(start))
+	after := c.regionStalls(mc)
+	for _, r := range wanRegions {
+		w.cpu += fmt.Sprintf("\n%s at its leader:%s", r.name, stallReport(stalls[r.name], after[r.name]))
+	}
 	moves, err := c.autoMoves(ctx, "flash", start)
 	if err != nil {
 		t.Errorf("%s: the automatic transfers: %v", run, err)
