@@ -268,7 +268,7 @@ func pathDelay(t *testing.T, d string) string {
 // the admission's p50 and p99 at the HTTP edges side by side, and the time eu's standby takes
 // to serve a ticketed buyer after eu's leader is killed (SIGKILL). It wants each ticketed
 // reservation's p50 within 10 ms and p99 within 40 ms of the run without delays, every
-// buyer served, the audit clean. Run it with QUOTA_WAN=1 (two clusters; about 6 minutes);
+// buyer served, the audit clean. Run it with QUOTA_WAN=1 (two clusters; about 2 minutes on an idle machine);
 // QUOTA_WAN_BUYERS sets the buyers per region (default 400: the p99 of 400 reservations is
 // their fifth slowest, of 150 their second, which one stall of the shared machine sets).
 // The automatic rebalancer's transfers during the sale are logged with their times.
