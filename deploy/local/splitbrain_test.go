@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,9 @@ import (
 // serves, and then the old leader is resumed with whatever it had queued. It stops
 // leading; nothing it held is answered as a success that is not in the books (the epoch fence
 // refuses its batches: their callers are told NOT_LEADER and follow the new leader); every
-// acknowledged hold is at the new leader, and the audit is clean.
+// acknowledged hold is at the new leader, and the audit is clean. A buyer at r's storefront
+// edge (edge-r, started for it) is served while the old leader is still paused: the edge's
+// attempts at the frozen process end unanswered and move on to the new leader.
 func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 	const (
 		ttl       = regionFaultTTL
@@ -42,6 +45,7 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		"--hold-ttl", "10m", "--allocate", r+"=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
+	c.cluster(time.Minute, "start", "edge-"+r) // a storefront edge of r (the cluster is up without them)
 	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
 	if err != nil {
 		t.Fatal(err)
@@ -53,8 +57,14 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5})
 	time.Sleep(pauseAt)
 
+	// The edge serves a buyer before the pause: it holds a connection to the leader, as an
+	// edge in a sale does, rather than dial a frozen process afresh.
+	if d := <-c.probeEdge(ctx, r, sale, "before", time.Now().Add(10*time.Second)); d == 0 {
+		t.Fatalf("no buyer was served at %s's storefront edge before the pause", r)
+	}
 	c.cluster(30*time.Second, "pause", leader)
 	paused := time.Now()
+	edgeServed := c.probeEdge(ctx, r, sale, "during", paused.Add(pausedFor))
 	var took time.Duration
 	for probes := 0; ; probes++ {
 		cctx, ccancel := context.WithTimeout(ctx, time.Second)
@@ -77,6 +87,17 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		t.Errorf("the standby served after %s; want within the lease TTL + 2 s + %s (+ 5 s of slack)", took.Round(time.Millisecond), epochWait)
 	}
 	time.Sleep(time.Until(paused.Add(pausedFor)))
+	// A storefront edge learns that its leader is frozen from the connection's keepalive
+	// (a paused process answers no ping): its calls move on to the new leader.
+	switch d := <-edgeServed; {
+	case d == 0:
+		t.Errorf("no buyer was served at %s's storefront edges in the %s its leader was paused", r, pausedFor)
+	case d > ttl+edgeAttempt+2*time.Second:
+		t.Errorf("a buyer at the storefront edges was served %s after the leader was paused; want within the lease (%s), an attempt at the frozen leader (%s) and 2 s",
+			d.Round(time.Millisecond), ttl, edgeAttempt)
+	default:
+		t.Logf("SPLIT BRAIN: a buyer at the storefront edges was served %s after the leader was paused", d.Round(time.Millisecond))
+	}
 	c.cluster(30*time.Second, "resume", leader)
 	// The resumed old leader, asked directly, does not grant: it answers NOT_LEADER and names
 	// the new leader (it may first answer with the outcome of what it had queued).
@@ -150,4 +171,31 @@ func regionIndex(t *testing.T, r string) int {
 	}
 	t.Fatalf("region %q: not one of the script's us, eu, ap", r)
 	return -1
+}
+
+// edgeAttempt is how long an edge waits for one process to answer (regionedge.DefaultAttemptTimeout).
+const edgeAttempt = 2 * time.Second
+
+// probeEdge sends buyer user's reservation to region r's storefront edges every 100 ms until
+// one is answered with a hold or until, and reports on the channel how long after the start
+// that was (0: never).
+func (c *localCluster) probeEdge(ctx context.Context, r, sale, user string, until time.Time) <-chan time.Duration {
+	c.t.Helper()
+	hc := c.storefrontClient(2, 8*time.Second) // a patient buyer: the edge, not the buyer, must give up on the frozen leader
+	u := c.storefrontOf(r) + "/v1/sales/" + sale + "/reservations"
+	out := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		for time.Now().Before(until) && ctx.Err() == nil {
+			a, err := edgeDo(ctx, hc, http.MethodPost, u, map[string]any{"user_id": "probe-sb-edge-" + user, "sku": "phone",
+				"quantity": 1, "request_key": "k-edge"})
+			if err == nil && a.code/100 == 2 {
+				out <- time.Since(start)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		out <- 0
+	}()
+	return out
 }

@@ -31,7 +31,9 @@ type Upstream struct {
 	uses   uint64 // counts the calls handed a connection: each conn's last use
 	cur    string
 	next   int // the seed tried after cur fails
-	closed bool
+	// attempt bounds one attempt at one process (DefaultAttemptTimeout).
+	attempt time.Duration
+	closed  bool
 }
 
 // upConn is one connection of an upstream, with the calls on it now and when it was last
@@ -62,7 +64,8 @@ func NewUpstream(region string, seeds []string, creds credentials.TransportCrede
 	if len(seeds) > maxConns/2 {
 		return nil, fmt.Errorf("upstream: %d addresses, over %d", len(seeds), maxConns/2)
 	}
-	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*upConn{}, cur: seeds[0]}, nil
+	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*upConn{}, cur: seeds[0],
+		attempt: DefaultAttemptTimeout}, nil
 }
 
 // Leader is the address the upstream calls now (the leader as last learned).
@@ -163,12 +166,27 @@ func (u *Upstream) moveOn(failed, hint string) {
 	}
 }
 
+// DefaultAttemptTimeout bounds one attempt of a call at one of the region's processes (past what
+// the leader may hold it on purpose): a process that has not answered by then is treated as
+// one that does not answer. A leader that is frozen (stopped, or its machine paused) rather
+// than dead keeps its connections open and answers nothing; without this bound every call
+// would wait on it until its caller gave up, and the edge would never try the standby that
+// has taken over. A healthy leader answers in milliseconds, or at once OVERLOADED.
+const DefaultAttemptTimeout = 2 * time.Second
+
 // call runs fn against the region's leader: a NOT_LEADER answer, or an address that does
-// not answer, moves on (to the leader it names, or the next process) and calls again, a few
-// times with short pauses, within ctx. Each retry is safe: NOT_LEADER was decided by no one,
-// and every forwarded call is idempotent by its key (a reservation's request key, a buyer's
-// one place in line, a hold's id). Other answers are returned as they came.
+// not answer (or not within the upstream's attempt timeout, DefaultAttemptTimeout), moves on (to the leader it names, or the next
+// process) and calls again, a few times with short pauses, within ctx. Each retry is safe:
+// NOT_LEADER was decided by no one, and every forwarded call is idempotent by its key (a
+// reservation's request key, a buyer's one place in line, a hold's id). Other answers are
+// returned as they came.
 func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.RegionServiceClient) error) error {
+	return u.callHeld(ctx, 0, fn)
+}
+
+// callHeld is call for a call the leader may hold up to hold before it answers (a
+// LineChanges that waits for the line to change): each attempt has hold more to answer.
+func (u *Upstream) callHeld(ctx context.Context, hold time.Duration, fn func(context.Context, quotav1.RegionServiceClient) error) error {
 	attempts := 2*len(u.seeds) + 3
 	var err error
 	for i := range attempts {
@@ -184,9 +202,14 @@ func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.Re
 		if redial {
 			rpcserve.RedialIfFailed(ctx, c.conn)
 		}
-		err = fn(ctx, c.client)
+		actx, cancel := context.WithTimeout(ctx, u.attempt+hold)
+		err = fn(actx, c.client)
+		silent := err != nil && actx.Err() == context.DeadlineExceeded && ctx.Err() == nil
+		cancel()
 		u.release(c)
-		if !apierr.AskAnother(err) {
+		if silent {
+			err = fmt.Errorf("%s did not answer within %s: %w", c.addr, u.attempt+hold, err)
+		} else if !apierr.AskAnother(err) {
 			return err
 		}
 		u.moveOn(c.addr, apierr.LeaderHint(err))

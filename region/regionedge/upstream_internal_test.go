@@ -72,6 +72,56 @@ func (s *boardRegion) GetReservation(ctx context.Context, _ *quotav1.GetReservat
 	}
 }
 
+// frozenRegion is a region process that is stopped (SIGSTOP) as a caller sees one: its
+// connections stay open and it answers nothing, not even NOT_LEADER.
+type frozenRegion struct {
+	quotav1.UnimplementedRegionServiceServer
+}
+
+func (frozenRegion) DescribeSale(ctx context.Context, _ *quotav1.DescribeSaleRequest) (*quotav1.DescribeSaleResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestUpstreamMovesOnFromAFrozenLeader: the leader an upstream calls freezes (answers
+// nothing, its connection open) and the standby takes over 600 ms later. A call made at the
+// freeze is answered by the standby once it leads, within the caller's 10 s: each attempt at
+// the frozen process ends at the attempt timeout and moves on. Without that bound the call
+// waits on the frozen leader until its caller gives up.
+func TestUpstreamMovesOnFromAFrozenLeader(t *testing.T) {
+	b := &leaderBoard{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := grpc.NewServer()
+	quotav1.RegisterRegionServiceServer(frozen, frozenRegion{})
+	go func() { _ = frozen.Serve(ln) }() // Serve returns once Stop is called
+	defer frozen.Stop()
+	standby := startBoardRegion(t, b)
+	b.set(ln.Addr().String()) // the standby names the frozen process until it takes over
+	u, err := NewUpstream("us", []string{ln.Addr().String(), standby.addr}, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	u.attempt = 200 * time.Millisecond
+	time.AfterFunc(600*time.Millisecond, func() { b.set(standby.addr) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	at, err := describe(ctx, u)
+	if err != nil || at != standby.addr {
+		t.Fatalf("the call was answered by %q (%v) after %s; want the standby %s", at, err, time.Since(start).Round(time.Millisecond), standby.addr)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the standby answered %s after the freeze; want within 3 s (it led after 600 ms)", took.Round(time.Millisecond))
+	}
+	if u.Leader() != standby.addr {
+		t.Errorf("the upstream calls %s next; want the standby %s", u.Leader(), standby.addr)
+	}
+}
+
 // startBoardRegion serves a boardRegion on a new loopback port.
 func startBoardRegion(t *testing.T, b *leaderBoard) *boardRegion {
 	t.Helper()
@@ -117,6 +167,7 @@ func TestUpstreamEvictsOldLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
+	u.attempt = time.Minute // the call held by the first leader is held on purpose, for all the moves
 	inFlight := make(chan error, 1)
 	go func() {
 		inFlight <- u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
