@@ -12,7 +12,9 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"github.com/quotaworks/quota/transfer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -101,18 +103,25 @@ func (p *Participant) target() string {
 // NOT_LEADER, or not at all (a transport failure), makes the participant resolve the leader
 // again, and, when the resolver now names another address, asks that one once, as a call
 // before the address was kept would have (every participant call is idempotent: a retry
-// replays the region's record).
+// replays the region's record). A call that reached its deadline unanswered makes the next
+// call resolve the leader again.
 func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if !apierr.AskAnother(err) || p.resolve == nil {
+		if p.resolve == nil {
 			return err
 		}
-		p.mu.Lock()
-		if p.leader == addr {
-			p.leader = ""
+		if status.Code(err) == codes.DeadlineExceeded {
+			// No answer within the call's time: a leader that is frozen (stopped, its
+			// connections open) answers nothing until the standby has long taken over. The
+			// next call asks the resolver; this one's time is spent.
+			p.forget(addr)
+			return err
 		}
-		p.mu.Unlock()
+		if !apierr.AskAnother(err) {
+			return err
+		}
+		p.forget(addr)
 		if ctx.Value(askedAgainKey{}) != nil {
 			return err // already the second address asked: the caller retries later
 		}
@@ -127,6 +136,15 @@ func (p *Participant) forgetLeader(addr string) grpc.UnaryClientInterceptor {
 		ctx = context.WithValue(ctx, askedAgainKey{}, true)
 		rpcserve.RedialIfFailed(ctx, c)
 		return c.Invoke(ctx, method, req, reply, opts...)
+	}
+}
+
+// forget drops the leader's address kept, if it is still addr: the next call resolves it.
+func (p *Participant) forget(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.leader == addr {
+		p.leader = ""
 	}
 }
 

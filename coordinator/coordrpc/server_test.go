@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -562,5 +563,60 @@ func TestParticipantKeepsTheLeaderItResolved(t *testing.T) {
 	defer mu.Unlock()
 	if asked != 3 {
 		t.Errorf("the resolver was asked %d times for 6 calls; want 3 (once, again after NOT_LEADER to find another address, and for the next call)", asked)
+	}
+}
+
+// frozenParticipant is a region process that is stopped (SIGSTOP) as the coordinator sees
+// one: its connections stay open and it answers nothing.
+type frozenParticipant struct {
+	quotav1.UnimplementedParticipantServiceServer
+}
+
+func (frozenParticipant) PutSale(ctx context.Context, _ *quotav1.PutSaleRequest) (*quotav1.PutSaleResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestParticipantForgetsALeaderThatDoesNotAnswer: the leader a participant resolved freezes
+// and the standby takes over (the resolver names it). The call to the frozen leader ends at
+// its deadline; the next call resolves the leader again and reaches the new one, rather than
+// the address kept (for 30 s) that answers nothing.
+func TestParticipantForgetsALeaderThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	us := newRegion(t, "us")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := grpc.NewServer()
+	quotav1.RegisterParticipantServiceServer(frozen, frozenParticipant{})
+	go func() { _ = frozen.Serve(ln) }() // Serve returns once Stop is called
+	defer frozen.Stop()
+	var mu sync.Mutex
+	names := ln.Addr().String()
+	resolve := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return names
+	}
+	p, err := coordrpc.DialResolving("us", us.addr, resolve, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	terms := coordinator.SaleTerms{Sale: "s", SKUs: []string{"k"}, PerUserLimit: 1, HoldTTL: time.Minute, OpensAt: time.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err = p.PutSale(ctx, 1, terms)
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a call to the frozen leader: %v; want DEADLINE_EXCEEDED", err)
+	}
+	mu.Lock()
+	names = us.addr // the standby took over
+	mu.Unlock()
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.PutSale(ctx, 1, terms); err != nil {
+		t.Fatalf("the call after the new leader took over: %v; want it answered by the new leader", err)
 	}
 }
