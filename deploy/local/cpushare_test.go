@@ -42,7 +42,9 @@ func (c *localCluster) snapCPU(t *testing.T) cpuSnap {
 			continue
 		}
 		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-			s["postgres"] += cpuOfGone(pid)
+			if d, err := procCPU(pid); err == nil { // gone by now: it counts for nothing
+				s["postgres"] += d
+			}
 		}
 	}
 	return s
@@ -52,21 +54,6 @@ func (c *localCluster) snapCPU(t *testing.T) cpuSnap {
 func processAlive(pid int) bool {
 	_, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid))
 	return err == nil
-}
-
-// cpuOfGone is pid's CPU time, or 0 when it is gone by the time it is read.
-func cpuOfGone(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // a field that does not parse counts as 0: a figure, not a check
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
 }
 
 // machineBusy is every core's busy time so far (/proc/stat's cpu line less idle and iowait).

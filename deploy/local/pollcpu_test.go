@@ -26,21 +26,30 @@ const clockTicks = 100
 // cpuOf is process pid's CPU time so far, user and system, from /proc/PID/stat.
 func cpuOf(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procCPU(pid)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return d
+}
+
+// procCPU is process pid's CPU time so far, user and system, from /proc/PID/stat.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
 	}
 	// the fields after the command's closing parenthesis: state is field 3, utime 14, stime 15
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	if len(f) < 13 {
-		t.Fatalf("/proc/%d/stat: %q", pid, b)
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		t.Fatalf("/proc/%d/stat: %q", pid, b)
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
 	}
-	return time.Duration(ut+st) * time.Second / clockTicks
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
 }
 
 // pollPhase is one phase of the measurement: where the polls went, how many were answered
