@@ -124,6 +124,11 @@ func Bound(ctx context.Context, c *Client, sale, user string) (string, bool, err
 type Binder struct {
 	c         *Client
 	retention time.Duration
+	// near, when set, is a client of the region's own etcd member only: binds are written
+	// through it first (bindbatch.go, send), and through c for nearRest after it failed.
+	near    *Client
+	nearOff atomic.Int64 // unix nanoseconds until which binds skip near
+	viaNear atomic.Uint64
 
 	// The batch writer (bindbatch.go): run's context, ended by Close; the binds waiting;
 	// stop, closed by Close; done, closed when run has returned; the transactions sent.
@@ -156,6 +161,18 @@ type saleLease struct {
 // It starts the Binder's batch writer: Close stops it. Closing the Binder does not close c.
 func NewBinder(c *Client, retention time.Duration) *Binder {
 	return newBinder(c, retention, MaxBindQueue)
+}
+
+// NewBinderNear is NewBinder writing its binds through near first: a client of the region's
+// own etcd member only. c's client spreads its calls over every member, some of them an
+// ocean away; a member forwards a write to the raft leader either way, so the write through
+// the member near by crosses the ocean fewer times. When a write through near fails (its
+// member down, or slower than nearTry), the Binder writes through c, and does so for the
+// next nearRest. near nil: NewBinder. The Binder does not close near.
+func NewBinderNear(c, near *Client, retention time.Duration) *Binder {
+	b := newBinder(c, retention, MaxBindQueue)
+	b.near = near
+	return b
 }
 
 // newBinder is NewBinder with room for queued binds.
@@ -197,6 +214,9 @@ func (b *Binder) Bind(ctx context.Context, sale, user, region string) (string, e
 		b.forget(sl) // revoked or expired behind our back: grant a new one, once
 	}
 }
+
+// NearTxns is how many of Txns were answered through the near member (NewBinderNear).
+func (b *Binder) NearTxns() uint64 { return b.viaNear.Load() }
 
 // Txns is how many etcd transactions the Binder has sent to write binds (grants of leases
 // aside): with binds written in batches, fewer than the binds.

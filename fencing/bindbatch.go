@@ -205,7 +205,36 @@ func (b *Binder) txn(keys map[string]*bindReq, live []*bindReq) (*clientv3.TxnRe
 		puts = append(puts, clientv3.OpPut(key, r.region, opts...))
 		gets = append(gets, clientv3.OpGet(key))
 	}
-	return b.c.c.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	return b.send(ctx, func(c *Client, ctx context.Context) (*clientv3.TxnResponse, error) {
+		return c.c.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	})
+}
+
+// nearTry bounds a transaction through the near member; nearRest is how long binds are then
+// written through every member after it failed.
+const (
+	nearTry  = 2 * time.Second
+	nearRest = 10 * time.Second
+)
+
+// send runs txn through the near member when the Binder has one that has not failed in the
+// last nearRest, and through every member otherwise or when that fails. Sending it again is
+// safe: a transaction puts keys only if they were never created and else reads them, so one
+// that committed through near unbeknown to us reads what it wrote.
+func (b *Binder) send(ctx context.Context, txn func(*Client, context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+	if b.near != nil && time.Now().UnixNano() >= b.nearOff.Load() {
+		nctx, cancel := context.WithTimeout(ctx, nearTry)
+		resp, err := txn(b.near, nctx)
+		cancel()
+		if err == nil {
+			b.viaNear.Add(1)
+		}
+		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || ctx.Err() != nil {
+			return resp, err
+		}
+		b.nearOff.Store(time.Now().Add(nearRest).UnixNano())
+	}
+	return txn(b.c, ctx)
 }
 
 // answerExisting answers each bind of live whose key the failed transaction resp read (the

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,5 +164,100 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met in 10 s")
 		}
+	}
+}
+
+// forwarder is a TCP proxy to one address, as a member's address near by: Close cuts it and
+// every connection through it, as a member that is down.
+type forwarder struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func forward(t *testing.T, to string) *forwarder {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &forwarder{ln: ln}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return // closed
+			}
+			up, err := net.Dial("tcp", to)
+			if err != nil {
+				_ = down.Close() // nothing to forward to
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, down, up)
+			f.mu.Unlock()
+			f.wg.Add(2)
+			go func() { defer f.wg.Done(); _, _ = io.Copy(up, down); _ = up.Close() }() // ends when either side closes
+			go func() { defer f.wg.Done(); _, _ = io.Copy(down, up); _ = down.Close() }()
+		}
+	}()
+	t.Cleanup(f.Close)
+	return f
+}
+
+// Close cuts the forwarder and its connections and waits for its goroutines; idempotent.
+func (f *forwarder) Close() {
+	_ = f.ln.Close() // a second close only errs
+	f.mu.Lock()
+	for _, c := range f.conns {
+		_ = c.Close() // closed already, or cut now
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// TestBinderWritesThroughTheNearMember: a Binder with a near member writes its binds through
+// it; once that member is down, a bind is written through every member (after at most
+// nearTry), and the binds after it do not try the near member again for nearRest.
+func TestBinderWritesThroughTheNearMember(t *testing.T) {
+	e, c := startInternalEtcd(t)
+	f := forward(t, strings.TrimPrefix(e.ClientURL, "http://"))
+	near, err := Dial([]string{"http://" + f.ln.Addr().String()}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer near.Close()
+	b := NewBinderNear(c, near, time.Hour)
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 3 {
+		if got, err := b.Bind(ctx, "s", fmt.Sprint("near-", i), "us"); err != nil || got != "us" {
+			t.Fatalf("bind %d: %q, %v", i, got, err)
+		}
+	}
+	if b.NearTxns() != 3 || b.Txns() != 3 {
+		t.Fatalf("%d of %d transactions through the near member; want 3 of 3", b.NearTxns(), b.Txns())
+	}
+	f.Close()
+	start := time.Now()
+	if got, err := b.Bind(ctx, "s", "after", "eu"); err != nil || got != "eu" {
+		t.Fatalf("bind with the near member down: %q, %v", got, err)
+	}
+	if d := time.Since(start); d > nearTry+2*time.Second {
+		t.Errorf("the bind with the near member down took %s; want within %s and 2 s", d.Round(time.Millisecond), nearTry)
+	}
+	start = time.Now()
+	if got, err := b.Bind(ctx, "s", "later", "eu"); err != nil || got != "eu" {
+		t.Fatalf("the next bind: %q, %v", got, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the next bind took %s: it tried the near member again", d.Round(time.Millisecond))
+	}
+	if b.NearTxns() != 3 {
+		t.Errorf("%d transactions through the near member; want the first 3 only", b.NearTxns())
 	}
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -75,7 +77,8 @@ func regionCmd() *cobra.Command {
 	f.String("ticket-keys", "", "the cluster's ticket key file (quotactl ticket-keys create); needed to serve sales with a\n"+
 		"waiting room: without it, their admissions and reservations are refused")
 	f.String("db-url", "", "URL of the region's own database, which must exist (required; unlike --pg-url of quotad dev, nothing is created)")
-	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure)")
+	f.StringSlice("etcd", nil, "etcd endpoints (default https://127.0.0.1:2379; http:// with --insecure); list the region's own\n"+
+		"member first: buyer bindings are written through it first, the others when it fails")
 	f.Duration("lease-ttl", 5*time.Second, "etcd lease of the region's leadership")
 	addRegionTuning(cmd)
 	addSecurityFlags(cmd, "(required unless --insecure)")
@@ -166,6 +169,10 @@ func runRegion(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer etcd.Close()
+	if near := nearEtcd(cfg.Etcd, etcdTLSConfig, log); near != nil {
+		defer near.Close()
+		cfg.Node.NearEtcd = near
+	}
 	n, err := cluster.StartRegion(ctx, cfg.Node, etcd)
 	if err != nil {
 		return err
@@ -354,4 +361,19 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 	fmt.Println()
 	<-ctx.Done()
 	return nil
+}
+
+// nearEtcd is a client of the first of several etcd endpoints only, the region's own member,
+// through which the region writes its buyer bindings first; nil with one endpoint, or when
+// that member does not answer now (the bindings then go through every member; logged).
+func nearEtcd(endpoints []string, cfg *tls.Config, log *slog.Logger) *fencing.Client {
+	if len(endpoints) < 2 {
+		return nil
+	}
+	near, err := fencing.DialTLS(endpoints[:1], 5*time.Second, cfg)
+	if err != nil {
+		log.Warn("the first etcd endpoint does not answer: buyer bindings go through every member", "endpoint", endpoints[0], "err", err)
+		return nil
+	}
+	return near
 }

@@ -6,7 +6,7 @@
 # one-way delay with jitter each way; connections inside a region stay direct.
 #
 #   - etcd clients (every region process and coordinator): the member of its own region
-#     directly, the two others through R>S links (base+410..418).
+#     directly, listed first, the two others through R>S links (base+410..418).
 #   - etcd peers: a member's advertised peer URL (base+191..193, in --initial-cluster, the same
 #     for every member) is a link in front of it, to where it listens (base+401..403). One link
 #     per member cannot know which member dials it, so the pair's round trip is split between
@@ -112,13 +112,14 @@ adv_addr() {
 	fi
 }
 
-# wan_etcd_endpoints NAME: the etcd endpoints of process NAME: its region's member directly,
-# the others through its region's links.
+# wan_etcd_endpoints NAME: the etcd endpoints of process NAME: its region's member first and
+# directly (a region writes its buyer bindings through the first), the others through its
+# region's links.
 wan_etcd_endpoints() {
 	local from n out=()
 	from=$(place "$1")
 	for n in "${ETCDS[@]}"; do
-		if [[ $(place "$n") == "$from" ]]; then out+=("$(addr "$n")"); else out+=("https://$HOST:$(wan_etcd_port "$from" "$n")"); fi
+		if [[ $(place "$n") == "$from" ]]; then out=("$(addr "$n")" "${out[@]}"); else out+=("https://$HOST:$(wan_etcd_port "$from" "$n")"); fi
 	done
 	(
 		IFS=,

@@ -56,6 +56,9 @@ type RegionConfig struct {
 	// BindRetention is how long the buyer-to-region bindings of a sale live in etcd; default
 	// 7 days.
 	BindRetention time.Duration
+	// NearEtcd, when set, is a client of the region's own etcd member only: buyer bindings are
+	// written through it first (fencing.NewBinderNear). The caller closes it.
+	NearEtcd *fencing.Client
 	// Limits bound what the gRPC server and the HTTP edge accept (zero fields: the defaults).
 	Limits rpcserve.Limits
 	// NoBindAtReserve leaves out the binding of a buyer at their first reservation in a sale
@@ -205,7 +208,7 @@ func StartRegion(ctx context.Context, cfg RegionConfig, etcd *fencing.Client) (*
 	if nm.off = cfg.NoMetrics; !nm.off {
 		cfg.Region.Metrics = newRegionMetrics(nm.reg, cfg.Region.Name)
 	}
-	binder := fencing.NewBinder(etcd, cmp.Or(cfg.BindRetention, fencing.DefaultBindRetention))
+	binder := fencing.NewBinderNear(etcd, cfg.NearEtcd, cmp.Or(cfg.BindRetention, fencing.DefaultBindRetention))
 	if !cfg.NoBindAtReserve {
 		cfg.Region.Binding.Bind = binder.Bind
 	}
