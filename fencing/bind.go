@@ -160,23 +160,22 @@ type saleLease struct {
 // their bind (DefaultBindRetention when retention <= 0) and at most about 1.5 × retention.
 // It starts the Binder's batch writer: Close stops it. Closing the Binder does not close c.
 func NewBinder(c *Client, retention time.Duration) *Binder {
-	return newBinder(c, retention, MaxBindQueue)
+	return newBinder(c, nil, retention, MaxBindQueue)
 }
 
 // NewBinderNear is NewBinder writing its binds through near first: a client of the region's
 // own etcd member only. c's client spreads its calls over every member, some of them an
 // ocean away; a member forwards a write to the raft leader either way, so the write through
 // the member near by crosses the ocean fewer times. When a write through near fails (its
-// member down, or slower than nearTry), the Binder writes through c, and does so for the
-// next nearRest. near nil: NewBinder. The Binder does not close near.
+// member down, frozen, or slower than nearTry or half the time its callers give it), the
+// Binder writes through c, and does so for the next nearRest. near nil: NewBinder. The Binder
+// does not close near.
 func NewBinderNear(c, near *Client, retention time.Duration) *Binder {
-	b := newBinder(c, retention, MaxBindQueue)
-	b.near = near
-	return b
+	return newBinder(c, near, retention, MaxBindQueue)
 }
 
-// newBinder is NewBinder with room for queued binds.
-func newBinder(c *Client, retention time.Duration, queued int) *Binder {
+// newBinder is NewBinderNear with room for queued binds.
+func newBinder(c, near *Client, retention time.Duration, queued int) *Binder {
 	if retention <= 0 {
 		retention = DefaultBindRetention
 	}
@@ -184,7 +183,7 @@ func newBinder(c *Client, retention time.Duration, queued int) *Binder {
 		retention = 2 * time.Second
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Binder{c: c, retention: retention, ctx: ctx, cancel: cancel, queue: make(chan *bindReq, queued),
+	b := &Binder{c: c, near: near, retention: retention, ctx: ctx, cancel: cancel, queue: make(chan *bindReq, queued),
 		stop: make(chan struct{}), done: make(chan struct{}), leases: make(map[string]*list.Element), lru: list.New()}
 	go b.run()
 	return b

@@ -210,20 +210,27 @@ func (b *Binder) txn(keys map[string]*bindReq, live []*bindReq) (*clientv3.TxnRe
 	})
 }
 
-// nearTry bounds a transaction through the near member; nearRest is how long binds are then
-// written through every member after it failed.
+// nearTry bounds a transaction through the near member (and so does half the time its
+// callers give it); nearRest is how long binds are then written through every member after
+// it failed.
 const (
-	nearTry  = 2 * time.Second
+	nearTry  = time.Second
 	nearRest = 10 * time.Second
 )
 
 // send runs txn through the near member when the Binder has one that has not failed in the
-// last nearRest, and through every member otherwise or when that fails. Sending it again is
-// safe: a transaction puts keys only if they were never created and else reads them, so one
-// that committed through near unbeknown to us reads what it wrote.
+// last nearRest, and through every member otherwise or when that fails. The near member gets
+// at most half of ctx's time, so a member that is frozen (it answers nothing) leaves the
+// other half for every member. Sending it again is safe: a transaction puts keys only if they
+// were never created and else reads them, so one that committed through near unbeknown to us
+// reads what it wrote.
 func (b *Binder) send(ctx context.Context, txn func(*Client, context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
 	if b.near != nil && time.Now().UnixNano() >= b.nearOff.Load() {
-		nctx, cancel := context.WithTimeout(ctx, nearTry)
+		try := nearTry
+		if d, ok := ctx.Deadline(); ok {
+			try = min(try, time.Until(d)/2)
+		}
+		nctx, cancel := context.WithTimeout(ctx, try)
 		resp, err := txn(b.near, nctx)
 		cancel()
 		if err == nil {

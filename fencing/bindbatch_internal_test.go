@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -121,7 +120,7 @@ func TestBindBatchWithSomeKeysBound(t *testing.T) {
 func TestBindQueueIsBounded(t *testing.T) {
 	ctx := context.Background()
 	e, c := startInternalEtcd(t)
-	b := newBinder(c, time.Hour, 2)
+	b := newBinder(c, nil, time.Hour, 2)
 	defer b.Close()
 	if _, err := b.Bind(ctx, "s", "warm", "us"); err != nil { // the sale's lease
 		t.Fatal(err)
@@ -167,13 +166,16 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// forwarder is a TCP proxy to one address, as a member's address near by: Close cuts it and
-// every connection through it, as a member that is down.
+// forwarder is a TCP proxy to one address, as a member's address near by: freeze stops it
+// forwarding anything (a member that is stopped: its connections open, nothing answered),
+// Close cuts it and every connection through it (a member that is down).
 type forwarder struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
+	ln     net.Listener
+	gate   sync.RWMutex // held by freeze: the copies wait to write
+	mu     sync.Mutex
+	conns  []net.Conn
+	frozen bool
+	wg     sync.WaitGroup
 }
 
 func forward(t *testing.T, to string) *forwarder {
@@ -200,12 +202,43 @@ func forward(t *testing.T, to string) *forwarder {
 			f.conns = append(f.conns, down, up)
 			f.mu.Unlock()
 			f.wg.Add(2)
-			go func() { defer f.wg.Done(); _, _ = io.Copy(up, down); _ = up.Close() }() // ends when either side closes
-			go func() { defer f.wg.Done(); _, _ = io.Copy(down, up); _ = down.Close() }()
+			go f.copy(up, down)
+			go f.copy(down, up)
 		}
 	}()
 	t.Cleanup(f.Close)
 	return f
+}
+
+// copy forwards src to dst until either ends, each write waiting while the forwarder is frozen.
+func (f *forwarder) copy(dst, src net.Conn) {
+	defer f.wg.Done()
+	defer dst.Close() // ends the other direction too
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			f.gate.RLock()
+			_, werr := dst.Write(buf[:n])
+			f.gate.RUnlock()
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// freeze stops the forwarder forwarding, until Close.
+func (f *forwarder) freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.frozen {
+		f.frozen = true
+		f.gate.Lock()
+	}
 }
 
 // Close cuts the forwarder and its connections and waits for its goroutines; idempotent.
@@ -214,6 +247,10 @@ func (f *forwarder) Close() {
 	f.mu.Lock()
 	for _, c := range f.conns {
 		_ = c.Close() // closed already, or cut now
+	}
+	if f.frozen {
+		f.frozen = false
+		f.gate.Unlock()
 	}
 	f.mu.Unlock()
 	f.wg.Wait()
@@ -259,5 +296,41 @@ func TestBinderWritesThroughTheNearMember(t *testing.T) {
 	}
 	if b.NearTxns() != 3 {
 		t.Errorf("%d transactions through the near member; want the first 3 only", b.NearTxns())
+	}
+}
+
+// TestBinderSkipsAFrozenNearMember: the near member freezes (its connection open, nothing
+// answered). A bind whose caller gives it 2 s (as a reservation's edge or a waiting room's
+// bind do) is still written, through every member, in the half of its time the near member
+// does not get; the next bind does not wait on the near member at all.
+func TestBinderSkipsAFrozenNearMember(t *testing.T) {
+	e, c := startInternalEtcd(t)
+	f := forward(t, strings.TrimPrefix(e.ClientURL, "http://"))
+	near, err := Dial([]string{"http://" + f.ln.Addr().String()}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer near.Close()
+	b := NewBinderNear(c, near, time.Hour)
+	defer b.Close()
+	bind := func(user string) (string, time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		got, err := b.Bind(ctx, "s", user, "us")
+		return got, time.Since(start), err
+	}
+	if got, _, err := bind("warm"); err != nil || got != "us" || b.NearTxns() != 1 {
+		t.Fatalf("bind through the near member: %q, %v (%d through it)", got, err, b.NearTxns())
+	}
+	f.freeze()
+	if got, took, err := bind("frozen"); err != nil || got != "us" {
+		t.Fatalf("bind with the near member frozen: %q, %v after %s; want it written through every member", got, err, took.Round(time.Millisecond))
+	}
+	if got, took, err := bind("next"); err != nil || got != "us" || took > 500*time.Millisecond {
+		t.Errorf("the next bind: %q, %v after %s; want it at once, not waiting on the frozen member", got, err, took.Round(time.Millisecond))
+	}
+	if b.NearTxns() != 1 {
+		t.Errorf("%d transactions through the near member; want the first only", b.NearTxns())
 	}
 }

@@ -27,6 +27,22 @@ func Dial(endpoints []string, timeout time.Duration) (*Client, error) {
 // the CA in cfg.RootCAs), or in plaintext when cfg is nil. The endpoints must all be
 // https:// with a cfg and must not be https:// without one.
 func DialTLS(endpoints []string, timeout time.Duration, cfg *tls.Config) (*Client, error) {
+	c, err := DialTLSLazy(endpoints, timeout, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if _, err := c.c.Get(ctx, "/quota/ping"); err != nil {
+		_ = c.Close() // the read's error is the one to report
+		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	return c, nil
+}
+
+// DialTLSLazy is DialTLS without its first read: the client connects when first used, so a
+// member that is down now is found out by the calls made through it, not refused here.
+func DialTLSLazy(endpoints []string, timeout time.Duration, cfg *tls.Config) (*Client, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("etcd: no endpoints")
 	}
@@ -40,12 +56,6 @@ func DialTLS(endpoints []string, timeout time.Duration, cfg *tls.Config) (*Clien
 	}
 	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, TLS: cfg})
 	if err != nil {
-		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if _, err := c.Get(ctx, "/quota/ping"); err != nil {
-		c.Close()
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
 	}
 	return &Client{c: c}, nil

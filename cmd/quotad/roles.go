@@ -364,15 +364,16 @@ func runCoordinator(cmd *cobra.Command, _ []string) error {
 }
 
 // nearEtcd is a client of the first of several etcd endpoints only, the region's own member,
-// through which the region writes its buyer bindings first; nil with one endpoint, or when
-// that member does not answer now (the bindings then go through every member; logged).
+// through which the region writes its buyer bindings first; nil with one endpoint. It does
+// not wait for the member: one that is down is found out by the bindings written through it,
+// which then go through every member for a while (fencing.NewBinderNear).
 func nearEtcd(endpoints []string, cfg *tls.Config, log *slog.Logger) *fencing.Client {
 	if len(endpoints) < 2 {
 		return nil
 	}
-	near, err := fencing.DialTLS(endpoints[:1], 5*time.Second, cfg)
+	near, err := fencing.DialTLSLazy(endpoints[:1], 5*time.Second, cfg)
 	if err != nil {
-		log.Warn("the first etcd endpoint does not answer: buyer bindings go through every member", "endpoint", endpoints[0], "err", err)
+		log.Warn("no client of the first etcd endpoint: buyer bindings go through every member", "endpoint", endpoints[0], "err", err)
 		return nil
 	}
 	return near

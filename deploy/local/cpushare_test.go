@@ -28,8 +28,8 @@ func (c *localCluster) snapCPU(t *testing.T) cpuSnap {
 	}
 	for _, p := range pids {
 		name := strings.TrimSuffix(filepath.Base(p), ".pid")
-		if pid := c.pidOf(name); processAlive(pid) {
-			s[name] = cpuOf(t, pid)
+		if d, err := procCPU(c.pidOf(name)); err == nil { // a process that is gone has no figure
+			s[name] = d
 		}
 	}
 	procs, err := os.ReadDir("/proc")
@@ -48,12 +48,6 @@ func (c *localCluster) snapCPU(t *testing.T) cpuSnap {
 		}
 	}
 	return s
-}
-
-// processAlive says whether pid names a running process.
-func processAlive(pid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid))
-	return err == nil
 }
 
 // machineBusy is every core's busy time so far (/proc/stat's cpu line less idle and iowait).
@@ -152,6 +146,10 @@ func over(before, after histSnap, le string) (n, all float64) {
 func stallReport(b, a map[string]histSnap) string {
 	var out strings.Builder
 	for _, what := range []string{"batches", "reserves"} {
+		if b[what] == nil || a[what] == nil {
+			fmt.Fprintf(&out, " %s: not scraped", what)
+			continue
+		}
 		_, all := over(b[what], a[what], "+Inf")
 		fmt.Fprintf(&out, " %s %.0f:", what, all)
 		for _, le := range []struct{ bound, ms string }{{"0.05", "50"}, {"0.1", "100"}, {"0.25", "250"}} {

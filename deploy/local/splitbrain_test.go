@@ -24,8 +24,8 @@ import (
 // leading; nothing it held is answered as a success that is not in the books (the epoch fence
 // refuses its batches: their callers are told NOT_LEADER and follow the new leader); every
 // acknowledged hold is at the new leader, and the audit is clean. A buyer at r's storefront
-// edge (edge-r, started for it) is served while the old leader is still paused: the edge's
-// attempts at the frozen process end unanswered and move on to the new leader.
+// edge (edge-r, started for it) is served while the old leader is still paused: the edge
+// finds the frozen process frozen (its liveness check goes unanswered) and moves on.
 func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 	const (
 		ttl       = regionFaultTTL
@@ -45,7 +45,7 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		"--hold-ttl", "10m", "--allocate", r+"=1"); err != nil {
 		t.Fatalf("sale create: %v\n%s", err, out)
 	}
-	c.cluster(time.Minute, "start", "edge-"+r) // a storefront edge of r (the cluster is up without them)
+	c.startEdgeServing(t, ctx, r, sale)
 	conn, err := grpc.NewClient(standby, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
 	if err != nil {
 		t.Fatal(err)
@@ -57,11 +57,6 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		Buyers: 1_000_000, Concurrency: 64, ConfirmRatio: 0.5, UserPrefix: "sb-", MaxDuration: loadTime, Seed: 5})
 	time.Sleep(pauseAt)
 
-	// The edge serves a buyer before the pause: it holds a connection to the leader, as an
-	// edge in a sale does, rather than dial a frozen process afresh.
-	if d := <-c.probeEdge(ctx, r, sale, "before", time.Now().Add(10*time.Second)); d == 0 {
-		t.Fatalf("no buyer was served at %s's storefront edge before the pause", r)
-	}
 	c.cluster(30*time.Second, "pause", leader)
 	paused := time.Now()
 	edgeServed := c.probeEdge(ctx, r, sale, "during", paused.Add(pausedFor))
@@ -81,65 +76,19 @@ func regionSplitBrain(t *testing.T, c *localCluster, r string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("SPLIT BRAIN: the standby served %s after the leader was paused (lease TTL %s)", took.Round(time.Millisecond), ttl)
-	// The TTL + 2 s is for a killed leader; a paused one may also hold the epoch row
-	// for epochWait, and a loaded machine adds its own delays.
+	// A killed leader's standby serves within the TTL + 2 s; a paused leader may also hold
+	// the epoch row for epochWait, and a loaded machine adds its own delays.
 	if took > ttl+2*time.Second+epochWait+5*time.Second {
 		t.Errorf("the standby served after %s; want within the lease TTL + 2 s + %s (+ 5 s of slack)", took.Round(time.Millisecond), epochWait)
 	}
 	time.Sleep(time.Until(paused.Add(pausedFor)))
-	// A storefront edge learns that its leader is frozen from the connection's keepalive
-	// (a paused process answers no ping): its calls move on to the new leader.
-	switch d := <-edgeServed; {
-	case d == 0:
-		t.Errorf("no buyer was served at %s's storefront edges in the %s its leader was paused", r, pausedFor)
-	case d > ttl+edgeAttempt+2*time.Second:
-		t.Errorf("a buyer at the storefront edges was served %s after the leader was paused; want within the lease (%s), an attempt at the frozen leader (%s) and 2 s",
-			d.Round(time.Millisecond), ttl, edgeAttempt)
-	default:
-		t.Logf("SPLIT BRAIN: a buyer at the storefront edges was served %s after the leader was paused", d.Round(time.Millisecond))
-	}
+	checkEdgeDuringPause(t, r, <-edgeServed, ttl, pausedFor)
 	c.cluster(30*time.Second, "resume", leader)
-	// The resumed old leader, asked directly, does not grant: it answers NOT_LEADER and names
-	// the new leader (it may first answer with the outcome of what it had queued).
-	oldConn, err := grpc.NewClient(primary, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer oldConn.Close()
-	oldRS := quotav1.NewRegionServiceClient(oldConn)
-	c.eventually(20*time.Second, "the resumed old leader answers NOT_LEADER naming the new one", func() error {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		defer ccancel()
-		res, err := oldRS.Reserve(cctx, &quotav1.ReserveRequest{SaleId: sale, Sku: "phone", UserId: "probe-old", Quantity: 1, RequestKey: "k"})
-		if err == nil {
-			t.Errorf("the resumed old leader granted hold %s", res.GetReservation().GetHoldId())
-			return nil
-		}
-		if apierr.Reason(err) != "NOT_LEADER" || apierr.LeaderHint(err) != standby {
-			return fmt.Errorf("%v (%s, leader %q)", err, apierr.Reason(err), apierr.LeaderHint(err))
-		}
-		return nil
-	})
-
+	c.oldLeaderRefers(t, ctx, primary, standby, sale)
 	ls := load.wait(t, loadTime+30*time.Second)
 	c.lookupHolds(ls.Holds).check(t, ls.Confirmed)
 	c.auditSale(t, sale)
-	// What the old leader did once resumed, from its log: it stepped down; any batch it still
-	// tried met the epoch fence.
-	b, err := os.ReadFile(filepath.Join(c.dir, leader+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seen []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "fenced") || strings.Contains(line, "stepped down") || strings.Contains(line, "batch failed") {
-			seen = append(seen, line)
-		}
-	}
-	t.Logf("the old leader after resuming:\n%s", strings.Join(seen, "\n"))
-	if !strings.Contains(string(b), "stepped down") {
-		t.Error("the old leader's log does not say it stepped down")
-	}
+	oldLeaderSteppedDown(t, c, leader)
 }
 
 // regionProcs is region r's two processes as status shows them now: the one that leads and
@@ -173,8 +122,37 @@ func regionIndex(t *testing.T, r string) int {
 	return -1
 }
 
-// edgeAttempt is how long an edge waits for one process to answer (regionedge.DefaultAttemptTimeout).
-const edgeAttempt = 2 * time.Second
+// edgeLiveness is how long an edge takes at most to find a frozen process frozen: its
+// liveness check and probe (regionedge.DefaultLivenessCheck and DefaultLivenessProbe).
+const edgeLiveness = 2 * time.Second
+
+// startEdgeServing starts region r's storefront edge edge-r (the cluster is up without them)
+// and has it serve a buyer of sale: it then holds a connection to the leader, as an edge in a
+// sale does, rather than dial a frozen process afresh.
+func (c *localCluster) startEdgeServing(t *testing.T, ctx context.Context, r, sale string) {
+	t.Helper()
+	c.cluster(time.Minute, "start", "edge-"+r)
+	if d := <-c.probeEdge(ctx, r, sale, "before", time.Now().Add(10*time.Second)); d == 0 {
+		t.Fatalf("no buyer was served at %s's storefront edge before the pause", r)
+	}
+}
+
+// checkEdgeDuringPause checks that a buyer at region r's storefront edge was served d after
+// r's leader was paused for pausedFor (0: never): the edge finds the leader frozen (its
+// liveness check goes unanswered) and moves on to the new leader, within the lease ttl, the
+// check and 2 s.
+func checkEdgeDuringPause(t *testing.T, r string, d, ttl, pausedFor time.Duration) {
+	t.Helper()
+	switch {
+	case d == 0:
+		t.Errorf("no buyer was served at %s's storefront edges in the %s its leader was paused", r, pausedFor)
+	case d > ttl+edgeLiveness+2*time.Second:
+		t.Errorf("a buyer at the storefront edges was served %s after the leader was paused; want within the lease (%s), the edge's liveness check (%s) and 2 s",
+			d.Round(time.Millisecond), ttl, edgeLiveness)
+	default:
+		t.Logf("SPLIT BRAIN: a buyer at the storefront edges was served %s after the leader was paused", d.Round(time.Millisecond))
+	}
+}
 
 // probeEdge sends buyer user's reservation to region r's storefront edges every 100 ms until
 // one is answered with a hold or until, and reports on the channel how long after the start
@@ -198,4 +176,50 @@ func (c *localCluster) probeEdge(ctx context.Context, r, sale, user string, unti
 		out <- 0
 	}()
 	return out
+}
+
+// oldLeaderRefers checks that the resumed old leader at primary, asked directly, does not
+// grant: it answers NOT_LEADER naming the new leader, standby (it may first answer with the
+// outcome of what it had queued).
+func (c *localCluster) oldLeaderRefers(t *testing.T, ctx context.Context, primary, standby, sale string) {
+	t.Helper()
+	oldConn, err := grpc.NewClient(primary, grpc.WithTransportCredentials(c.creds(trust.Storefront)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oldConn.Close()
+	oldRS := quotav1.NewRegionServiceClient(oldConn)
+	c.eventually(20*time.Second, "the resumed old leader answers NOT_LEADER naming the new one", func() error {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
+		res, err := oldRS.Reserve(cctx, &quotav1.ReserveRequest{SaleId: sale, Sku: "phone", UserId: "probe-old", Quantity: 1, RequestKey: "k"})
+		if err == nil {
+			t.Errorf("the resumed old leader granted hold %s", res.GetReservation().GetHoldId())
+			return nil
+		}
+		if apierr.Reason(err) != "NOT_LEADER" || apierr.LeaderHint(err) != standby {
+			return fmt.Errorf("%v (%s, leader %q)", err, apierr.Reason(err), apierr.LeaderHint(err))
+		}
+		return nil
+	})
+}
+
+// oldLeaderSteppedDown checks, from process leader's log, what it did once resumed: it
+// stepped down; any batch it still tried met the epoch fence.
+func oldLeaderSteppedDown(t *testing.T, c *localCluster, leader string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, leader+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "fenced") || strings.Contains(line, "stepped down") || strings.Contains(line, "batch failed") {
+			seen = append(seen, line)
+		}
+	}
+	t.Logf("the old leader after resuming:\n%s", strings.Join(seen, "\n"))
+	if !strings.Contains(string(b), "stepped down") {
+		t.Error("the old leader's log does not say it stepped down")
+	}
 }

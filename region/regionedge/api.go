@@ -20,7 +20,7 @@ import (
 // the leader's line is still the one tag names.
 func (e *Edge) changes(ctx context.Context, sale, room string, since, tag uint64, wait time.Duration) (region.LineFeed, error) {
 	var f region.LineFeed
-	err := e.cfg.Upstream.callHeld(ctx, wait, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+	err := e.cfg.Upstream.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
 		res, err := c.LineChanges(ctx, &quotav1.LineChangesRequest{SaleId: sale, Room: room, Since: since, Limit: int32(e.cfg.FetchLimit),
 			Tag: tag, WaitMs: uint32(wait.Milliseconds())})
 		if err != nil {

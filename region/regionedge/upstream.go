@@ -11,8 +11,11 @@ import (
 	"github.com/quotaworks/quota/internal/rpcserve"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // Upstream is an edge's client of its region's leader: it calls whichever of the region's
@@ -31,9 +34,10 @@ type Upstream struct {
 	uses   uint64 // counts the calls handed a connection: each conn's last use
 	cur    string
 	next   int // the seed tried after cur fails
-	// attempt bounds one attempt at one process (DefaultAttemptTimeout).
-	attempt time.Duration
-	closed  bool
+	// check and probe are the liveness check of an attempt (DefaultLivenessCheck,
+	// DefaultLivenessProbe).
+	check, probe time.Duration
+	closed       bool
 }
 
 // upConn is one connection of an upstream, with the calls on it now and when it was last
@@ -65,7 +69,7 @@ func NewUpstream(region string, seeds []string, creds credentials.TransportCrede
 		return nil, fmt.Errorf("upstream: %d addresses, over %d", len(seeds), maxConns/2)
 	}
 	return &Upstream{region: region, seeds: seeds, creds: creds, conns: map[string]*upConn{}, cur: seeds[0],
-		attempt: DefaultAttemptTimeout}, nil
+		check: DefaultLivenessCheck, probe: DefaultLivenessProbe}, nil
 }
 
 // Leader is the address the upstream calls now (the leader as last learned).
@@ -166,27 +170,27 @@ func (u *Upstream) moveOn(failed, hint string) {
 	}
 }
 
-// DefaultAttemptTimeout bounds one attempt of a call at one of the region's processes (past what
-// the leader may hold it on purpose): a process that has not answered by then is treated as
-// one that does not answer. A leader that is frozen (stopped, or its machine paused) rather
-// than dead keeps its connections open and answers nothing; without this bound every call
-// would wait on it until its caller gave up, and the edge would never try the standby that
-// has taken over. A healthy leader answers in milliseconds, or at once OVERLOADED.
-const DefaultAttemptTimeout = 2 * time.Second
+// The liveness check of a call's attempt at one process: an attempt that has run
+// DefaultLivenessCheck asks the process, on the same connection, whether it is there at all
+// (a gRPC health check, any answer will do, even a refusal), and again every
+// DefaultLivenessCheck while it runs; a process that does not answer that within
+// DefaultLivenessProbe is frozen (stopped, or its machine paused: its connections stay open
+// and it answers nothing), and the attempt counts as one that got no answer. A process that is
+// only slow (a binding waiting on etcd, a batch on a slow database) answers the check and is
+// waited for, as long as the caller waits. Without it a frozen leader would hold every call
+// until its caller gave up, and the edge would never try the standby that has taken over.
+const (
+	DefaultLivenessCheck = time.Second
+	DefaultLivenessProbe = time.Second
+)
 
 // call runs fn against the region's leader: a NOT_LEADER answer, or an address that does
-// not answer (or not within the upstream's attempt timeout, DefaultAttemptTimeout), moves on (to the leader it names, or the next
-// process) and calls again, a few times with short pauses, within ctx. Each retry is safe:
-// NOT_LEADER was decided by no one, and every forwarded call is idempotent by its key (a
-// reservation's request key, a buyer's one place in line, a hold's id). Other answers are
-// returned as they came.
+// not answer (or is found frozen by the liveness check), moves on (to the leader it names,
+// or the next process) and calls again, a few times with short pauses, within ctx. Each
+// retry is safe: NOT_LEADER was decided by no one, and every forwarded call is idempotent by
+// its key (a reservation's request key, a buyer's one place in line, a hold's id). Other
+// answers are returned as they came.
 func (u *Upstream) call(ctx context.Context, fn func(context.Context, quotav1.RegionServiceClient) error) error {
-	return u.callHeld(ctx, 0, fn)
-}
-
-// callHeld is call for a call the leader may hold up to hold before it answers (a
-// LineChanges that waits for the line to change): each attempt has hold more to answer.
-func (u *Upstream) callHeld(ctx context.Context, hold time.Duration, fn func(context.Context, quotav1.RegionServiceClient) error) error {
 	attempts := 2*len(u.seeds) + 3
 	var err error
 	for i := range attempts {
@@ -202,19 +206,65 @@ func (u *Upstream) callHeld(ctx context.Context, hold time.Duration, fn func(con
 		if redial {
 			rpcserve.RedialIfFailed(ctx, c.conn)
 		}
-		actx, cancel := context.WithTimeout(ctx, u.attempt+hold)
+		actx, cancel := context.WithCancel(ctx)
+		w := u.watch(actx, cancel, c.conn)
 		err = fn(actx, c.client)
-		silent := err != nil && actx.Err() == context.DeadlineExceeded && ctx.Err() == nil
+		frozen := w.stop() && ctx.Err() == nil
 		cancel()
 		u.release(c)
-		if silent {
-			err = fmt.Errorf("%s did not answer within %s: %w", c.addr, u.attempt+hold, err)
+		if frozen {
+			err = fmt.Errorf("%s answers nothing, not even a health check within %s: %w", c.addr, u.probe, err)
 		} else if !apierr.AskAnother(err) {
 			return err
 		}
 		u.moveOn(c.addr, apierr.LeaderHint(err))
 	}
 	return &apierr.NotLeaderError{Role: "region " + u.region + " (no process answered as its leader: " + errorText(err) + ")"}
+}
+
+// watchdog is the liveness check of one attempt (DefaultLivenessCheck): its timer, and
+// whether the process was found frozen (the attempt then cancelled).
+type watchdog struct {
+	mu     sync.Mutex
+	t      *time.Timer
+	ended  bool
+	frozen bool
+}
+
+// watch starts the liveness check of an attempt on conn whose context is ctx (cancel ends
+// it): every u.check while the attempt runs, a health check that must answer within u.probe.
+func (u *Upstream) watch(ctx context.Context, cancel context.CancelFunc, conn *grpc.ClientConn) *watchdog {
+	w := &watchdog{}
+	var check func()
+	check = func() {
+		pctx, pcancel := context.WithTimeout(ctx, u.probe)
+		_, err := healthpb.NewHealthClient(conn).Check(pctx, &healthpb.HealthCheckRequest{})
+		pcancel()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		switch {
+		case w.ended:
+		case status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil: // no answer in time
+			w.frozen = true
+			cancel()
+		default: // any answer: the process is there
+			w.t = time.AfterFunc(u.check, check)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t = time.AfterFunc(u.check, check)
+	return w
+}
+
+// stop ends the liveness check of an attempt that has returned, and says whether it found
+// the process frozen.
+func (w *watchdog) stop() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ended = true
+	w.t.Stop()
+	return w.frozen
 }
 
 func errorText(err error) string {

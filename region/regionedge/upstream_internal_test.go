@@ -12,6 +12,7 @@ import (
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // leaderBoard is which of the test's region processes leads.
@@ -83,11 +84,22 @@ func (frozenRegion) DescribeSale(ctx context.Context, _ *quotav1.DescribeSaleReq
 	return nil, ctx.Err()
 }
 
+// frozenHealth is the health service of a stopped process: it answers no check.
+type frozenHealth struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (frozenHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
 // TestUpstreamMovesOnFromAFrozenLeader: the leader an upstream calls freezes (answers
-// nothing, its connection open) and the standby takes over 600 ms later. A call made at the
-// freeze is answered by the standby once it leads, within the caller's 10 s: each attempt at
-// the frozen process ends at the attempt timeout and moves on. Without that bound the call
-// waits on the frozen leader until its caller gives up.
+// nothing, not even a health check, its connection open) and the standby takes over 600 ms
+// later. A call made at the freeze is answered by the standby once it leads, within the
+// caller's 10 s: each attempt at the frozen process ends when its liveness check goes
+// unanswered, and moves on. Without that check the call waits on the frozen leader until its
+// caller gives up.
 func TestUpstreamMovesOnFromAFrozenLeader(t *testing.T) {
 	b := &leaderBoard{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -96,6 +108,7 @@ func TestUpstreamMovesOnFromAFrozenLeader(t *testing.T) {
 	}
 	frozen := grpc.NewServer()
 	quotav1.RegisterRegionServiceServer(frozen, frozenRegion{})
+	healthpb.RegisterHealthServer(frozen, frozenHealth{})
 	go func() { _ = frozen.Serve(ln) }() // Serve returns once Stop is called
 	defer frozen.Stop()
 	standby := startBoardRegion(t, b)
@@ -105,7 +118,7 @@ func TestUpstreamMovesOnFromAFrozenLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
-	u.attempt = 200 * time.Millisecond
+	u.check, u.probe = 100*time.Millisecond, 200*time.Millisecond
 	time.AfterFunc(600*time.Millisecond, func() { b.set(standby.addr) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -167,7 +180,6 @@ func TestUpstreamEvictsOldLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
-	u.attempt = time.Minute // the call held by the first leader is held on purpose, for all the moves
 	inFlight := make(chan error, 1)
 	go func() {
 		inFlight <- u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
@@ -295,4 +307,41 @@ func restartBoardRegion(t *testing.T, b *leaderBoard, addr string) *boardRegion 
 	go func() { _ = s.srv.Serve(ln) }() // Serve returns once Stop is called
 	t.Cleanup(s.srv.Stop)
 	return s
+}
+
+// TestUpstreamWaitsForASlowLeader: a leader that takes 1.5 s to answer (a binding waiting on
+// a slow etcd, say) but answers its health checks is waited for: the call gets its answer,
+// from the leader, and the upstream still calls the leader next. Its liveness check ran many
+// times meanwhile (every 100 ms here).
+func TestUpstreamWaitsForASlowLeader(t *testing.T) {
+	b := &leaderBoard{}
+	leader := startBoardRegion(t, b)
+	b.set(leader.addr)
+	u, err := NewUpstream("us", []string{leader.addr}, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	u.check, u.probe = 100*time.Millisecond, 200*time.Millisecond
+	go func() {
+		<-leader.started
+		time.Sleep(1500 * time.Millisecond)
+		close(leader.hold)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		_, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: "h"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the slow leader's call: %v after %s; want its answer", err, time.Since(start).Round(time.Millisecond))
+	}
+	if took := time.Since(start); took < 1400*time.Millisecond {
+		t.Errorf("answered after %s; the leader held it 1.5 s", took.Round(time.Millisecond))
+	}
+	if u.Leader() != leader.addr {
+		t.Errorf("the upstream calls %s next; want the leader %s", u.Leader(), leader.addr)
+	}
 }
