@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/netfault"
 	"github.com/quotaworks/quota/internal/testnet"
 )
 
@@ -166,109 +165,37 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// forwarder is a TCP proxy to one address, as a member's address near by: freeze stops it
-// forwarding anything (a member that is stopped: its connections open, nothing answered),
-// Close cuts it and every connection through it (a member that is down).
-type forwarder struct {
-	ln     net.Listener
-	gate   sync.RWMutex // held by freeze: the copies wait to write
-	mu     sync.Mutex
-	conns  []net.Conn
-	frozen bool
-	wg     sync.WaitGroup
-}
-
-func forward(t *testing.T, to string) *forwarder {
+// nearBinder is a Binder writing through a near member: etcd itself, through a proxy the test
+// cuts (a member that is down) or freezes (one that is stopped).
+func nearBinder(t *testing.T) (*Binder, *netfault.Proxy) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	e, c := startInternalEtcd(t)
+	p, err := netfault.Listen(strings.TrimPrefix(e.ClientURL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &forwarder{ln: ln}
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return // closed
-			}
-			up, err := net.Dial("tcp", to)
-			if err != nil {
-				_ = down.Close() // nothing to forward to
-				continue
-			}
-			f.mu.Lock()
-			f.conns = append(f.conns, down, up)
-			f.mu.Unlock()
-			f.wg.Add(2)
-			go f.copy(up, down)
-			go f.copy(down, up)
+	t.Cleanup(p.Close)
+	near, err := Dial([]string{"http://" + p.Addr()}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBinderNear(c, near, time.Hour)
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
 		}
-	}()
-	t.Cleanup(f.Close)
-	return f
-}
-
-// copy forwards src to dst until either ends, each write waiting while the forwarder is frozen.
-func (f *forwarder) copy(dst, src net.Conn) {
-	defer f.wg.Done()
-	defer dst.Close() // ends the other direction too
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			f.gate.RLock()
-			_, werr := dst.Write(buf[:n])
-			f.gate.RUnlock()
-			if werr != nil {
-				return
-			}
+		if err := near.Close(); err != nil {
+			t.Logf("closing the near client: %v", err) // its member was cut: nothing to do about it
 		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// freeze stops the forwarder forwarding, until Close.
-func (f *forwarder) freeze() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.frozen {
-		f.frozen = true
-		f.gate.Lock()
-	}
-}
-
-// Close cuts the forwarder and its connections and waits for its goroutines; idempotent.
-func (f *forwarder) Close() {
-	_ = f.ln.Close() // a second close only errs
-	f.mu.Lock()
-	for _, c := range f.conns {
-		_ = c.Close() // closed already, or cut now
-	}
-	if f.frozen {
-		f.frozen = false
-		f.gate.Unlock()
-	}
-	f.mu.Unlock()
-	f.wg.Wait()
+	})
+	return b, p
 }
 
 // TestBinderWritesThroughTheNearMember: a Binder with a near member writes its binds through
 // it; once that member is down, a bind is written through every member (after at most
 // nearTry), and the binds after it do not try the near member again for nearRest.
 func TestBinderWritesThroughTheNearMember(t *testing.T) {
-	e, c := startInternalEtcd(t)
-	f := forward(t, strings.TrimPrefix(e.ClientURL, "http://"))
-	near, err := Dial([]string{"http://" + f.ln.Addr().String()}, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer near.Close()
-	b := NewBinderNear(c, near, time.Hour)
-	defer b.Close()
+	b, f := nearBinder(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range 3 {
@@ -279,7 +206,7 @@ func TestBinderWritesThroughTheNearMember(t *testing.T) {
 	if b.NearTxns() != 3 || b.Txns() != 3 {
 		t.Fatalf("%d of %d transactions through the near member; want 3 of 3", b.NearTxns(), b.Txns())
 	}
-	f.Close()
+	f.Cut()
 	start := time.Now()
 	if got, err := b.Bind(ctx, "s", "after", "eu"); err != nil || got != "eu" {
 		t.Fatalf("bind with the near member down: %q, %v", got, err)
@@ -304,15 +231,7 @@ func TestBinderWritesThroughTheNearMember(t *testing.T) {
 // bind do) is still written, through every member, in the half of its time the near member
 // does not get; the next bind does not wait on the near member at all.
 func TestBinderSkipsAFrozenNearMember(t *testing.T) {
-	e, c := startInternalEtcd(t)
-	f := forward(t, strings.TrimPrefix(e.ClientURL, "http://"))
-	near, err := Dial([]string{"http://" + f.ln.Addr().String()}, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer near.Close()
-	b := NewBinderNear(c, near, time.Hour)
-	defer b.Close()
+	b, f := nearBinder(t)
 	bind := func(user string) (string, time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -323,7 +242,7 @@ func TestBinderSkipsAFrozenNearMember(t *testing.T) {
 	if got, _, err := bind("warm"); err != nil || got != "us" || b.NearTxns() != 1 {
 		t.Fatalf("bind through the near member: %q, %v (%d through it)", got, err, b.NearTxns())
 	}
-	f.freeze()
+	f.Freeze()
 	if got, took, err := bind("frozen"); err != nil || got != "us" {
 		t.Fatalf("bind with the near member frozen: %q, %v after %s; want it written through every member", got, err, took.Round(time.Millisecond))
 	}

@@ -1,11 +1,11 @@
-// Package netfault is a TCP proxy for tests that can cut and heal a link on loopback: the
-// in-process stand-in for a network partition between two components. (toxiproxy does the
+// Package netfault is a TCP proxy for tests that can cut, freeze and heal a link on loopback:
+// the in-process stand-in for a network partition between two components, or for a peer that
+// is stopped. (toxiproxy does the
 // same between processes; this one needs no server of its own.)
 package netfault
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 )
@@ -17,6 +17,8 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	cut    bool
+	frozen bool
+	gate   sync.RWMutex // held while frozen: every pipe waits to write
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
@@ -47,11 +49,32 @@ func (p *Proxy) Cut() {
 	}
 }
 
+// Freeze stops forwarding while keeping every connection open, and accepts new ones that
+// forward nothing either, until Heal: a peer that is stopped (SIGSTOP), which answers nothing
+// and refuses nothing.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.frozen && !p.closed {
+		p.frozen = true
+		p.gate.Lock()
+	}
+}
+
 // Heal lets connections through again.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
+	p.thaw()
+}
+
+// thaw ends a Freeze. Called with p.mu held.
+func (p *Proxy) thaw() {
+	if p.frozen {
+		p.frozen = false
+		p.gate.Unlock()
+	}
 }
 
 // Close stops the proxy and drops its connections. Idempotent.
@@ -66,6 +89,7 @@ func (p *Proxy) Close() {
 	for c := range p.conns {
 		c.Close()
 	}
+	p.thaw() // the pipes waiting to write then meet their closed connections
 	p.mu.Unlock()
 	p.wg.Wait()
 }
@@ -112,9 +136,24 @@ func (p *Proxy) accept() {
 	}
 }
 
+// pipe copies src to dst, each write waiting while the proxy is frozen, until either ends.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	p.untrack(dst)
-	p.untrack(src)
+	defer p.untrack(src)
+	defer p.untrack(dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.gate.RLock()
+			_, werr := dst.Write(buf[:n])
+			p.gate.RUnlock()
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // io.EOF or a closed connection: the link's end
+		}
+	}
 }
