@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/quotaworks/quota/coordinator"
 	"github.com/quotaworks/quota/coordinator/coordrpc"
 	"github.com/quotaworks/quota/internal/apierr"
+	"github.com/quotaworks/quota/internal/netfault"
 	"github.com/quotaworks/quota/internal/rpcserve"
 	"github.com/quotaworks/quota/internal/testpg"
 	quotav1 "github.com/quotaworks/quota/proto/quota/v1"
@@ -531,26 +531,13 @@ func TestParticipantKeepsTheLeaderItResolved(t *testing.T) {
 	ctx := context.Background()
 	us := newRegion(t, "us")
 	standby := startRegion(t, "us", us.pool, false)
-	var mu sync.Mutex
-	names, asked := standby.addr, 0
-	resolve := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		asked++
-		return names
-	}
-	p, err := coordrpc.DialResolving("us", us.addr, resolve, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	terms := coordinator.SaleTerms{Sale: "s", SKUs: []string{"k"}, PerUserLimit: 1, HoldTTL: time.Minute, OpensAt: time.Now()}
+	r := &testResolver{addr: standby.addr}
+	p := dialResolving(t, us.addr, r)
+	terms := participantTerms()
 	if err := p.PutSale(ctx, 1, terms); !errors.Is(err, apierr.ErrNotLeader) {
 		t.Fatalf("a call to the standby the resolver named: %v; want NOT_LEADER", err)
 	}
-	mu.Lock()
-	names = us.addr
-	mu.Unlock()
+	r.set(us.addr)
 	if err := p.PutSale(ctx, 1, terms); err != nil {
 		t.Fatalf("the call after the resolver names the leader: %v", err)
 	}
@@ -559,61 +546,85 @@ func TestParticipantKeepsTheLeaderItResolved(t *testing.T) {
 			t.Fatalf("credit %d at the leader: %v", i+1, err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if asked != 3 {
+	if asked := r.times(); asked != 3 {
 		t.Errorf("the resolver was asked %d times for 6 calls; want 3 (once, again after NOT_LEADER to find another address, and for the next call)", asked)
 	}
 }
 
-// frozenParticipant is a region process that is stopped (SIGSTOP) as the coordinator sees
-// one: its connections stay open and it answers nothing.
-type frozenParticipant struct {
-	quotav1.UnimplementedParticipantServiceServer
+// testResolver names a region's leader as a test sets it, counting how often it was asked.
+type testResolver struct {
+	mu    sync.Mutex
+	addr  string
+	asked int
 }
 
-func (frozenParticipant) PutSale(ctx context.Context, _ *quotav1.PutSaleRequest) (*quotav1.PutSaleResponse, error) {
-	<-ctx.Done()
-	return nil, ctx.Err()
+func (r *testResolver) resolve() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked++
+	return r.addr
 }
 
-// TestParticipantForgetsALeaderThatDoesNotAnswer: the leader a participant resolved freezes
-// and the standby takes over (the resolver names it). The call to the frozen leader ends at
-// its deadline; the next call resolves the leader again and reaches the new one, rather than
-// the address kept (for 30 s) that answers nothing.
+func (r *testResolver) set(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.addr = addr
+}
+
+func (r *testResolver) times() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.asked
+}
+
+// dialResolving is a participant of region us that asks r for its leader (fallback: the
+// address it dials first), closed at the test's end.
+func dialResolving(t *testing.T, fallback string, r *testResolver) *coordrpc.Participant {
+	t.Helper()
+	p, err := coordrpc.DialResolving("us", fallback, r.resolve, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return p
+}
+
+// participantTerms are the terms of the participant tests' sale.
+func participantTerms() coordinator.SaleTerms {
+	return coordinator.SaleTerms{Sale: "s", SKUs: []string{"k"}, PerUserLimit: 1, HoldTTL: time.Minute, OpensAt: time.Now()}
+}
+
+// TestParticipantForgetsALeaderThatDoesNotAnswer: the leader a participant resolved and called
+// freezes (its link forwards nothing, as to a stopped process) and the standby takes over
+// (the resolver names it). The call to the frozen leader ends at its deadline; the next call
+// resolves the leader again and reaches the new one, rather than the address kept (for 30 s)
+// that answers nothing.
 func TestParticipantForgetsALeaderThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	us := newRegion(t, "us")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	frozen, err := netfault.Listen(us.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frozen := grpc.NewServer()
-	quotav1.RegisterParticipantServiceServer(frozen, frozenParticipant{})
-	go func() { _ = frozen.Serve(ln) }() // Serve returns once Stop is called
-	defer frozen.Stop()
-	var mu sync.Mutex
-	names := ln.Addr().String()
-	resolve := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		return names
+	defer frozen.Close()
+	r := &testResolver{addr: frozen.Addr()}
+	p := dialResolving(t, us.addr, r)
+	terms := participantTerms()
+	if err := p.PutSale(context.Background(), 1, terms); err != nil { // the connection is up, as a leader's is
+		t.Fatalf("a call to the leader before it froze: %v", err)
 	}
-	p, err := coordrpc.DialResolving("us", us.addr, resolve, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	terms := coordinator.SaleTerms{Sale: "s", SKUs: []string{"k"}, PerUserLimit: 1, HoldTTL: time.Minute, OpensAt: time.Now()}
+	frozen.Freeze()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	err = p.PutSale(ctx, 1, terms)
 	cancel()
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("a call to the frozen leader: %v; want DEADLINE_EXCEEDED", err)
 	}
-	mu.Lock()
-	names = us.addr // the standby took over
-	mu.Unlock()
+	r.set(us.addr) // the standby took over
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := p.PutSale(ctx, 1, terms); err != nil {
