@@ -113,11 +113,7 @@ func TestUpstreamMovesOnFromAFrozenLeader(t *testing.T) {
 	defer frozen.Stop()
 	standby := startBoardRegion(t, b)
 	b.set(ln.Addr().String()) // the standby names the frozen process until it takes over
-	u, err := NewUpstream("us", []string{ln.Addr().String(), standby.addr}, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := testUpstream(t, ln.Addr().String(), standby.addr)
 	u.check, u.probe = 100*time.Millisecond, 200*time.Millisecond
 	time.AfterFunc(600*time.Millisecond, func() { b.set(standby.addr) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -149,6 +145,25 @@ func startBoardRegion(t *testing.T, b *leaderBoard) *boardRegion {
 	return s
 }
 
+// testUpstream is an upstream of region us with seeds (plaintext), closed at the test's end.
+func testUpstream(t *testing.T, seeds ...string) *Upstream {
+	t.Helper()
+	u, err := NewUpstream("us", seeds, insecure.NewCredentials())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(u.Close)
+	return u
+}
+
+// getReservation calls GetReservation through u: a boardRegion leader holds it until hold.
+func getReservation(ctx context.Context, u *Upstream) error {
+	return u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
+		_, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: "h"})
+		return err
+	})
+}
+
 // describe calls DescribeSale through u and returns the address that answered.
 func describe(ctx context.Context, u *Upstream) (string, error) {
 	var at string
@@ -175,17 +190,10 @@ func TestUpstreamEvictsOldLeaders(t *testing.T) {
 	seed := startBoardRegion(t, b)
 	first := startBoardRegion(t, b)
 	b.set(first.addr)
-	u, err := NewUpstream("us", []string{seed.addr}, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := testUpstream(t, seed.addr)
 	inFlight := make(chan error, 1)
 	go func() {
-		inFlight <- u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
-			_, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: "h"})
-			return err
-		})
+		inFlight <- getReservation(ctx, u)
 	}()
 	<-first.started
 	stop := describeMeanwhile(ctx, u, 4)
@@ -266,11 +274,7 @@ func TestUpstreamRedialsALeaderBackOnItsPort(t *testing.T) {
 	seed := startBoardRegion(t, b)
 	leader := startBoardRegion(t, b)
 	b.set(leader.addr)
-	u, err := NewUpstream("us", []string{seed.addr}, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := testUpstream(t, seed.addr)
 	if at, err := describe(ctx, u); err != nil || at != leader.addr {
 		t.Fatalf("before the kill: answered %q, %v", at, err)
 	}
@@ -317,11 +321,7 @@ func TestUpstreamWaitsForASlowLeader(t *testing.T) {
 	b := &leaderBoard{}
 	leader := startBoardRegion(t, b)
 	b.set(leader.addr)
-	u, err := NewUpstream("us", []string{leader.addr}, insecure.NewCredentials())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := testUpstream(t, leader.addr)
 	u.check, u.probe = 100*time.Millisecond, 200*time.Millisecond
 	go func() {
 		<-leader.started
@@ -331,11 +331,7 @@ func TestUpstreamWaitsForASlowLeader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	err = u.call(ctx, func(ctx context.Context, c quotav1.RegionServiceClient) error {
-		_, err := c.GetReservation(ctx, &quotav1.GetReservationRequest{HoldId: "h"})
-		return err
-	})
-	if err != nil {
+	if err := getReservation(ctx, u); err != nil {
 		t.Fatalf("the slow leader's call: %v after %s; want its answer", err, time.Since(start).Round(time.Millisecond))
 	}
 	if took := time.Since(start); took < 1400*time.Millisecond {
