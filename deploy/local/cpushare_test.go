@@ -108,9 +108,9 @@ func cpuReport(before, after cpuSnap, window time.Duration) string {
 // contain labels.
 type histSnap map[string]float64
 
-// scrapeHist reads histSnap of metric (series matching labels) at url's /metrics; nil when
-// it does not answer.
-func scrapeHist(hc *http.Client, url, metric, labels string) histSnap {
+// metricLines are the lines of the Prometheus exposition at url's /metrics; nil when it does
+// not answer, or not 200.
+func metricLines(hc *http.Client, url string) []string {
 	resp, err := hc.Get(url + "/metrics")
 	if err != nil {
 		return nil
@@ -120,8 +120,18 @@ func scrapeHist(hc *http.Client, url, metric, labels string) histSnap {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return nil
 	}
+	return strings.Split(string(b), "\n")
+}
+
+// scrapeHist reads histSnap of metric (series matching labels) at url's /metrics; nil when
+// it does not answer.
+func scrapeHist(hc *http.Client, url, metric, labels string) histSnap {
+	lines := metricLines(hc, url)
+	if lines == nil {
+		return nil
+	}
 	h := histSnap{}
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range lines {
 		if !strings.HasPrefix(l, metric+"_bucket{") || !strings.Contains(l, labels) {
 			continue
 		}

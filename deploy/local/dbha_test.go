@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -12,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/quotaworks/quota/internal/trust"
 )
 
 // dbTTL is the Patroni ttl the database failover test runs with (QUOTA_CLUSTER_DB_TTL).
@@ -373,27 +370,10 @@ func (c *localCluster) settleTransfers(t *testing.T, sale string) {
 // answers quota_database_up and quota_database_connections_opened_total (-1 when missing).
 func (c *localCluster) databaseMetrics(t *testing.T, edge string) (up, opened float64) {
 	t.Helper()
-	m, err := trust.Load(c.certsDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := m.ClientConfig(trust.Operator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+	hc := c.as(t).operatorClient()
 	defer hc.CloseIdleConnections()
 	up, opened = -1, -1
-	resp, err := hc.Get(edge + "/metrics")
-	if err != nil {
-		return up, opened
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return up, opened
-	}
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range metricLines(hc, edge) {
 		f := strings.Fields(l)
 		if len(f) != 2 {
 			continue

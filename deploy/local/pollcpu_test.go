@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -247,16 +246,7 @@ func (p *pollCPU) settle(name string) {
 // leaderPolls is the leader's quota_line_polls_total: the polls it answered itself (-1 when
 // its /metrics does not answer).
 func (p *pollCPU) leaderPolls() int64 {
-	resp, err := p.metrics.Get(p.leaderURL + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return -1
-	}
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range metricLines(p.metrics, p.leaderURL) {
 		if f := strings.Fields(l); len(f) == 2 && strings.HasPrefix(f[0], "quota_line_polls_total") {
 			if v, err := strconv.ParseFloat(f[1], 64); err == nil {
 				return int64(v)
